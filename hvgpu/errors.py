@@ -1,0 +1,91 @@
+"""The one exception hierarchy of hvgpu, shared by host and guest.
+
+Every error carries a stable ``code`` (a short string that scripts may match)
+and an ``expected`` flag: expected errors are the user's or operator's to fix
+and are reported without a traceback; unexpected ones are bugs or broken
+hosts. CUDA status numbers travel unchanged inside :class:`CudaError`.
+
+This module must not import anything outside the standard library, so that
+the guest package can use it without the host's dependencies.
+"""
+
+from __future__ import annotations
+
+
+class HvgpuError(Exception):
+    """Base of every error hvgpu raises on purpose."""
+
+    code = "hvgpu-error"
+    expected = True
+
+    def __init__(self, message: str, *, code: str | None = None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class AddressError(HvgpuError):
+    """An agent or guest address that cannot be parsed or used."""
+
+    code = "bad-address"
+
+
+class TransportError(HvgpuError):
+    """A socket could not be opened, or a peer went away."""
+
+    code = "transport"
+
+
+class ConnectionLost(TransportError):
+    """The peer closed the connection or vanished mid-frame."""
+
+    code = "connection-lost"
+
+
+class ProtocolError(HvgpuError):
+    """The peer sent something that is not valid protocol v1."""
+
+    code = "protocol"
+
+
+class CudaError(HvgpuError):
+    """A CUDA driver status (or an hvgpu wire status) other than success.
+
+    ``status`` is CUDA's own number (``CUresult``), unchanged from the host's
+    driver, or one of hvgpu's wire statuses (10000 and above, see
+    ``hvgpu.virtio.protocol.STATUSES``). ``deferred`` is true when the status
+    belongs to an earlier asynchronous call and surfaced at a synchronising
+    one, as CUDA's asynchronous errors do.
+    """
+
+    code = "cuda"
+
+    def __init__(self, status: int, message: str = "", *, op: str = "",
+                 deferred: bool = False):
+        from hvgpu.virtio.protocol import status_name  # stdlib-only module
+
+        self.status = int(status)
+        self.name = status_name(self.status)
+        self.op = op
+        self.deferred = deferred
+        text = f"{self.name} ({self.status})"
+        if op:
+            text += f" in {op}" + (" (an earlier asynchronous call)" if deferred else "")
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+
+
+class CompileError(CudaError):
+    """Host-side NVRTC compilation failed; ``log`` holds the compiler's log."""
+
+    code = "compile"
+
+    def __init__(self, status: int, message: str = "", *, op: str = "",
+                 deferred: bool = False):
+        super().__init__(status, message, op=op, deferred=deferred)
+        self.log = message

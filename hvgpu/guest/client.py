@@ -1,0 +1,196 @@
+"""The guest end of the data lane: one connection to the host agent.
+
+Synchronous ops send a frame and wait for its reply; one-way ops (launches,
+host-to-device copies, memsets, event records) are sent and not waited for,
+so they pipeline. A reply that carries the error of an earlier one-way op
+raises ``CudaError`` with ``deferred=True``. Every call holds the connection's
+lock, so threads may share a connection.
+
+Must not import ``hvgpu.host`` or anything the guest package does not ship.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+
+from hvgpu import __version__
+from hvgpu.errors import CompileError, ConnectionLost, CudaError, HvgpuError, ProtocolError
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio.address import Address, parse_address
+from hvgpu.virtio.framing import FrameReader, pack_header, send_frame
+from hvgpu.virtio.transport import connect
+
+ENV_ADDRESS = "HVGPU_AGENT"
+CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
+
+_HDR = P.HEADER
+_LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
+_LAUNCH_OP = P.OPS_BY_NAME["LAUNCH_KERNEL"].code
+_LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
+
+
+def default_address() -> Address:
+    """$HVGPU_AGENT, else the host's agent over vsock."""
+    text = os.environ.get(ENV_ADDRESS)
+    if text:
+        return parse_address(text)
+    return Address("vsock", cid=P.HOST_CID, port=P.DEFAULT_PORT)
+
+
+class Connection:
+    """A handshaken connection to the agent; one CUDA context on the host."""
+
+    def __init__(self, address: Address | str | None = None, *, timeout: float = 30.0):
+        self.address = parse_address(address) if isinstance(address, str) else (
+            address or default_address())
+        self.sock = connect(self.address, timeout=timeout)
+        self.reader = FrameReader(self.sock, bufsize=1 << 16)
+        self.lock = threading.RLock()
+        self.seq = 0
+        self.closed = False
+        self._pending_frees: list[int] = []
+        version, _, caps, max_payload, _, peer, agent = self.call(
+            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO,
+            f"hvgpu-guest {__version__} pid {os.getpid()}")
+        self.version, self.caps, self.peer, self.agent = version, caps, peer, agent
+        self.max_payload = max_payload
+
+    # -- framing ------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        self.seq = (self.seq + 1) & 0xFFFFFFFF
+        return self.seq
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ConnectionLost(f"the connection to {self.address} is closed")
+
+    def call(self, op: str, *values, payload=None, reply_into=None):
+        """Send a synchronous op and return its reply's values.
+
+        ``payload`` is sent raw after the body; a reply payload is read into
+        ``reply_into`` (a writable buffer of exactly the reply's size).
+        """
+        code = P.OPS_BY_NAME[op].code
+        body = codec.REQUEST[code].encode(values)
+        with self.lock:
+            self._check_open()
+            self._flush_frees()
+            return self._roundtrip(code, body, payload, reply_into)
+
+    def _roundtrip(self, code, body, payload, reply_into):
+        seq = self._next_seq()
+        try:
+            send_frame(self.sock, code, 0, seq, 0, body, payload)
+            hdr, rbody = self.reader.read_frame()
+        except (ConnectionLost, ProtocolError, OSError) as exc:
+            self._broken(exc)
+        if hdr.seq != seq or not hdr.flags & P.FLAG_REPLY:
+            self._broken(ProtocolError(f"reply out of order (seq {hdr.seq}, expected {seq})"))
+        if hdr.status != 0:
+            self.reader.skip_payload()
+            self._raise(code, seq, hdr.status, rbody)
+        values = codec.REPLY[code].decode(rbody)
+        if hdr.payload_len:
+            try:
+                if reply_into is None:
+                    return values + (self.reader.read_payload(),)
+                self.reader.read_payload_into(reply_into)
+            except (ConnectionLost, OSError) as exc:
+                self._broken(exc)
+        return values
+
+    def post(self, op: str, *values, payload=None) -> None:
+        """Send a one-way op; its error, if any, surfaces at the next call."""
+        code = P.OPS_BY_NAME[op].code
+        body = codec.REQUEST[code].encode(values)
+        with self.lock:
+            self._check_open()
+            try:
+                send_frame(self.sock, code, P.FLAG_ONEWAY, self._next_seq(), 0, body, payload)
+            except (ConnectionLost, OSError) as exc:
+                self._broken(exc)
+
+    def launch(self, function: int, grid, block, shared_mem: int, stream: int,
+               params: bytes) -> None:
+        """LAUNCH_KERNEL on the fast path: one pack, one send."""
+        with self.lock:
+            if self.closed:
+                self._check_open()
+            seq = self.seq = (self.seq + 1) & 0xFFFFFFFF
+            frame = _LAUNCH.pack(P.MAGIC, P.VERSION, P.FLAG_ONEWAY, _LAUNCH_OP, 0, seq, 0,
+                                 _LAUNCH_FIXED + len(params), 0, 0, function,
+                                 grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                 shared_mem, stream, len(params)) + params
+            try:
+                self.sock.sendall(frame)
+            except OSError as exc:
+                self._broken(exc)
+
+    def copy_to_device(self, dst: int, src, stream: int = 0) -> None:
+        """Host-to-device copy of any buffer; pipelined (one-way)."""
+        view = memoryview(src).cast("B")
+        n = view.nbytes
+        body = codec.REQUEST[0x24]
+        with self.lock:
+            self._check_open()
+            for off in range(0, n, CHUNK):
+                try:
+                    send_frame(self.sock, 0x24, P.FLAG_ONEWAY, self._next_seq(), 0,
+                               body.encode((dst + off, stream)), view[off:off + CHUNK])
+                except (ConnectionLost, OSError) as exc:
+                    self._broken(exc)
+
+    def copy_from_device(self, dst, src: int, stream: int = 0) -> None:
+        """Device-to-host copy into any writable buffer; waits for the stream."""
+        view = memoryview(dst).cast("B")
+        self.call("MEMCPY_DTOH", src, view.nbytes, stream, reply_into=view)
+
+    def free_later(self, dptr: int) -> None:
+        """Queue a free from a finaliser; sent before the next synchronous call."""
+        self._pending_frees.append(dptr)
+
+    def _flush_frees(self) -> None:
+        while self._pending_frees:
+            ptr = self._pending_frees.pop()
+            try:
+                self._roundtrip(0x23, codec.REQUEST[0x23].encode((ptr,)), None, None)
+            except CudaError:
+                pass  # already gone with a reset context; nothing left to free
+
+    # -- errors ---------------------------------------------------------------
+
+    def _raise(self, code: int, seq: int, status: int, body) -> None:
+        try:
+            failed_op, _, failed_seq, message = codec.ERROR.decode(body)
+        except ProtocolError:
+            failed_op, failed_seq, message = code, seq, ""
+        deferred = failed_seq != seq
+        cls = CompileError if (code == 0x31 and not deferred) else CudaError
+        err = cls(status, message, op=P.op_name(failed_op), deferred=deferred)
+        if status in (P.HV_VERSION, P.HV_HANDSHAKE, P.HV_OVERSIZE):
+            self.close()  # the agent closes its end after these
+        raise err
+
+    def _broken(self, exc: Exception):
+        self.close()
+        if isinstance(exc, HvgpuError):
+            raise exc
+        raise ConnectionLost(f"lost the connection to the agent at {self.address}: {exc}") from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

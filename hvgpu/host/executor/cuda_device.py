@@ -1,0 +1,269 @@
+"""``GpuDevice`` over the CUDA driver API (cuda-python's ``cuda.bindings``).
+
+The only module in hvgpu that imports CUDA. It holds one context (the
+device's primary context, so every executor process has its own) and turns
+every non-success ``CUresult`` into ``CudaError`` with CUDA's own number.
+It must not validate guest input beyond what the driver does: the session has
+already checked handles and address ranges.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from hvgpu.errors import CompileError, CudaError
+from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
+from hvgpu.virtio import protocol as P
+
+try:
+    from cuda.bindings import driver as cu
+    from cuda.bindings import nvrtc
+except ImportError as exc:  # reported to the guest by the executor, not a crash
+    cu = nvrtc = None
+    _IMPORT_ERROR = str(exc)
+else:
+    _IMPORT_ERROR = ""
+
+_MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
+_CU_STREAM_NON_BLOCKING = 1
+
+
+def _status(err) -> int:
+    return int(getattr(err, "value", err))
+
+
+def _raise(err, what: str):
+    status = _status(err)
+    text = ""
+    if cu is not None:
+        try:
+            e, desc = cu.cuGetErrorString(err)
+            if _status(e) == 0 and desc:
+                text = desc.decode()
+        except Exception:
+            pass
+    raise CudaError(status, f"{what}: {text}" if text else what)
+
+
+def _ok(result, what: str):
+    err = result[0]
+    if _status(err) != 0:
+        _raise(err, what)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+class CudaDevice:
+    """One GPU, one context, in this executor process."""
+
+    caps = P.CAP_NVRTC | P.CAP_PARAM_INFO
+
+    def __init__(self, ordinal: int = 0):
+        if cu is None:
+            raise CudaError(P.HV_NO_GPU, "cuda-python (cuda-bindings) is not installed on "
+                            f"the host ({_IMPORT_ERROR}); install hvgpu[host]")
+        try:
+            err, = cu.cuInit(0)
+        except RuntimeError as exc:  # libcuda.so.1 could not be loaded
+            raise CudaError(P.HV_NO_GPU, f"no NVIDIA driver on the host: {exc}") from None
+        if _status(err) != 0:
+            _raise(err, "cuInit: no usable NVIDIA driver/GPU on the host")
+        self.ordinal = ordinal
+        self.dev = _ok(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+        self.ctx = _ok(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        _ok(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self._specials = {0: cu.CUstream(0), STREAM_LEGACY: cu.CUstream(STREAM_LEGACY),
+                          STREAM_PER_THREAD: cu.CUstream(STREAM_PER_THREAD)}
+        # The launch parameter buffer travels by CUDA's `extra` form, so a
+        # launch costs one memmove and no per-parameter pointer array.
+        self._params = ctypes.create_string_buffer(_MAX_PARAMS)
+        self._params_size = ctypes.c_size_t(0)
+        self._extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._params), 2,
+                                            ctypes.addressof(self._params_size), 0)
+        self._extra_addr = ctypes.addressof(self._extra)
+        self._launch = cu.cuLaunchKernel
+        major = self.attribute(75)
+        minor = self.attribute(76)
+        self.arch = f"sm_{major}{minor}"
+
+    # -- device --------------------------------------------------------------
+
+    def driver_version(self) -> int:
+        return _ok(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+
+    def attribute(self, attrib: int) -> int:
+        try:
+            which = cu.CUdevice_attribute(attrib)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown device attribute {attrib}") from None
+        return _ok(cu.cuDeviceGetAttribute(which, self.dev), "cuDeviceGetAttribute")
+
+    def name(self) -> str:
+        raw = _ok(cu.cuDeviceGetName(256, self.dev), "cuDeviceGetName")
+        return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
+
+    def uuid(self) -> bytes:
+        return bytes(_ok(cu.cuDeviceGetUuid(self.dev), "cuDeviceGetUuid").bytes)[:16]
+
+    def total_mem(self) -> int:
+        return _ok(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
+
+    def mem_info(self) -> tuple[int, int]:
+        free, total = _ok(cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    def synchronize(self) -> None:
+        _ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    # -- memory -------------------------------------------------------------
+
+    def mem_alloc(self, size: int) -> int:
+        return int(_ok(cu.cuMemAlloc(size), f"cuMemAlloc({size})"))
+
+    def mem_free(self, dptr: int) -> None:
+        _ok(cu.cuMemFree(dptr), "cuMemFree")
+
+    def host_alloc(self, size: int) -> tuple[int, memoryview]:
+        addr = int(_ok(cu.cuMemHostAlloc(size, 0), f"cuMemHostAlloc({size})"))
+        return addr, memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+
+    def host_free(self, addr: int) -> None:
+        _ok(cu.cuMemFreeHost(addr), "cuMemFreeHost")
+
+    def stream(self, special: int):
+        return self._specials[special]
+
+    def memcpy_htod_async(self, dst, src_addr, n, stream) -> None:
+        _ok(cu.cuMemcpyHtoDAsync(dst, src_addr, n, stream), "cuMemcpyHtoDAsync")
+
+    def memcpy_dtoh_async(self, dst_addr, src, n, stream) -> None:
+        _ok(cu.cuMemcpyDtoHAsync(dst_addr, src, n, stream), "cuMemcpyDtoHAsync")
+
+    def memcpy_dtod_async(self, dst, src, n, stream) -> None:
+        _ok(cu.cuMemcpyDtoDAsync(dst, src, n, stream), "cuMemcpyDtoDAsync")
+
+    def memset_async(self, dst, value, width, count, stream) -> None:
+        fn = {1: cu.cuMemsetD8Async, 2: cu.cuMemsetD16Async, 4: cu.cuMemsetD32Async}[width]
+        _ok(fn(dst, value & ((1 << (8 * width)) - 1), count, stream), "cuMemsetAsync")
+
+    # -- modules and launches --------------------------------------------------
+
+    def module_load(self, image: bytes):
+        if not (image.startswith(b"\x7fELF") or image[:4] == b"\x50\xed\x55\xba"):
+            if not image.endswith(b"\0"):  # PTX text must be NUL-terminated
+                image += b"\0"
+        return _ok(cu.cuModuleLoadData(image), "cuModuleLoadData")
+
+    def module_unload(self, module) -> None:
+        _ok(cu.cuModuleUnload(module), "cuModuleUnload")
+
+    def module_function(self, module, name: str):
+        return _ok(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name!r})")
+
+    def param_layout(self, function) -> list[tuple[int, int]]:
+        layout = []
+        for index in range(_MAX_PARAMS // 4):
+            err, offset, size = cu.cuFuncGetParamInfo(function, index)
+            if _status(err) == P.CUDA_ERROR_INVALID_VALUE:
+                break  # past the last parameter
+            if _status(err) != 0:
+                _raise(err, "cuFuncGetParamInfo")
+            layout.append((int(offset), int(size)))
+        return layout
+
+    def launch(self, function, grid, block, shared_mem, stream, params: bytes) -> None:
+        n = len(params)
+        if n:
+            ctypes.memmove(self._params, params, n)
+            self._params_size.value = n
+        err, = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            shared_mem, stream, None, self._extra_addr if n else 0)
+        if _status(err) != 0:
+            _raise(err, "cuLaunchKernel")
+
+    def compiler_id(self) -> str:
+        major, minor = _ok(nvrtc.nvrtcVersion(), "nvrtcVersion")
+        return f"nvrtc-{major}.{minor}-{self.arch}"
+
+    def compile(self, source: bytes, name: str, options: list[str]) -> tuple[bytes, str]:
+        opts = list(options)
+        if not any(o.startswith(("-arch", "--gpu-architecture")) for o in opts):
+            opts.append(f"--gpu-architecture={self.arch}")
+        include = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
+        if os.path.isdir(include):
+            opts.append(f"--include-path={include}")
+        err, prog = nvrtc.nvrtcCreateProgram(source, (name or "hvgpu.cu").encode(), 0, [], [])
+        if _status(err) != 0:
+            raise CompileError(300, f"nvrtcCreateProgram failed ({_status(err)})")
+        try:
+            err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+            size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
+            buf = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            build_log = buf.rstrip(b"\0 ").decode(errors="replace")
+            if _status(err) != 0:
+                raise CompileError(300, build_log or f"NVRTC error {_status(err)}")
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            if _status(err) == 0 and size:
+                image = b" " * size
+                _ok(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
+            else:  # a virtual architecture was asked for: PTX
+                size = _ok(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
+                image = b" " * size
+                _ok(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX")
+            return image, build_log
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+
+    # -- streams and events ---------------------------------------------------
+
+    def stream_create(self, flags: int):
+        return _ok(cu.cuStreamCreate(flags), "cuStreamCreate")
+
+    def stream_destroy(self, stream) -> None:
+        _ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")
+
+    def stream_synchronize(self, stream) -> None:
+        _ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def stream_query(self, stream) -> bool:
+        err, = cu.cuStreamQuery(stream)
+        if _status(err) == P.CUDA_ERROR_NOT_READY:
+            return False
+        if _status(err) != 0:
+            _raise(err, "cuStreamQuery")
+        return True
+
+    def stream_wait_event(self, stream, event, flags) -> None:
+        _ok(cu.cuStreamWaitEvent(stream, event, flags), "cuStreamWaitEvent")
+
+    def event_create(self, flags: int):
+        return _ok(cu.cuEventCreate(flags), "cuEventCreate")
+
+    def event_destroy(self, event) -> None:
+        _ok(cu.cuEventDestroy(event), "cuEventDestroy")
+
+    def event_record(self, event, stream) -> None:
+        _ok(cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_query(self, event) -> bool:
+        err, = cu.cuEventQuery(event)
+        if _status(err) == P.CUDA_ERROR_NOT_READY:
+            return False
+        if _status(err) != 0:
+            _raise(err, "cuEventQuery")
+        return True
+
+    def event_synchronize(self, event) -> None:
+        _ok(cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def event_elapsed(self, start, end) -> float:
+        fn = getattr(cu, "cuEventElapsedTime", None) or cu.cuEventElapsedTime_v2
+        return float(_ok(fn(start, end), "cuEventElapsedTime"))
+
+    def close(self) -> None:
+        if self.ctx is not None:
+            cu.cuDevicePrimaryCtxRelease(self.dev)
+            self.ctx = None

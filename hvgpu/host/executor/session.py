@@ -1,0 +1,472 @@
+"""One guest connection's data lane: handshake, op dispatch, validation.
+
+The session reads frames from the guest's socket, checks every handle and
+device address against what this guest owns, and drives a ``GpuDevice``.
+One-way ops are never answered; their first error is kept and reported by
+the next synchronising op instead of running it (CUDA's asynchronous-error
+model). A malformed frame whose length is known gets an error and the
+session goes on; a frame that breaks the framing (bad magic, oversize)
+ends the connection after saying why.
+
+Must not import CUDA (``cuda_device`` does) and must not touch other guests.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import socket
+from typing import Any, Callable
+
+from hvgpu import __version__
+from hvgpu.errors import CompileError, ConnectionLost, CudaError, ProtocolError
+from hvgpu.host.executor.compile_cache import CompileCache
+from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
+                                        GpuDevice)
+from hvgpu.host.executor.staging import StagingRing
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header, send_frame
+
+log = logging.getLogger(__name__)
+
+_FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
+
+
+class Allocations:
+    """The device ranges this guest allocated, for bounds checks."""
+
+    def __init__(self):
+        self.starts: list[int] = []
+        self.sizes: dict[int, int] = {}
+
+    def add(self, ptr: int, size: int) -> None:
+        bisect.insort(self.starts, ptr)
+        self.sizes[ptr] = size
+
+    def remove(self, ptr: int) -> None:
+        if ptr not in self.sizes:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"0x{ptr:x} is not an allocation of this guest")
+        del self.sizes[ptr]
+        self.starts.pop(bisect.bisect_left(self.starts, ptr))
+
+    def check(self, ptr: int, n: int, what: str) -> None:
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        if i >= 0:
+            start = self.starts[i]
+            if ptr + n <= start + self.sizes[start]:
+                return
+            if ptr < start + self.sizes[start]:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                                f"{what} 0x{ptr:x}+{n} runs past the end of the "
+                                f"{self.sizes[start]}-byte allocation at 0x{start:x}")
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"{what} 0x{ptr:x} is not inside any allocation of this guest")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+
+class Handles:
+    """Guest-visible numbers for host objects of one kind."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.objects: dict[int, Any] = {}
+        self.next = _FIRST_HANDLE
+
+    def add(self, obj: Any) -> int:
+        handle = self.next
+        self.next += 1
+        self.objects[handle] = obj
+        return handle
+
+    def get(self, handle: int) -> Any:
+        try:
+            return self.objects[handle]
+        except KeyError:
+            raise CudaError(P.CUDA_ERROR_INVALID_HANDLE,
+                            f"unknown {self.kind} handle {handle}") from None
+
+    def pop(self, handle: int) -> Any:
+        obj = self.get(handle)
+        del self.objects[handle]
+        return obj
+
+
+class Session:
+    """Serves one guest connection until it closes."""
+
+    def __init__(self, sock: socket.socket, device: GpuDevice | None, *, peer: str,
+                 cache: CompileCache | None = None, device_error: CudaError | None = None):
+        self.sock = sock
+        self.device = device
+        self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
+        self.peer = peer
+        self.cache = cache or CompileCache(None)
+        self.reader = FrameReader(sock)
+        self.allocs = Allocations()
+        self.modules = Handles("module")
+        self.functions = Handles("function")
+        self.streams = Handles("stream")
+        self.events = Handles("event")
+        self.layouts: dict[int, list] = {}
+        self.deferred: tuple[CudaError, int, int] | None = None
+        self.staging: StagingRing | None = None
+        self.version = 0
+        self.handlers: dict[int, Callable] = {
+            code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
+        self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+
+    # -- the loop ---------------------------------------------------------
+
+    def serve(self) -> None:
+        try:
+            self._serve()
+        except PeerClosed:
+            log.info("%s closed the connection", self.peer)
+        except ConnectionLost as exc:
+            log.warning("%s: %s", self.peer, exc)
+        finally:
+            self.close()
+
+    def _serve(self) -> None:
+        if not self._handshake():
+            return
+        read_frame = self.reader.read_frame
+        handlers = self.handlers
+        request = codec.REQUEST
+        while True:
+            try:
+                hdr, body = read_frame()
+            except ProtocolError as exc:
+                self._fatal(0, 0, exc)
+                return
+            self.counts["frames"] += 1
+            oneway = hdr.flags & P.FLAG_ONEWAY
+            if hdr.version != self.version:
+                self._fatal(hdr.op, hdr.seq, ProtocolError(
+                    f"frame of protocol version {hdr.version} on a v{self.version} connection"))
+                return
+            handler = handlers.get(hdr.op)
+            if handler is None:
+                self.reader.skip_payload()
+                self._failed(hdr, oneway, CudaError(
+                    P.HV_UNKNOWN_OP, f"op 0x{hdr.op:02x} is not part of protocol v{self.version}"))
+                continue
+            if not oneway and self.deferred is not None:
+                self.reader.skip_payload()
+                err, op, seq = self.deferred
+                self.deferred = None
+                self._reply_error(hdr.op, hdr.seq, err.status, str(err), failed_op=op, failed_seq=seq)
+                continue
+            try:
+                values = request[hdr.op].decode(body)
+                if self.device is None and hdr.op != 0x02:
+                    raise self.device_error
+                result = handler(hdr, *values)
+            except (CudaError, ProtocolError) as exc:
+                if self.reader.payload_left:
+                    self.reader.skip_payload()
+                if isinstance(exc, ProtocolError):
+                    exc = CudaError(P.HV_BAD_FRAME, str(exc))
+                self._failed(hdr, oneway, exc)
+                continue
+            if self.reader.payload_left:
+                self.reader.skip_payload()
+            if not oneway and result is not _ALREADY_REPLIED:
+                send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0,
+                           codec.REPLY[hdr.op].encode(result or ()))
+
+    def _handshake(self) -> bool:
+        try:
+            hdr, body = self.reader.read_frame()
+        except ProtocolError as exc:
+            self._fatal(0, 0, exc)
+            return False
+        if hdr.op != 0x01:
+            self._reply_error(hdr.op, hdr.seq, P.HV_HANDSHAKE,
+                              f"the first frame must be HELLO, not {P.op_name(hdr.op)}")
+            return False
+        try:
+            version, min_version, caps, client = codec.REQUEST[0x01].decode(body)
+        except ProtocolError as exc:
+            self._reply_error(hdr.op, hdr.seq, P.HV_BAD_FRAME, str(exc))
+            return False
+        chosen = min(version, P.VERSION)
+        if chosen < max(min_version, P.MIN_VERSION):
+            self._reply_error(hdr.op, hdr.seq, P.HV_VERSION,
+                              f"the agent speaks protocol v{P.MIN_VERSION}..v{P.VERSION}, "
+                              f"the guest v{min_version}..v{version}")
+            log.warning("%s: refused protocol v%d..v%d", self.peer, min_version, version)
+            return False
+        self.version = chosen
+        mycaps = self.device.caps if self.device is not None else 0
+        log.info("%s: connected, protocol v%d, client %r", self.peer, chosen, client)
+        reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
+                 f"hvgpu {__version__}")
+        send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0, codec.REPLY[0x01].encode(reply))
+        return True
+
+    def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
+        log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(hdr.op), hdr.seq, err)
+        if oneway:
+            if self.deferred is None:
+                self.deferred = (err, hdr.op, hdr.seq)
+        else:
+            self._reply_error(hdr.op, hdr.seq, err.status, _detail(err))
+
+    def _reply_error(self, op: int, seq: int, status: int, message: str, *,
+                     failed_op: int | None = None, failed_seq: int | None = None) -> None:
+        body = codec.encode_error(op if failed_op is None else failed_op,
+                                  seq if failed_seq is None else failed_seq, message)
+        send_frame(self.sock, op, P.FLAG_REPLY, seq, status, body)
+
+    def _fatal(self, op: int, seq: int, exc: ProtocolError) -> None:
+        status = P.HV_OVERSIZE if exc.code == "oversize" else P.HV_BAD_FRAME
+        log.warning("%s: closing the connection: %s", self.peer, exc)
+        try:
+            self._reply_error(op, seq, status, f"{exc}; closing the connection")
+        except (ConnectionLost, OSError):
+            pass
+
+    def close(self) -> None:
+        """Free everything this guest held; the process exits right after."""
+        if self.device is None:
+            return
+        log.info("%s: releasing %d allocations (%d bytes), %d modules, %d streams, %d events",
+                 self.peer, len(self.allocs), self.allocs.total, len(self.modules.objects),
+                 len(self.streams.objects), len(self.events.objects))
+        if self.staging is not None:
+            self.staging.close()
+        for release, table in ((self.device.event_destroy, self.events.objects),
+                               (self.device.stream_destroy, self.streams.objects),
+                               (self.device.module_unload, self.modules.objects)):
+            for obj in list(table.values()):
+                _quietly(release, obj)
+            table.clear()
+        for ptr in list(self.allocs.starts):
+            _quietly(self.device.mem_free, ptr)
+        self.allocs = Allocations()
+        _quietly(self.device.close)
+        self.device = None
+
+    # -- helpers -------------------------------------------------------------
+
+    def _stream(self, handle: int) -> Any:
+        if handle in (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD):
+            return self.device.stream(handle)
+        return self.streams.get(handle)
+
+    def _staging(self) -> StagingRing:
+        if self.staging is None:
+            self.staging = StagingRing(self.device)
+        return self.staging
+
+    # -- ops (names follow protocol.OPS; each returns the reply's values) ----
+
+    def op_hello(self, hdr, *values):
+        raise CudaError(P.HV_HANDSHAKE, "HELLO was already done on this connection")
+
+    def op_ping(self, hdr):
+        return ()
+
+    def op_driver_get_version(self, hdr):
+        return (self.device.driver_version(),)
+
+    def op_device_get_count(self, hdr):
+        return (1,)
+
+    def _check_device(self, ordinal: int) -> None:
+        if ordinal != 0:
+            raise CudaError(101, f"this guest has one device (0), not {ordinal}")
+
+    def op_device_get_attribute(self, hdr, attrib, ordinal):
+        self._check_device(ordinal)
+        return (self.device.attribute(attrib),)
+
+    def op_device_get_name(self, hdr, ordinal):
+        self._check_device(ordinal)
+        return (self.device.name(),)
+
+    def op_device_get_uuid(self, hdr, ordinal):
+        self._check_device(ordinal)
+        return (self.device.uuid(),)
+
+    def op_device_total_mem(self, hdr, ordinal):
+        self._check_device(ordinal)
+        return (self.device.total_mem(),)
+
+    def op_ctx_synchronize(self, hdr):
+        self.device.synchronize()
+
+    def op_mem_get_info(self, hdr):
+        return self.device.mem_info()
+
+    def op_mem_alloc(self, hdr, size):
+        if size == 0:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "cannot allocate 0 bytes")
+        ptr = self.device.mem_alloc(size)
+        self.allocs.add(ptr, size)
+        return (ptr,)
+
+    def op_mem_free(self, hdr, dptr):
+        self.allocs.remove(dptr)
+        self.device.mem_free(dptr)
+
+    def op_memcpy_htod(self, hdr, dst, stream):
+        n = hdr.payload_len
+        self.allocs.check(dst, n, "destination")
+        s = self._stream(stream)
+        self._staging().upload(self.reader.read_payload_into, dst, n, s)
+        self.counts["h2d_bytes"] += n
+
+    def op_memcpy_dtoh(self, hdr, src, size, stream):
+        self.allocs.check(src, size, "source")
+        s = self._stream(stream)
+        sock = self.sock
+        started = False
+
+        def start():
+            nonlocal started
+            send(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size))
+            started = True
+
+        def send(view):
+            try:
+                sock.sendall(view)
+            except OSError as exc:
+                raise ConnectionLost(f"guest went away during a copy: {exc}") from None
+
+        try:
+            self._staging().download(src, size, s, start, send)
+        except CudaError as exc:
+            if started:  # the guest is owed bytes we cannot produce
+                raise ConnectionLost(f"copy failed after its reply began ({exc}); "
+                                     "closing the connection") from None
+            raise
+        self.counts["d2h_bytes"] += size
+        return _ALREADY_REPLIED
+
+    def op_memcpy_dtod(self, hdr, dst, src, size, stream):
+        self.allocs.check(dst, size, "destination")
+        self.allocs.check(src, size, "source")
+        self.device.memcpy_dtod_async(dst, src, size, self._stream(stream))
+
+    def op_memset(self, hdr, dst, count, value, width, stream):
+        if width not in (1, 2, 4):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset width {width} is not 1, 2 or 4")
+        self.allocs.check(dst, count * width, "destination")
+        self.device.memset_async(dst, value, width, count, self._stream(stream))
+
+    def op_module_load_data(self, hdr):
+        image = self.reader.read_payload()
+        if not image:
+            raise CudaError(200, "empty module image")
+        return (self.modules.add(self.device.module_load(image)),)
+
+    def op_module_compile(self, hdr, name, options):
+        source = self.reader.read_payload()
+        opts = [o for o in options.split("\0") if o]
+        key = CompileCache.key(self.device.compiler_id(), name, opts, source)
+        image, build_log, hit = self.cache.get_or_build(
+            key, lambda: self.device.compile(source, name, opts))
+        log.info("%s: compiled %s (%s)", self.peer, name or "<source>",
+                 "cache hit" if hit else "NVRTC")
+        module = self.modules.add(self.device.module_load(image))
+        return (module, build_log[:P.MAX_MESSAGE])
+
+    def op_module_unload(self, hdr, module):
+        obj = self.modules.get(module)
+        self.device.module_unload(obj)
+        self.modules.pop(module)
+        for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
+            self.functions.pop(fid)
+            self.layouts.pop(fid, None)
+
+    def op_module_get_function(self, hdr, module, name):
+        fn = self.device.module_function(self.modules.get(module), name)
+        return (self.functions.add((module, fn)),)
+
+    def _layout(self, function: int) -> list:
+        layout = self.layouts.get(function)
+        if layout is None:
+            layout = self.device.param_layout(self.functions.get(function)[1])
+            self.layouts[function] = layout
+        return layout
+
+    def op_func_get_param_info(self, hdr, function):
+        layout = self._layout(function)
+        return (b"".join(o.to_bytes(4, "little") + s.to_bytes(4, "little") for o, s in layout),)
+
+    def op_launch_kernel(self, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params):
+        fn = self.functions.get(function)[1]
+        layout = self._layout(function)
+        need = (layout[-1][0] + layout[-1][1]) if layout else 0
+        if len(params) != need:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
+        self.device.launch(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream), params)
+        self.counts["launches"] += 1
+
+    def op_stream_create(self, hdr, flags):
+        return (self.streams.add(self.device.stream_create(flags)),)
+
+    def op_stream_destroy(self, hdr, stream):
+        self.device.stream_destroy(self.streams.get(stream))
+        self.streams.pop(stream)
+
+    def op_stream_synchronize(self, hdr, stream):
+        self.device.stream_synchronize(self._stream(stream))
+
+    def op_stream_query(self, hdr, stream):
+        if not self.device.stream_query(self._stream(stream)):
+            raise CudaError(P.CUDA_ERROR_NOT_READY)
+
+    def op_stream_wait_event(self, hdr, stream, event, flags):
+        self.device.stream_wait_event(self._stream(stream), self.events.get(event), flags)
+
+    def op_event_create(self, hdr, flags):
+        return (self.events.add(self.device.event_create(flags)),)
+
+    def op_event_destroy(self, hdr, event):
+        self.device.event_destroy(self.events.get(event))
+        self.events.pop(event)
+
+    def op_event_record(self, hdr, event, stream):
+        self.device.event_record(self.events.get(event), self._stream(stream))
+
+    def op_event_query(self, hdr, event):
+        if not self.device.event_query(self.events.get(event)):
+            raise CudaError(P.CUDA_ERROR_NOT_READY)
+
+    def op_event_synchronize(self, hdr, event):
+        self.device.event_synchronize(self.events.get(event))
+
+    def op_event_elapsed_time(self, hdr, start, end):
+        return (self.device.event_elapsed(self.events.get(start), self.events.get(end)),)
+
+
+_ALREADY_REPLIED = object()
+
+
+def _detail(err: CudaError) -> str:
+    """The message part of a CudaError (its status travels separately)."""
+    text = str(err)
+    head = f"{err.name} ({err.status})"
+    if text.startswith(head):
+        text = text[len(head):].lstrip(": ")
+    return text if not isinstance(err, CompileError) else err.log
+
+
+def _quietly(fn, *args) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # releasing at exit: report, never stop releasing
+        log.debug("release failed: %s", exc)
+

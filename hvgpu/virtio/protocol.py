@@ -1,0 +1,202 @@
+"""Protocol v1 of the data lane, defined once: header, operations, statuses.
+
+Everything that speaks the wire (the Python guest client, the executor, the
+C shim generated from ``templates/wire/hvgpu_wire.h.j2``) takes its layout
+from the tables in this module, so the sides cannot drift. The module is pure
+data plus tiny lookups; it must not open sockets or import CUDA.
+
+A frame is a fixed 32-byte little-endian header, then ``body_len`` bytes of
+body, then ``payload_len`` bytes of raw payload (bulk data: copies, module
+images, sources), which is never re-encoded.
+
+A body is the op's scalar fields packed in order with no padding, each
+variable-length field (``str``/``bytes``) standing as a ``u32`` length in that
+place, followed by the variable fields' bytes in order. Replies whose status
+is not success carry :data:`ERROR_FIELDS` instead of the op's reply fields.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+VERSION = 1
+MIN_VERSION = 1
+MAGIC = 0x4748  # "HG" little-endian on the wire: 0x48 0x47
+
+DEFAULT_PORT = 5170  # vsock/tcp port the agent listens on unless told otherwise
+HOST_CID = 2  # VMADDR_CID_HOST: where a guest finds the agent over vsock
+
+MAX_BODY = 1 << 20  # bodies are small; anything larger is a broken peer
+MAX_PAYLOAD = 1 << 30  # per frame; larger copies travel as several frames
+MAX_MESSAGE = 64 << 10  # error messages and compile logs are cut here
+
+# header: magic u16, version u8, flags u8, op u16, reserved u16, seq u32,
+#         status i32, body_len u32, reserved u32, payload_len u64
+HEADER = struct.Struct("<HBBHHIiIIQ")
+assert HEADER.size == 32
+
+FLAG_ONEWAY = 0x01  # request: the sender expects no reply
+FLAG_REPLY = 0x02  # this frame answers the request with the same seq
+
+# Capability bits exchanged in HELLO.
+CAP_NVRTC = 1 << 0  # the agent compiles CUDA C++ source (MODULE_COMPILE)
+CAP_PARAM_INFO = 1 << 1  # FUNC_GET_PARAM_INFO is served from cuFuncGetParamInfo
+
+# Field types: name -> struct code ("" marks a variable-length field).
+SCALARS = {"u8": "B", "u16": "H", "u32": "I", "i32": "i", "u64": "Q",
+           "i64": "q", "f32": "f", "f64": "d"}
+VARIABLE = ("str", "bytes")
+C_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i32": "int32_t",
+           "u64": "uint64_t", "i64": "int64_t", "f32": "float", "f64": "double",
+           "str": "uint32_t", "bytes": "uint32_t"}
+
+SYNC = "sync"  # the sender waits for the reply
+ONEWAY = "oneway"  # pipelined; errors surface at the next sync op
+
+
+@dataclass(frozen=True)
+class Op:
+    code: int
+    name: str
+    kind: str  # SYNC or ONEWAY
+    request: tuple = ()  # ((field, type), ...)
+    reply: tuple = ()
+    request_payload: bool = False  # bulk bytes follow the request body
+    reply_payload: bool = False  # bulk bytes follow the reply body
+    doc: str = ""
+
+
+def _f(spec: str) -> tuple:
+    """'u64 dst, u64 stream' -> (('dst','u64'), ('stream','u64'))."""
+    fields = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        typ, name = part.split()
+        assert typ in SCALARS or typ in VARIABLE, typ
+        fields.append((name, typ))
+    return tuple(fields)
+
+
+# The op table. Codes are stable: never renumber, only add.
+OPS: tuple[Op, ...] = (
+    Op(0x01, "HELLO", SYNC, _f("u32 version, u32 min_version, u64 caps, str client"),
+       _f("u32 version, u32 reserved, u64 caps, u64 max_payload, u32 max_body, str peer, str agent"),
+       doc="First frame of every connection: version and capability handshake."),
+    Op(0x02, "PING", SYNC, doc="Round trip through the executor without touching CUDA."),
+    Op(0x10, "DRIVER_GET_VERSION", SYNC, (), _f("i32 version")),
+    Op(0x11, "DEVICE_GET_COUNT", SYNC, (), _f("i32 count")),
+    Op(0x12, "DEVICE_GET_ATTRIBUTE", SYNC, _f("i32 attrib, i32 device"), _f("i32 value"),
+       doc="cuDeviceGetAttribute; attrib is CUdevice_attribute's number."),
+    Op(0x13, "DEVICE_GET_NAME", SYNC, _f("i32 device"), _f("str name")),
+    Op(0x14, "DEVICE_GET_UUID", SYNC, _f("i32 device"), _f("bytes uuid")),
+    Op(0x15, "DEVICE_TOTAL_MEM", SYNC, _f("i32 device"), _f("u64 bytes")),
+    Op(0x20, "CTX_SYNCHRONIZE", SYNC),
+    Op(0x21, "MEM_GET_INFO", SYNC, (), _f("u64 free, u64 total")),
+    Op(0x22, "MEM_ALLOC", SYNC, _f("u64 size"), _f("u64 dptr"),
+       doc="Returns the real device address in the executor's context."),
+    Op(0x23, "MEM_FREE", SYNC, _f("u64 dptr")),
+    Op(0x24, "MEMCPY_HTOD", ONEWAY, _f("u64 dst, u64 stream"), request_payload=True,
+       doc="The payload is the source bytes; ordered on the stream (0: legacy default)."),
+    Op(0x25, "MEMCPY_DTOH", SYNC, _f("u64 src, u64 size, u64 stream"), reply_payload=True,
+       doc="Waits for the stream's earlier work; the reply payload is the bytes."),
+    Op(0x26, "MEMCPY_DTOD", ONEWAY, _f("u64 dst, u64 src, u64 size, u64 stream")),
+    Op(0x27, "MEMSET", ONEWAY, _f("u64 dst, u64 count, u32 value, u32 width, u64 stream"),
+       doc="cuMemsetD8/D16/D32Async by width (1, 2 or 4 bytes); count is in elements."),
+    Op(0x30, "MODULE_LOAD_DATA", SYNC, (), _f("u64 module"), request_payload=True,
+       doc="The payload is a PTX (NUL-terminated), cubin or fatbin image."),
+    Op(0x31, "MODULE_COMPILE", SYNC, _f("str name, str options"), _f("u64 module, str log"),
+       request_payload=True,
+       doc="NVRTC on the host; the payload is CUDA C++ source; options are NUL-separated."),
+    Op(0x32, "MODULE_UNLOAD", SYNC, _f("u64 module")),
+    Op(0x33, "MODULE_GET_FUNCTION", SYNC, _f("u64 module, str name"), _f("u64 function")),
+    Op(0x34, "FUNC_GET_PARAM_INFO", SYNC, _f("u64 function"), _f("bytes layout"),
+       doc="layout: one (u32 offset, u32 size) pair per parameter, from cuFuncGetParamInfo."),
+    Op(0x35, "LAUNCH_KERNEL", ONEWAY,
+       _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
+          "u32 block_z, u32 shared_mem, u64 stream, bytes params"),
+       doc="params: the packed parameter buffer laid out by FUNC_GET_PARAM_INFO."),
+    Op(0x40, "STREAM_CREATE", SYNC, _f("u32 flags"), _f("u64 stream")),
+    Op(0x41, "STREAM_DESTROY", SYNC, _f("u64 stream")),
+    Op(0x42, "STREAM_SYNCHRONIZE", SYNC, _f("u64 stream")),
+    Op(0x43, "STREAM_QUERY", SYNC, _f("u64 stream"),
+       doc="Replies CUDA_ERROR_NOT_READY (600) while work is pending."),
+    Op(0x44, "STREAM_WAIT_EVENT", ONEWAY, _f("u64 stream, u64 event, u32 flags")),
+    Op(0x50, "EVENT_CREATE", SYNC, _f("u32 flags"), _f("u64 event")),
+    Op(0x51, "EVENT_DESTROY", SYNC, _f("u64 event")),
+    Op(0x52, "EVENT_RECORD", ONEWAY, _f("u64 event, u64 stream")),
+    Op(0x53, "EVENT_QUERY", SYNC, _f("u64 event"),
+       doc="Replies CUDA_ERROR_NOT_READY (600) while the event is pending."),
+    Op(0x54, "EVENT_SYNCHRONIZE", SYNC, _f("u64 event")),
+    Op(0x55, "EVENT_ELAPSED_TIME", SYNC, _f("u64 start, u64 end"), _f("f32 ms")),
+)
+
+# Body of every reply whose status is not success.
+ERROR_FIELDS = _f("u16 op, u16 reserved, u32 seq, str message")
+
+OPS_BY_CODE = {op.code: op for op in OPS}
+OPS_BY_NAME = {op.name: op for op in OPS}
+assert len(OPS_BY_CODE) == len(OPS) and len(OPS_BY_NAME) == len(OPS)
+
+# Statuses: CUDA's CUresult numbers (the ones the data lane produces or passes
+# on; any other number still travels and is shown as CUDA_ERROR_<n>), then
+# hvgpu's own wire statuses from 10000 up, where CUDA defines none.
+STATUSES: dict[int, tuple[str, str]] = {
+    0: ("CUDA_SUCCESS", "no error"),
+    1: ("CUDA_ERROR_INVALID_VALUE", "an argument is out of range"),
+    2: ("CUDA_ERROR_OUT_OF_MEMORY", "out of device memory"),
+    3: ("CUDA_ERROR_NOT_INITIALIZED", "the driver is not initialised"),
+    4: ("CUDA_ERROR_DEINITIALIZED", "the driver is shutting down"),
+    34: ("CUDA_ERROR_STUB_LIBRARY", "the driver found is a stub library"),
+    35: ("CUDA_ERROR_INSUFFICIENT_DRIVER", "the installed driver is older than the runtime"),
+    100: ("CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is available"),
+    101: ("CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"),
+    200: ("CUDA_ERROR_INVALID_IMAGE", "the module image is not valid"),
+    201: ("CUDA_ERROR_INVALID_CONTEXT", "invalid context"),
+    209: ("CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image for this GPU"),
+    218: ("CUDA_ERROR_INVALID_PTX", "the PTX could not be compiled"),
+    222: ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the PTX version is newer than the driver"),
+    300: ("CUDA_ERROR_INVALID_SOURCE", "the source could not be compiled"),
+    400: ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
+    500: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
+    600: ("CUDA_ERROR_NOT_READY", "work is still pending"),
+    700: ("CUDA_ERROR_ILLEGAL_ADDRESS", "a kernel accessed an illegal address"),
+    701: ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
+    702: ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out"),
+    719: ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
+    801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    999: ("CUDA_ERROR_UNKNOWN", "unknown error"),
+    10001: ("HVGPU_ERROR_BAD_FRAME", "the frame is malformed"),
+    10002: ("HVGPU_ERROR_UNKNOWN_OP", "the operation is not part of this protocol"),
+    10003: ("HVGPU_ERROR_VERSION", "no protocol version in common"),
+    10004: ("HVGPU_ERROR_OVERSIZE", "the frame exceeds the agent's limits"),
+    10005: ("HVGPU_ERROR_HANDSHAKE", "the connection did not start with HELLO"),
+    10006: ("HVGPU_ERROR_INTERNAL", "the executor failed unexpectedly"),
+    10007: ("HVGPU_ERROR_NO_GPU", "the host agent cannot reach a GPU"),
+}
+STATUS_BY_NAME = {name: code for code, (name, _) in STATUSES.items()}
+
+SUCCESS = 0
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_INVALID_HANDLE = 400
+CUDA_ERROR_NOT_FOUND = 500
+CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_NOT_SUPPORTED = 801
+HV_BAD_FRAME = 10001
+HV_UNKNOWN_OP = 10002
+HV_VERSION = 10003
+HV_OVERSIZE = 10004
+HV_HANDSHAKE = 10005
+HV_INTERNAL = 10006
+HV_NO_GPU = 10007
+
+
+def status_name(status: int) -> str:
+    entry = STATUSES.get(status)
+    return entry[0] if entry else f"CUDA_ERROR_{status}"
+
+
+def op_name(code: int) -> str:
+    op = OPS_BY_CODE.get(code)
+    return op.name if op else f"op 0x{code:02x}"

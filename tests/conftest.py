@@ -1,0 +1,84 @@
+"""Shared fixtures: an agent over unix sockets with the test-double GPU, and
+the ``gpu`` marker's skip rule."""
+
+from __future__ import annotations
+
+import ctypes.util
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from hvgpu.host.agent import Agent, AgentConfig
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_DEVICE = "tests.fake_gpu:FakeDevice"
+
+
+def _have_gpu() -> bool:
+    if os.environ.get("HVGPU_TEST_NO_GPU"):
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        return False
+    err, = cu.cuInit(0)
+    if int(err) != 0:
+        return False
+    err, count = cu.cuDeviceGetCount()
+    return int(err) == 0 and count > 0
+
+
+HAVE_GPU = None
+
+
+def pytest_collection_modifyitems(config, items):
+    global HAVE_GPU
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    if HAVE_GPU is None:
+        HAVE_GPU = _have_gpu()
+    if not HAVE_GPU:
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU, its driver and cuda-bindings")
+        for item in gpu_items:
+            item.add_marker(skip)
+
+
+class RunningAgent:
+    def __init__(self, tmp_path: Path, device: str | None, extra_listen=()):
+        self.socket = tmp_path / "agent.sock"
+        self.address = f"unix://{self.socket}"
+        self.reports = tmp_path / "reports"
+        env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+               "HVGPU_FAKE_REPORT": str(self.reports)}
+        self.config = AgentConfig(listen=[self.address, *extra_listen], vsock_port=None,
+                                  cache_dir=str(tmp_path / "cache"), device=device,
+                                  log_level="DEBUG", env=env)
+        self.agent = Agent(self.config)
+        self.agent.start()
+        self.thread = threading.Thread(target=self.agent.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.agent.stop()
+        self.thread.join(timeout=15)
+
+
+@pytest.fixture
+def fake_agent(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def gpu_agent(tmp_path):
+    running = RunningAgent(tmp_path, None)
+    yield running
+    running.stop()

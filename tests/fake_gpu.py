@@ -1,0 +1,238 @@
+"""Test double of the executor's GPU: host memory stands in for device memory.
+
+Implements ``hvgpu.host.executor.device.GpuDevice`` so the real session, agent,
+transport and guest client run end to end on a machine without a GPU. Kernels
+are a handful of Python functions found by name in the "compiled" source.
+Lives under tests/ only; the product never loads it.
+
+Set HVGPU_FAKE_REPORT to a directory to get one JSON file per executor on
+close, saying what the session left allocated (it must be nothing).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import struct
+import time
+
+import numpy as np
+
+from hvgpu.errors import CompileError, CudaError
+
+BASE = 0x7F00_0000_0000
+TOTAL = 1 << 30
+
+
+def _saxpy(dev, a, x, y, n):
+    xs = dev.array(x, n, np.float32)
+    ys = dev.array(y, n, np.float32)
+    ys[:] = a * xs + ys
+
+
+def _matmul(dev, a, b, c, n):
+    A = dev.array(a, n * n, np.float32).reshape(n, n)
+    B = dev.array(b, n * n, np.float32).reshape(n, n)
+    dev.array(c, n * n, np.float32).reshape(n, n)[:] = A @ B
+
+
+def _fault(dev):
+    dev.sticky = CudaError(700, "fake kernel accessed an illegal address")
+
+
+def _sleep(dev, ms):
+    time.sleep(ms / 1000)
+
+
+# name -> (parameter layout as cuFuncGetParamInfo gives it, struct format, body)
+KERNELS = {
+    "saxpy": ([(0, 4), (8, 8), (16, 8), (24, 4)], "<f4xQQi", _saxpy),
+    "matmul": ([(0, 8), (8, 8), (16, 8), (24, 4)], "<QQQi", _matmul),
+    "noop": ([], "", lambda dev: None),
+    "fault": ([], "", _fault),
+    "sleep_ms": ([(0, 4)], "<i", _sleep),
+}
+
+
+class FakeDevice:
+    caps = 3
+
+    def __init__(self, ordinal: int = 0):
+        if ordinal != 0:
+            raise CudaError(101, f"fake host has one GPU, not {ordinal}")
+        self.mem: dict[int, bytearray] = {}
+        self.next = BASE
+        self.pinned: dict[int, ctypes.Array] = {}
+        self.sticky: CudaError | None = None
+        self.allocated = 0
+        self.freed = 0
+
+    # -- helpers for kernels -------------------------------------------------
+
+    def _find(self, ptr: int, n: int) -> tuple[bytearray, int]:
+        for base, buf in self.mem.items():
+            if base <= ptr and ptr + n <= base + len(buf):
+                return buf, ptr - base
+        raise CudaError(700, f"fake: 0x{ptr:x}+{n} is not device memory")
+
+    def array(self, ptr: int, count: int, dtype) -> np.ndarray:
+        nbytes = count * np.dtype(dtype).itemsize
+        buf, off = self._find(ptr, nbytes)
+        return np.frombuffer(buf, dtype=dtype, count=count, offset=off)
+
+    def _check(self) -> None:
+        if self.sticky is not None:
+            raise self.sticky
+
+    # -- GpuDevice -----------------------------------------------------------
+
+    def driver_version(self):
+        return 13000
+
+    def attribute(self, attrib):
+        values = {16: 4, 75: 9, 76: 0}
+        if attrib not in values:
+            raise CudaError(1, f"fake: unknown attribute {attrib}")
+        return values[attrib]
+
+    def name(self):
+        return "hvgpu fake GPU"
+
+    def uuid(self):
+        return bytes(range(16))
+
+    def total_mem(self):
+        return TOTAL
+
+    def mem_info(self):
+        used = sum(len(b) for b in self.mem.values())
+        return TOTAL - used, TOTAL
+
+    def mem_alloc(self, size):
+        if sum(len(b) for b in self.mem.values()) + size > TOTAL:
+            raise CudaError(2, f"fake: {size} bytes do not fit")
+        ptr = self.next
+        self.next += (size + 255) // 256 * 256 + 256  # a gap: no allocation touches the next
+        self.mem[ptr] = bytearray(size)
+        self.allocated += 1
+        return ptr
+
+    def mem_free(self, dptr):
+        if dptr not in self.mem:
+            raise CudaError(1, "fake: not allocated")
+        del self.mem[dptr]
+        self.freed += 1
+
+    def host_alloc(self, size):
+        buf = (ctypes.c_char * size)()
+        addr = ctypes.addressof(buf)
+        self.pinned[addr] = buf
+        return addr, memoryview(buf).cast("B")
+
+    def host_free(self, addr):
+        self.pinned.pop(addr)
+
+    def stream(self, special):
+        return ("stream", special)
+
+    def memcpy_htod_async(self, dst, src_addr, n, stream):
+        self._check()
+        buf, off = self._find(dst, n)
+        buf[off:off + n] = ctypes.string_at(src_addr, n)
+
+    def memcpy_dtoh_async(self, dst_addr, src, n, stream):
+        self._check()
+        buf, off = self._find(src, n)
+        ctypes.memmove(dst_addr, bytes(buf[off:off + n]), n)
+
+    def memcpy_dtod_async(self, dst, src, n, stream):
+        self._check()
+        sbuf, soff = self._find(src, n)
+        dbuf, doff = self._find(dst, n)
+        dbuf[doff:doff + n] = sbuf[soff:soff + n]
+
+    def memset_async(self, dst, value, width, count, stream):
+        self._check()
+        buf, off = self._find(dst, width * count)
+        fmt = {1: "B", 2: "H", 4: "I"}[width]
+        buf[off:off + width * count] = struct.pack("<" + fmt, value) * count
+
+    def module_load(self, image):
+        text = bytes(image).decode(errors="replace")
+        if "__global__" not in text and ".entry" not in text:
+            raise CudaError(200, "fake: not a module image")
+        return {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
+
+    def module_unload(self, module):
+        pass
+
+    def module_function(self, module, name):
+        if name not in module["names"] or name not in KERNELS:
+            raise CudaError(500, f"fake: no kernel named {name!r}")
+        return name
+
+    def param_layout(self, function):
+        return list(KERNELS[function][0])
+
+    def launch(self, function, grid, block, shared_mem, stream, params):
+        self._check()
+        _, fmt, body = KERNELS[function]
+        args = struct.unpack(fmt, params) if fmt else ()
+        body(self, *args)
+
+    def compiler_id(self):
+        return "fake-nvrtc-sm_90"
+
+    def compile(self, source, name, options):
+        if b"#error" in source:
+            raise CompileError(300, f"{name}(1): error: fake compile failure")
+        return bytes(source), "fake-nvrtc: compiled"
+
+    def stream_create(self, flags):
+        return ("stream", object())
+
+    def stream_destroy(self, stream):
+        pass
+
+    def stream_synchronize(self, stream):
+        self._check()
+
+    def stream_query(self, stream):
+        self._check()
+        return True
+
+    def stream_wait_event(self, stream, event, flags):
+        pass
+
+    def event_create(self, flags):
+        return {"t": None}
+
+    def event_destroy(self, event):
+        pass
+
+    def event_record(self, event, stream):
+        event["t"] = time.perf_counter()
+
+    def event_query(self, event):
+        return True
+
+    def event_synchronize(self, event):
+        self._check()
+
+    def event_elapsed(self, start, end):
+        if start["t"] is None or end["t"] is None:
+            raise CudaError(600, "fake: event not recorded")
+        return (end["t"] - start["t"]) * 1000.0
+
+    def synchronize(self):
+        self._check()
+
+    def close(self):
+        report = os.environ.get("HVGPU_FAKE_REPORT")
+        if report:
+            os.makedirs(report, exist_ok=True)
+            with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
+                json.dump({"allocated": self.allocated, "freed": self.freed,
+                           "left": len(self.mem)}, f)
