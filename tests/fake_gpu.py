@@ -236,3 +236,10 @@ class FakeDevice:
             with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
                 json.dump({"allocated": self.allocated, "freed": self.freed,
                            "left": len(self.mem)}, f)
+
+
+class NoDriver:
+    """A host whose GPU cannot be opened, as CudaDevice reports it."""
+
+    def __init__(self, ordinal: int = 0):
+        raise CudaError(10007, "no NVIDIA driver on the host: libcuda.so.1 not found")

@@ -142,6 +142,13 @@ def _arg_bytes(arg, size: int, kernel: str, index: int) -> bytes:
     """One argument as the ``size`` bytes the kernel's parameter takes."""
     if isinstance(arg, Buffer):
         arg = arg.ptr
+    if hasattr(arg, "dtype") and hasattr(arg, "tobytes"):
+        # numpy scalars first: np.float64 is also a Python float
+        data = arg.tobytes()
+        if len(data) != size:
+            raise TypeError(f"{kernel} argument {index}: {len(data)} bytes given, the "
+                            f"parameter takes {size} (use a numpy scalar of the right dtype)")
+        return data
     if isinstance(arg, bool):
         arg = int(arg)
     if isinstance(arg, int):
@@ -155,14 +162,11 @@ def _arg_bytes(arg, size: int, kernel: str, index: int) -> bytes:
             raise TypeError(f"{kernel} argument {index}: a float cannot fill a "
                             f"{size}-byte parameter")
         return struct.pack(_FLOATS[size], arg)
-    tobytes = getattr(arg, "tobytes", None)  # numpy scalars and arrays
-    data = tobytes() if tobytes is not None else None
-    if data is None:
-        try:
-            data = bytes(memoryview(arg))
-        except TypeError:
-            raise TypeError(f"{kernel} argument {index}: cannot pass "
-                            f"{type(arg).__name__} as a kernel parameter") from None
+    try:  # a struct passed by value, as raw bytes
+        data = bytes(memoryview(arg))
+    except TypeError:
+        raise TypeError(f"{kernel} argument {index}: cannot pass "
+                        f"{type(arg).__name__} as a kernel parameter") from None
     if len(data) != size:
         raise TypeError(f"{kernel} argument {index}: {len(data)} bytes given, the "
                         f"parameter takes {size} (use a numpy scalar of the right dtype)")

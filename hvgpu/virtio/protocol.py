@@ -31,10 +31,6 @@ MAX_BODY = 1 << 20  # bodies are small; anything larger is a broken peer
 MAX_PAYLOAD = 1 << 30  # per frame; larger copies travel as several frames
 MAX_MESSAGE = 64 << 10  # error messages and compile logs are cut here
 
-# header: magic u16, version u8, flags u8, op u16, reserved u16, seq u32,
-#         status i32, body_len u32, reserved u32, payload_len u64
-HEADER = struct.Struct("<HBBHHIiIIQ")
-assert HEADER.size == 32
 
 FLAG_ONEWAY = 0x01  # request: the sender expects no reply
 FLAG_REPLY = 0x02  # this frame answers the request with the same seq
@@ -50,6 +46,13 @@ VARIABLE = ("str", "bytes")
 C_TYPES = {"u8": "uint8_t", "u16": "uint16_t", "u32": "uint32_t", "i32": "int32_t",
            "u64": "uint64_t", "i64": "int64_t", "f32": "float", "f64": "double",
            "str": "uint32_t", "bytes": "uint32_t"}
+
+# The frame header, in wire order.
+HEADER_FIELDS = (("magic", "u16"), ("version", "u8"), ("flags", "u8"), ("op", "u16"),
+                 ("reserved", "u16"), ("seq", "u32"), ("status", "i32"),
+                 ("body_len", "u32"), ("reserved2", "u32"), ("payload_len", "u64"))
+HEADER = struct.Struct("<" + "".join(SCALARS[t] for _, t in HEADER_FIELDS))
+assert HEADER.size == 32
 
 SYNC = "sync"  # the sender waits for the reply
 ONEWAY = "oneway"  # pipelined; errors surface at the next sync op

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install hvgpu's host side into ./.venv (README: `./install.sh && .venv/bin/hvgpu demo`).
+#   HVGPU_EXTRA=host          CUDA 12 driver hosts (default)
+#   HVGPU_EXTRA=host-cuda13   CUDA 13 driver hosts
+# As root on Debian/Ubuntu it installs the system packages libvirt-python
+# builds against; elsewhere it says which ones are missing.
+set -euo pipefail
+cd "$(dirname "$0")"
+extra=${HVGPU_EXTRA:-host}
+packages="libvirt-dev pkg-config python3-venv python3-dev gcc"
+
+missing=""
+for p in $packages; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "install.sh: installing$missing"
+        apt-get update -q
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing
+    else
+        echo "install.sh: please install:$missing (libvirt-python builds against them)" >&2
+        exit 1
+    fi
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+echo "install.sh: installing hvgpu[$extra] into .venv (CuPy and cuda-bindings are large downloads)"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extra]"
+echo "install.sh: done; try .venv/bin/hvgpu demo"

@@ -1,0 +1,163 @@
+"""The guest Python API end to end through an agent with the GPU test double."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+from hvgpu.errors import CompileError, CudaError
+from hvgpu.guest import (Connection, Device, LaunchConfig, ObjectCode, Program, ProgramOptions,
+                         launch)
+
+SAXPY = 'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {}'
+MATMUL = 'extern "C" __global__ void matmul(const float* A, const float* B, float* C, int n) {}'
+
+
+@pytest.fixture
+def conn(fake_agent):
+    c = Connection(fake_agent.address)
+    yield c
+    c.close()
+
+
+def test_device_properties(conn):
+    dev = Device(connection=conn)
+    assert dev.name == "hvgpu fake GPU"
+    assert dev.compute_capability == (9, 0)
+    assert dev.multiprocessor_count == 4
+    assert dev.uuid == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    free, total = dev.mem_info()
+    assert free == total == dev.total_memory
+
+
+def test_memory_accounting_follows_allocations(conn):
+    dev = Device(connection=conn)
+    free0, _ = dev.mem_info()
+    buf = dev.allocate(1 << 20)
+    assert dev.mem_info()[0] == free0 - (1 << 20)
+    buf.close()
+    assert dev.mem_info()[0] == free0
+
+
+def test_dropped_buffers_are_freed_before_the_next_call(conn):
+    dev = Device(connection=conn)
+    free0, _ = dev.mem_info()
+    dev.allocate(1 << 20)
+    gc.collect()
+    assert dev.mem_info()[0] == free0
+
+
+def test_saxpy_and_matmul_match_numpy(conn):
+    dev = Device(connection=conn)
+    saxpy = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
+    assert saxpy.num_arguments == 4
+    x = np.random.default_rng(1).standard_normal(10_000, dtype=np.float32)
+    dx, dy = dev.allocate(x.nbytes), dev.allocate(x.nbytes)
+    dx.copy_from(x)
+    dy.fill(0)
+    launch(saxpy, LaunchConfig(grid=40, block=256), 0.5, dx, dy, x.size)
+    np.testing.assert_allclose(np.frombuffer(dy.copy_to(), dtype=np.float32), 0.5 * x, rtol=1e-6)
+
+    matmul = Program(MATMUL, connection=conn).compile().get_kernel("matmul")
+    a = np.random.default_rng(2).standard_normal((64, 64), dtype=np.float32)
+    da, dc = dev.allocate(a.nbytes), dev.allocate(a.nbytes)
+    da.copy_from(a)
+    launch(matmul, LaunchConfig(grid=(4, 4), block=(16, 16)), da, da, dc, 64)
+    c = np.empty_like(a)
+    dc.copy_to(c)
+    np.testing.assert_allclose(c, a @ a, rtol=1e-4, atol=1e-4)
+
+
+def test_arguments_are_checked_against_the_hosts_layout(conn):
+    dev = Device(connection=conn)
+    saxpy = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
+    buf = dev.allocate(16)
+    with pytest.raises(TypeError, match="takes 4 arguments, 3 given"):
+        launch(saxpy, LaunchConfig(), 1.0, buf, buf)
+    with pytest.raises(TypeError, match="8 bytes given, the parameter takes 4"):
+        launch(saxpy, LaunchConfig(), np.float64(1.0), buf, buf, 4)
+    with pytest.raises(TypeError, match="does not fit"):
+        launch(saxpy, LaunchConfig(), 1.0, buf, buf, 2 ** 40)
+    with pytest.raises(TypeError, match="cannot pass str"):
+        launch(saxpy, LaunchConfig(), 1.0, "x", buf, 4)
+
+
+def test_streams_and_events(conn):
+    dev = Device(connection=conn)
+    stream = dev.create_stream()
+    buf = dev.allocate(1 << 16)
+    start = stream.record()
+    buf.copy_from(bytes(range(256)) * 256, stream=stream)
+    end = stream.record()
+    other = dev.create_stream()
+    other.wait(end)
+    other.sync()
+    assert stream.is_done and end.is_done
+    assert end - start >= 0
+    assert bytes(buf.copy_to(stream=other)) == bytes(range(256)) * 256
+    stream.close()
+    with pytest.raises(CudaError, match="unknown stream"):
+        stream.conn.call("STREAM_SYNCHRONIZE", stream.handle)
+
+
+def test_compile_errors_carry_the_log_and_options_travel(conn):
+    with pytest.raises(CompileError) as info:
+        Program("#error nope", connection=conn).compile()
+    assert "fake compile failure" in info.value.log
+    prog = Program(SAXPY, options=ProgramOptions(std="c++17", define_macro={"N": 4}),
+                   connection=conn)
+    assert prog.options == ["--std=c++17", "-DN=4"]
+    prog.compile()
+    assert prog.log == "fake-nvrtc: compiled"
+
+
+def test_compiled_modules_are_cached_on_the_host(conn, fake_agent):
+    Program(SAXPY, connection=conn).compile()
+    cached = list((fake_agent.socket.parent / "cache").glob("*.cubin"))
+    assert len(cached) == 1
+    Program(SAXPY, connection=conn).compile()
+    assert list((fake_agent.socket.parent / "cache").glob("*.cubin")) == cached
+
+
+def test_ptx_loads_and_unloading_drops_its_kernels(conn):
+    ptx = ".version 8.0\n.target sm_90\n.visible .entry noop()\n{\n ret;\n}\n"
+    module = ObjectCode.from_ptx(ptx, connection=conn)
+    kernel = module.get_kernel("noop")
+    launch(kernel, LaunchConfig())
+    conn.call("CTX_SYNCHRONIZE")
+    module.close()
+    with pytest.raises(CudaError, match="unknown function"):
+        conn.call("FUNC_GET_PARAM_INFO", kernel.function)
+    with pytest.raises(CudaError) as info:
+        ObjectCode.from_cubin(b"\x7fELF-not-really", connection=conn)
+    assert info.value.status == 200
+
+
+def test_missing_kernel_name(conn):
+    module = Program(SAXPY, connection=conn).compile()
+    with pytest.raises(CudaError) as info:
+        module.get_kernel("nope")
+    assert info.value.status == 500
+
+
+def test_buffer_bounds_are_checked_in_the_guest_too(conn):
+    buf = Device(connection=conn).allocate(16)
+    with pytest.raises(CudaError, match="do not fit"):
+        buf.copy_from(b"x" * 17)
+    with pytest.raises(CudaError, match="do not fit"):
+        buf.copy_to(bytearray(32))
+
+
+def test_readme_example_runs_as_written(fake_agent, monkeypatch):
+    import pathlib
+    import re
+
+    import hvgpu.guest.runtime as runtime
+
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    monkeypatch.setenv("HVGPU_AGENT", fake_agent.address)
+    monkeypatch.setattr(runtime, "_default", None)
+    exec(compile(example, "README.md", "exec"), {})

@@ -1,0 +1,41 @@
+"""The C header generated from the protocol table matches the Python side."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio.cgen import render_header
+
+CC = shutil.which("cc") or shutil.which("gcc")
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+def test_c_header_compiles_and_agrees_with_python(tmp_path):
+    (tmp_path / "hvgpu_wire.h").write_text(render_header())
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "hvgpu_wire.h"',
+             "int main(void) {",
+             'printf("header %zu %zu %zu\\n", sizeof(hvgpu_header_t), '
+             "offsetof(hvgpu_header_t, seq), offsetof(hvgpu_header_t, payload_len));"]
+    expected = [f"header 32 8 24"]
+    for op in P.OPS:
+        lines.append(f'printf("op {op.name} %d %d\\n", HVGPU_OP_{op.name}, '
+                     f"hvgpu_op_is_oneway(HVGPU_OP_{op.name}));")
+        expected.append(f"op {op.name} {op.code} {int(op.kind == P.ONEWAY)}")
+        for part, fields, table in (("req", op.request, codec.REQUEST),
+                                    ("rep", op.reply, codec.REPLY)):
+            if fields:
+                lines.append(f'printf("{op.name} {part} %zu\\n", '
+                             f"sizeof(hvgpu_{op.name.lower()}_{part}_t));")
+                expected.append(f"{op.name} {part} {table[op.code].fixed.size}")
+    lines.append('printf("oom %d\\n", HVGPU_STATUS_CUDA_ERROR_OUT_OF_MEMORY);')
+    expected.append("oom 2")
+    lines += ["return 0;", "}"]
+    (tmp_path / "check.c").write_text("\n".join(lines))
+    subprocess.run([CC, "-std=c11", "-Wall", "-Werror", "-o", str(tmp_path / "check"),
+                    str(tmp_path / "check.c")], check=True, cwd=tmp_path)
+    out = subprocess.run([str(tmp_path / "check")], check=True, capture_output=True,
+                         text=True).stdout.split("\n")
+    assert out[:-1] == expected
