@@ -28,7 +28,8 @@ CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
 
 _HDR = P.HEADER
 _LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
-_LAUNCH_OP = P.OPS_BY_NAME["LAUNCH_KERNEL"].code
+_LAUNCH_OP = P.OP["LAUNCH_KERNEL"]
+_HTOD_OP, _FREE_OP, _COMPILE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"], P.OP["MODULE_COMPILE"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
 
 
@@ -74,7 +75,7 @@ class Connection:
         ``payload`` is sent raw after the body; a reply payload is read into
         ``reply_into`` (a writable buffer of exactly the reply's size).
         """
-        code = P.OPS_BY_NAME[op].code
+        code = P.OP[op]
         body = codec.REQUEST[code].encode(values)
         with self.lock:
             self._check_open()
@@ -105,7 +106,7 @@ class Connection:
 
     def post(self, op: str, *values, payload=None) -> None:
         """Send a one-way op; its error, if any, surfaces at the next call."""
-        code = P.OPS_BY_NAME[op].code
+        code = P.OP[op]
         body = codec.REQUEST[code].encode(values)
         with self.lock:
             self._check_open()
@@ -134,12 +135,12 @@ class Connection:
         """Host-to-device copy of any buffer; pipelined (one-way)."""
         view = memoryview(src).cast("B")
         n = view.nbytes
-        body = codec.REQUEST[0x24]
+        body = codec.REQUEST[_HTOD_OP]
         with self.lock:
             self._check_open()
             for off in range(0, n, CHUNK):
                 try:
-                    send_frame(self.sock, 0x24, P.FLAG_ONEWAY, self._next_seq(), 0,
+                    send_frame(self.sock, _HTOD_OP, P.FLAG_ONEWAY, self._next_seq(), 0,
                                body.encode((dst + off, stream)), view[off:off + CHUNK])
                 except (ConnectionLost, OSError) as exc:
                     self._broken(exc)
@@ -157,7 +158,7 @@ class Connection:
         while self._pending_frees:
             ptr = self._pending_frees.pop()
             try:
-                self._roundtrip(0x23, codec.REQUEST[0x23].encode((ptr,)), None, None)
+                self._roundtrip(_FREE_OP, codec.REQUEST[_FREE_OP].encode((ptr,)), None, None)
             except CudaError:
                 pass  # already gone with a reset context; nothing left to free
 
@@ -169,7 +170,7 @@ class Connection:
         except ProtocolError:
             failed_op, failed_seq, message = code, seq, ""
         deferred = failed_seq != seq
-        cls = CompileError if (code == 0x31 and not deferred) else CudaError
+        cls = CompileError if (code == _COMPILE_OP and not deferred) else CudaError
         err = cls(status, message, op=P.op_name(failed_op), deferred=deferred)
         if status in (P.HV_VERSION, P.HV_HANDSHAKE, P.HV_OVERSIZE):
             self.close()  # the agent closes its end after these

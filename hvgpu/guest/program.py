@@ -144,11 +144,7 @@ def _arg_bytes(arg, size: int, kernel: str, index: int) -> bytes:
         arg = arg.ptr
     if hasattr(arg, "dtype") and hasattr(arg, "tobytes"):
         # numpy scalars first: np.float64 is also a Python float
-        data = arg.tobytes()
-        if len(data) != size:
-            raise TypeError(f"{kernel} argument {index}: {len(data)} bytes given, the "
-                            f"parameter takes {size} (use a numpy scalar of the right dtype)")
-        return data
+        return _exact(arg.tobytes(), size, kernel, index)
     if isinstance(arg, bool):
         arg = int(arg)
     if isinstance(arg, int):
@@ -167,6 +163,10 @@ def _arg_bytes(arg, size: int, kernel: str, index: int) -> bytes:
     except TypeError:
         raise TypeError(f"{kernel} argument {index}: cannot pass "
                         f"{type(arg).__name__} as a kernel parameter") from None
+    return _exact(data, size, kernel, index)
+
+
+def _exact(data: bytes, size: int, kernel: str, index: int) -> bytes:
     if len(data) != size:
         raise TypeError(f"{kernel} argument {index}: {len(data)} bytes given, the "
                         f"parameter takes {size} (use a numpy scalar of the right dtype)")

@@ -138,6 +138,7 @@ ERROR_FIELDS = _f("u16 op, u16 reserved, u32 seq, str message")
 
 OPS_BY_CODE = {op.code: op for op in OPS}
 OPS_BY_NAME = {op.name: op for op in OPS}
+OP = {op.name: op.code for op in OPS}  # OP["MEM_ALLOC"] == 0x22
 assert len(OPS_BY_CODE) == len(OPS) and len(OPS_BY_NAME) == len(OPS)
 
 # Statuses: CUDA's CUresult numbers (the ones the data lane produces or passes

@@ -31,6 +31,7 @@ from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header, send_fram
 log = logging.getLogger(__name__)
 
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
+_HELLO, _PING = P.OP["HELLO"], P.OP["PING"]
 
 
 class Allocations:
@@ -167,7 +168,7 @@ class Session:
                 continue
             try:
                 values = request[hdr.op].decode(body)
-                if self.device is None and hdr.op != 0x02:
+                if self.device is None and hdr.op != _PING:
                     raise self.device_error
                 result = handler(hdr, *values)
             except (CudaError, ProtocolError) as exc:
@@ -189,12 +190,12 @@ class Session:
         except ProtocolError as exc:
             self._fatal(0, 0, exc)
             return False
-        if hdr.op != 0x01:
+        if hdr.op != _HELLO:
             self._reply_error(hdr.op, hdr.seq, P.HV_HANDSHAKE,
                               f"the first frame must be HELLO, not {P.op_name(hdr.op)}")
             return False
         try:
-            version, min_version, caps, client = codec.REQUEST[0x01].decode(body)
+            version, min_version, caps, client = codec.REQUEST[_HELLO].decode(body)
         except ProtocolError as exc:
             self._reply_error(hdr.op, hdr.seq, P.HV_BAD_FRAME, str(exc))
             return False
@@ -210,7 +211,7 @@ class Session:
         log.info("%s: connected, protocol v%d, client %r", self.peer, chosen, client)
         reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
                  f"hvgpu {__version__}")
-        send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0, codec.REPLY[0x01].encode(reply))
+        send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0, codec.REPLY[_HELLO].encode(reply))
         return True
 
     def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
@@ -239,8 +240,11 @@ class Session:
         """Free everything this guest held; the process exits right after."""
         if self.device is None:
             return
-        log.info("%s: releasing %d allocations (%d bytes), %d modules, %d streams, %d events",
-                 self.peer, len(self.allocs), self.allocs.total, len(self.modules.objects),
+        c = self.counts
+        log.info("%s: served %d frames (%d launches, %d bytes to the GPU, %d bytes back); "
+                 "releasing %d allocations (%d bytes), %d modules, %d streams, %d events",
+                 self.peer, c["frames"], c["launches"], c["h2d_bytes"], c["d2h_bytes"],
+                 len(self.allocs), self.allocs.total, len(self.modules.objects),
                  len(self.streams.objects), len(self.events.objects))
         if self.staging is not None:
             self.staging.close()
