@@ -68,6 +68,7 @@ class FakeDevice:
         self.sticky: CudaError | None = None
         self.allocated = 0
         self.freed = 0
+        self.launches = 0
 
     # -- helpers for kernels -------------------------------------------------
 
@@ -178,6 +179,7 @@ class FakeDevice:
 
     def launch(self, function, grid, block, shared_mem, stream, params):
         self._check()
+        self.launches += 1
         _, fmt, body = KERNELS[function]
         args = struct.unpack(fmt, params) if fmt else ()
         body(self, *args)
@@ -235,7 +237,7 @@ class FakeDevice:
             os.makedirs(report, exist_ok=True)
             with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
                 json.dump({"allocated": self.allocated, "freed": self.freed,
-                           "left": len(self.mem)}, f)
+                           "left": len(self.mem), "launches": self.launches}, f)
 
 
 class NoDriver:

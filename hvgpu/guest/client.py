@@ -2,9 +2,13 @@
 
 Synchronous ops send a frame and wait for its reply; one-way ops (launches,
 host-to-device copies, memsets, event records) are sent and not waited for,
-so they pipeline. A reply that carries the error of an earlier one-way op
-raises ``CudaError`` with ``deferred=True``. Every call holds the connection's
-lock, so threads may share a connection.
+so they pipeline. Small one-way frames are coalesced: they leave in one send
+when 64 KiB have gathered, before any synchronous op, or at the latest about
+100 µs later (a flusher thread), so a burst of launches costs the agent one
+wake-up instead of one per launch while a lone launch still starts at once.
+A reply that carries the error of an earlier one-way op raises ``CudaError``
+with ``deferred=True``. Every call holds the connection's lock, so threads may
+share a connection.
 
 Must not import ``hvgpu.host`` or anything the guest package does not ship.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 
 from hvgpu import __version__
 from hvgpu.errors import CompileError, ConnectionLost, CudaError, HvgpuError, ProtocolError
@@ -25,6 +30,9 @@ from hvgpu.virtio.transport import connect
 
 ENV_ADDRESS = "HVGPU_AGENT"
 CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
+BATCH_BYTES = 64 << 10  # coalesced one-way frames leave once this much gathered
+SMALL_COPY = 16 << 10  # host-to-device copies up to this size are coalesced too
+FLUSH_DELAY = 100e-6  # the longest a coalesced frame waits for company
 
 _HDR = P.HEADER
 _LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
@@ -53,6 +61,9 @@ class Connection:
         self.seq = 0
         self.closed = False
         self._pending_frees: list[int] = []
+        self._out = bytearray()  # coalesced one-way frames not yet sent
+        self._out_pending = threading.Event()
+        self._flusher: threading.Thread | None = None
         version, _, caps, max_payload, _, peer, agent = self.call(
             "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO,
             f"hvgpu-guest {__version__} pid {os.getpid()}")
@@ -83,6 +94,7 @@ class Connection:
             return self._roundtrip(code, body, payload, reply_into)
 
     def _roundtrip(self, code, body, payload, reply_into):
+        self._flush_out()
         seq = self._next_seq()
         try:
             send_frame(self.sock, code, 0, seq, 0, body, payload)
@@ -110,6 +122,10 @@ class Connection:
         body = codec.REQUEST[code].encode(values)
         with self.lock:
             self._check_open()
+            if payload is None:
+                self._queue(pack_header(code, P.FLAG_ONEWAY, self._next_seq(), 0, len(body)) + body)
+                return
+            self._flush_out()
             try:
                 send_frame(self.sock, code, P.FLAG_ONEWAY, self._next_seq(), 0, body, payload)
             except (ConnectionLost, OSError) as exc:
@@ -117,19 +133,53 @@ class Connection:
 
     def launch(self, function: int, grid, block, shared_mem: int, stream: int,
                params: bytes) -> None:
-        """LAUNCH_KERNEL on the fast path: one pack, one send."""
+        """LAUNCH_KERNEL on the fast path: one pack, coalesced."""
         with self.lock:
             if self.closed:
                 self._check_open()
             seq = self.seq = (self.seq + 1) & 0xFFFFFFFF
-            frame = _LAUNCH.pack(P.MAGIC, P.VERSION, P.FLAG_ONEWAY, _LAUNCH_OP, 0, seq, 0,
-                                 _LAUNCH_FIXED + len(params), 0, 0, function,
-                                 grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                                 shared_mem, stream, len(params)) + params
+            self._out += _LAUNCH.pack(P.MAGIC, P.VERSION, P.FLAG_ONEWAY, _LAUNCH_OP, 0, seq, 0,
+                                      _LAUNCH_FIXED + len(params), 0, 0, function,
+                                      grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                                      shared_mem, stream, len(params))
+            self._queue(params)
+
+    def _queue(self, frame: bytes) -> None:
+        """Add to the coalesced frames (lock held); send when enough gathered."""
+        self._out += frame
+        if len(self._out) >= BATCH_BYTES:
+            self._flush_out()
+        elif not self._out_pending.is_set():
+            self._out_pending.set()
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                                 name="hvgpu-flusher")
+                self._flusher.start()
+
+    def _flush_out(self) -> None:
+        """Send the coalesced frames now (lock held)."""
+        if self._out:
             try:
-                self.sock.sendall(frame)
+                self.sock.sendall(self._out)
             except OSError as exc:
+                self._out.clear()
                 self._broken(exc)
+            self._out.clear()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._out_pending.wait()
+            if self.closed:
+                return
+            time.sleep(FLUSH_DELAY)
+            with self.lock:
+                self._out_pending.clear()
+                if self.closed:
+                    return
+                try:
+                    self._flush_out()
+                except HvgpuError:
+                    return  # the next call on the connection reports it
 
     def copy_to_device(self, dst: int, src, stream: int = 0) -> None:
         """Host-to-device copy of any buffer; pipelined (one-way)."""
@@ -138,6 +188,11 @@ class Connection:
         body = codec.REQUEST[_HTOD_OP]
         with self.lock:
             self._check_open()
+            if 0 < n <= SMALL_COPY:  # the bytes are copied here, so the source is free at once
+                head = pack_header(_HTOD_OP, P.FLAG_ONEWAY, self._next_seq(), 0, body.fixed.size, n)
+                self._queue(head + body.encode((dst, stream)) + bytes(view))
+                return
+            self._flush_out()
             for off in range(0, n, CHUNK):
                 try:
                     send_frame(self.sock, _HTOD_OP, P.FLAG_ONEWAY, self._next_seq(), 0,
@@ -183,8 +238,15 @@ class Connection:
         raise ConnectionLost(f"lost the connection to the agent at {self.address}: {exc}") from None
 
     def close(self) -> None:
-        if not self.closed:
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                self._flush_out()  # one-way work already issued still reaches the GPU
+            except HvgpuError:
+                pass
             self.closed = True
+            self._out_pending.set()  # lets the flusher thread end
             try:
                 self.sock.close()
             except OSError:

@@ -203,7 +203,7 @@ def test_guest_vanishing_mid_copy_frees_everything_and_others_go_on(fake_agent):
     sock.sendall(pack_header(0x24, P.FLAG_ONEWAY, 3, 0, len(body), 1 << 20) + body + b"z" * 1000)
     sock.close()
     report, = reports(fake_agent, 1)
-    assert report == {"allocated": 3, "freed": 3, "left": 0}
+    assert report == {"allocated": 3, "freed": 3, "left": 0, "launches": 0}
     assert saxpy_works(fake_agent)
 
 
@@ -284,3 +284,28 @@ def test_header_layout_is_32_bytes_little_endian():
     assert len(head) == 32
     assert struct.unpack_from("<HBBH", head) == (P.MAGIC, 1, 1, 0x35)
     assert head[:2] == b"HG"
+
+
+def test_a_lone_launch_reaches_the_gpu_without_a_sync(fake_agent):
+    conn = Connection(fake_agent.address)
+    kernel = Program('extern "C" __global__ void noop() {}', connection=conn).compile() \
+        .get_kernel("noop")
+    launch(kernel, LaunchConfig())
+    time.sleep(0.5)  # no sync, no close: only the flusher can have sent it
+    conn.sock.close()
+    report, = reports(fake_agent, 1)
+    assert report["launches"] == 1
+
+
+def test_coalesced_launches_keep_their_order_with_copies(fake_agent):
+    with Connection(fake_agent.address) as conn:
+        dev = Device(connection=conn)
+        kernel = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
+        x, y = dev.allocate(16), dev.allocate(16)
+        y.fill(0)
+        for i in range(1000):  # y += 1*x, with x changed by small coalesced copies
+            x.copy_from(np.full(4, i, dtype=np.float32))
+            launch(kernel, LaunchConfig(), np.float32(1), x, y, 4)
+        out = np.empty(4, dtype=np.float32)
+        y.copy_to(out)
+        assert list(out) == [sum(range(1000))] * 4
