@@ -309,3 +309,12 @@ def test_coalesced_launches_keep_their_order_with_copies(fake_agent):
         out = np.empty(4, dtype=np.float32)
         y.copy_to(out)
         assert list(out) == [sum(range(1000))] * 4
+
+
+def test_malformed_launch_is_reported_at_the_next_sync(fake_agent):
+    sock, reader = raw(fake_agent)
+    send_frame(sock, P.OP["LAUNCH_KERNEL"], P.FLAG_ONEWAY, 2, 0, b"\0" * 5)
+    send_frame(sock, P.OP["PING"], 0, 3, 0)
+    hdr, (failed_op, _, failed_seq, message) = reply(reader)
+    assert (hdr.status, failed_op, failed_seq) == (P.HV_BAD_FRAME, P.OP["LAUNCH_KERNEL"], 2)
+    assert "shorter" in message

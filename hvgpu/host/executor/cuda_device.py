@@ -79,6 +79,7 @@ class CudaDevice:
         # The launch parameter buffer travels by CUDA's `extra` form, so a
         # launch costs one memmove and no per-parameter pointer array.
         self._params = ctypes.create_string_buffer(_MAX_PARAMS)
+        self._params_view = memoryview(self._params).cast("B")
         self._params_size = ctypes.c_size_t(0)
         self._extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._params), 2,
                                             ctypes.addressof(self._params_size), 0)
@@ -173,10 +174,12 @@ class CudaDevice:
             layout.append((int(offset), int(size)))
         return layout
 
-    def launch(self, function, grid, block, shared_mem, stream, params: bytes) -> None:
+    def launch(self, function, grid, block, shared_mem, stream, params) -> None:
         n = len(params)
         if n:
-            ctypes.memmove(self._params, params, n)
+            if n > _MAX_PARAMS:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
+            self._params_view[:n] = params
             self._params_size.value = n
         err, = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
                             shared_mem, stream, None, self._extra_addr if n else 0)

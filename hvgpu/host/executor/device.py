@@ -44,7 +44,8 @@ class GpuDevice(Protocol):
     def module_function(self, module: Any, name: str) -> Any: ...
     def param_layout(self, function: Any) -> list[tuple[int, int]]: ...
     def launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int,
-               stream: Any, params: bytes) -> None: ...
+               stream: Any, params: memoryview) -> None:
+        """``params`` is a view of the packed parameter buffer, valid during the call."""
     def compiler_id(self) -> str:
         """Identifies compiler and target, for the compile cache's key."""
     def compile(self, source: bytes, name: str, options: list[str]) -> tuple[bytes, str]:

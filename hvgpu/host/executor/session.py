@@ -31,7 +31,8 @@ from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header, send_fram
 log = logging.getLogger(__name__)
 
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
-_HELLO, _PING = P.OP["HELLO"], P.OP["PING"]
+_HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
+_LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 
 
 class Allocations:
@@ -117,6 +118,7 @@ class Session:
         self.streams = Handles("stream")
         self.events = Handles("event")
         self.layouts: dict[int, list] = {}
+        self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging: StagingRing | None = None
         self.version = 0
@@ -167,10 +169,12 @@ class Session:
                 self._reply_error(hdr.op, hdr.seq, err.status, str(err), failed_op=op, failed_seq=seq)
                 continue
             try:
-                values = request[hdr.op].decode(body)
                 if self.device is None and hdr.op != _PING:
                     raise self.device_error
-                result = handler(hdr, *values)
+                if hdr.op == _LAUNCH:  # the hot path: no generic decode
+                    result = self.launch(body)
+                else:
+                    result = handler(hdr, *request[hdr.op].decode(body))
             except (CudaError, ProtocolError) as exc:
                 if self.reader.payload_left:
                     self.reader.skip_payload()
@@ -392,6 +396,7 @@ class Session:
         for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
             self.functions.pop(fid)
             self.layouts.pop(fid, None)
+            self.launchable.pop(fid, None)
 
     def op_module_get_function(self, hdr, module, name):
         fn = self.device.module_function(self.modules.get(module), name)
@@ -408,15 +413,30 @@ class Session:
         layout = self._layout(function)
         return (b"".join(o.to_bytes(4, "little") + s.to_bytes(4, "little") for o, s in layout),)
 
-    def op_launch_kernel(self, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params):
-        fn = self.functions.get(function)[1]
-        layout = self._layout(function)
-        need = (layout[-1][0] + layout[-1][1]) if layout else 0
-        if len(params) != need:
+    def launch(self, body) -> None:
+        """LAUNCH_KERNEL, decoded in place; the parameters go to the driver as a view."""
+        size = _LAUNCH_FIXED.size
+        if len(body) < size:
+            raise ProtocolError(f"body of {len(body)} bytes is shorter than the {size} "
+                                "its fields need", code="bad-frame")
+        function, gx, gy, gz, bx, by, bz, shared, stream, n = _LAUNCH_FIXED.unpack_from(body)
+        if len(body) != size + n:
+            raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
+        entry = self.launchable.get(function)
+        if entry is None:
+            layout = self._layout(function)
+            entry = self.launchable[function] = (
+                self.functions.get(function)[1], (layout[-1][0] + layout[-1][1]) if layout else 0)
+        fn, need = entry
+        if n != need:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
-        self.device.launch(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream), params)
+                            f"parameter buffer is {n} bytes, the kernel takes {need}")
+        self.device.launch(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream),
+                           body[size:])
         self.counts["launches"] += 1
+
+    def op_launch_kernel(self, hdr, *values):
+        raise AssertionError("LAUNCH_KERNEL is served by Session.launch")
 
     def op_stream_create(self, hdr, flags):
         return (self.streams.add(self.device.stream_create(flags)),)
