@@ -1,0 +1,111 @@
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from hvgpu.host.inventory import Gpu
+from hvgpu.host.slices import NoRoom, SliceError, SliceManager, UnknownVm
+from hvgpu.host.state import StateError, StateStore
+
+G = 1 << 30
+
+
+def gpus(*sizes):
+    return lambda: [Gpu(i, f"GPU-{i}", "NVIDIA H200", size * G, 0, 0, False, True, "")
+                    for i, size in enumerate(sizes)]
+
+
+@pytest.fixture
+def manager(tmp_path):
+    return SliceManager(StateStore(tmp_path), gpus(80, 40))
+
+
+def test_best_fit_picks_the_tightest_gpu(manager):
+    assert manager.attach("vm1", 30 * G).gpu_index == 1  # fits both; GPU 1 is tighter
+    assert manager.attach("vm2", 30 * G).gpu_index == 0  # GPU 1 has 10 GiB left
+    assert manager.attach("vm3", 10 * G).gpu_index == 1
+
+
+def test_over_commit_is_refused_with_what_is_free_where(manager):
+    manager.attach("vm1", 70 * G)
+    with pytest.raises(NoRoom) as info:
+        manager.attach("vm2", 50 * G)
+    assert "GPU 0 (NVIDIA H200) 10 GiB free" in str(info.value)
+    assert "GPU 1 (NVIDIA H200) 40 GiB free" in str(info.value)
+
+
+def test_compute_shares_cannot_exceed_the_gpu(manager):
+    manager.attach("a", G, compute=75, gpu=0)
+    with pytest.raises(NoRoom, match="25% compute free"):
+        manager.attach("b", G, compute=50, gpu=0)
+    assert manager.attach("b", G, compute=25, gpu=0).compute == 25
+
+
+def test_named_gpu_by_index_or_uuid(manager):
+    assert manager.attach("a", G, gpu="GPU-0").gpu_index == 0
+    assert manager.attach("b", G, gpu=1).gpu_index == 1
+    with pytest.raises(SliceError, match="no GPU '7'"):
+        manager.attach("c", G, gpu="7")
+
+
+def test_a_vm_and_a_cid_have_one_slice_each(manager):
+    manager.attach("vm1", G, cid=5)
+    with pytest.raises(SliceError, match="resize"):
+        manager.attach("vm1", G)
+    with pytest.raises(SliceError, match="CID 5 already belongs to 'vm1'"):
+        manager.attach("vm2", G, cid=5)
+    assert manager.by_cid(5).vm == "vm1"
+
+
+def test_resize_grows_and_refuses_to_shrink_below_use(manager):
+    manager.attach("vm1", 10 * G, gpu=1)
+    assert manager.resize("vm1", mem=40 * G).mem == 40 * G
+    with pytest.raises(NoRoom, match="cannot grow"):
+        manager.resize("vm1", mem=41 * G)
+    with pytest.raises(SliceError, match="its guest uses 6 GiB now"):
+        manager.resize("vm1", mem=5 * G, in_use=6 * G)
+    assert manager.resize("vm1", mem=6 * G, in_use=6 * G).mem == 6 * G
+
+
+def test_detach_and_unknown_vms(manager):
+    manager.attach("vm1", G)
+    manager.detach("vm1")
+    with pytest.raises(UnknownVm, match="no slice is attached to 'vm1'"):
+        manager.detach("vm1")
+
+
+def test_a_restarted_manager_restores_every_slice(tmp_path):
+    first = SliceManager(StateStore(tmp_path), gpus(80))
+    first.attach("vm1", 4 * G, compute=25, cid=3)
+    first.attach("vm2", 8 * G)
+    first.resize("vm2", mem=9 * G)
+    again = SliceManager(StateStore(tmp_path), gpus(80))
+    assert [(s.vm, s.mem, s.compute, s.cid) for s in again.list()] == [
+        ("vm1", 4 * G, 25, 3), ("vm2", 9 * G, 0, None)]
+
+
+def test_a_write_torn_by_kill_9_leaves_the_previous_state(tmp_path):
+    SliceManager(StateStore(tmp_path), gpus(80)).attach("vm1", 4 * G)
+    # A writer killed inside an open transaction, after writing, before commit.
+    code = f"""
+import os, sqlite3, signal
+db = sqlite3.connect({str(tmp_path / 'slices.db')!r}, isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+db.execute("UPDATE slices SET mem = 1 WHERE vm = 'vm1'")
+db.execute("INSERT INTO slices VALUES ('vm2','GPU-0',0,1,0,NULL,0,0)")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    proc = subprocess.run([sys.executable, "-c", code])
+    assert proc.returncode == -signal.SIGKILL
+    again = SliceManager(StateStore(tmp_path), gpus(80))
+    assert [(s.vm, s.mem) for s in again.list()] == [("vm1", 4 * G)]
+
+
+def test_an_unreadable_state_file_is_reported_and_kept(tmp_path):
+    (tmp_path / "slices.db").write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StateError, match="left as it is"):
+        StateStore(tmp_path)
+    assert (tmp_path / "slices.db").read_bytes().startswith(b"this is not")
