@@ -7,7 +7,9 @@ line and exit 1; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import sys
 
@@ -15,6 +17,7 @@ import click
 
 from hvgpu import __version__
 from hvgpu.errors import HvgpuError
+from hvgpu.units import format_size
 from hvgpu.virtio.protocol import DEFAULT_PORT
 
 
@@ -25,23 +28,71 @@ def _fail(exc: HvgpuError):
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvgpu")
-def cli():
+@click.option("--control", metavar="PATH", envvar="HVGPU_CONTROL", default=None,
+              help="The agent's control socket [default: /run/hvgpu/control.sock as root].")
+@click.pass_context
+def cli(ctx, control):
     """GPU sharing for libvirt/KVM hosts.
 
-    The host agent owns the NVIDIA GPUs; a VM's CUDA calls reach it over
-    virtio-vsock and run in an executor process of their own on the real GPU.
+    The host agent owns the NVIDIA GPUs and cuts them into slices (a memory
+    quota and a compute share); a VM's CUDA calls reach it over virtio-vsock
+    and run on its slice.
 
     \b
     Start here:
-      hvgpu demo                      run a checked CUDA workload through the agent
-      hvgpu agent                     serve guests on vsock port 5170
+      hvgpu demo                              run a checked CUDA workload
+      hvgpu agent                             serve guests on vsock port 5170
+      hvgpu attach vm1 --mem 4G --cid 3       give the VM with CID 3 a 4 GiB slice
+      hvgpu status                            what each slice uses
     """
+    ctx.obj = {"control": control}
+
+
+def _client(ctx):
+    from hvgpu.host.control_lane import ControlClient
+
+    return ControlClient(ctx.obj["control"])
+
+
+def _call(ctx, name, **kwargs):
+    try:
+        return _client(ctx).call(name, **kwargs)
+    except HvgpuError as exc:
+        _fail(exc)
+
+
+def _emit(data, as_json: bool, text) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(text(data))
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _share(pct: int) -> str:
+    return f"{pct}%" if pct else "shared"
+
+
+def _slice_rows(slices, extra=()):
+    rows = [["VM", "GPU", "MEMORY", "COMPUTE", "CID", *[h for h, _ in extra]]]
+    for s in slices:
+        rows.append([s["vm"], str(s["gpu_index"]), format_size(s["mem"]), _share(s["compute"]),
+                     "-" if s["cid"] is None else str(s["cid"]), *[f(s) for _, f in extra]])
+    return rows
+
+
+_json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
 @cli.command()
-@click.option("--listen", "listen", multiple=True, metavar="ADDR",
+@click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
-                   "hvsock:///path/vm.vsock:PORT, tcp://HOST:PORT.")
+                   "hvsock:///path/vm.vsock:PORT, tcp://HOST:PORT. With =VM, connections "
+                   "there belong to VM's slice; without, each gets the whole GPU (host-local use).")
 @click.option("--vsock-port", type=int, default=DEFAULT_PORT, show_default=True,
               help="vsock port guests connect to (host CID 2).")
 @click.option("--no-vsock", is_flag=True, help="Do not listen on vsock.")
@@ -50,36 +101,183 @@ def cli():
 @click.option("--cache-dir", default=None, metavar="DIR",
               help="Where compiled CUDA C++ modules are cached "
                    "[default: /var/cache/hvgpu as root, else ~/.cache/hvgpu].")
+@click.option("--state-dir", default=None, metavar="DIR",
+              help="Where slices persist [default: /var/lib/hvgpu as root, else "
+                   "~/.local/state/hvgpu].")
+@click.option("--control-group", default=None, metavar="GROUP",
+              help="Let GROUP use the control socket too (default: root only).")
+@click.option("--no-mps", is_flag=True,
+              help="Do not start MPS: memory is enforced by accounting, compute time-shared.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-def agent(listen, vsock_port, no_vsock, gpu, cache_dir, log_level):
+@click.pass_context
+def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
+          log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
-    Every accepted guest connection gets an executor process with its own
-    CUDA context; the peer is identified by the transport (vsock CID, unix
-    credentials, hybrid-vsock socket), never by what the guest claims.
+    Guests connect over vsock; a guest is identified by its CID (never by what
+    it claims) and served by its slice's executor: one MPS client per slice,
+    started with the slice's memory quota and compute share. The control
+    socket serves the other hvgpu commands.
 
     \b
     Examples:
       hvgpu agent
       hvgpu agent --no-vsock --listen unix:///run/hvgpu/data.sock
-      hvgpu agent --listen hvsock:///run/firecracker/vm1.vsock:5170
+      hvgpu agent --listen hvsock:///run/firecracker/vm1.vsock:5170=vm1
     """
-    from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir
+    from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir, default_state_dir
+    from hvgpu.host.control import ControlAPI
+    from hvgpu.host.control_lane import default_socket, serve
+    from hvgpu.host.inventory import read_gpus
 
     logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s agent %(levelname)s %(message)s")
     config = AgentConfig(listen=list(listen), vsock_port=None if no_vsock else vsock_port,
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
+                         state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper())
-    runner = Agent(config)
     try:
+        runner = Agent(config, gpus=read_gpus)
         runner.start()
+        path = ctx.obj["control"] or default_socket()
+        server = serve(ControlAPI(runner, read_gpus), path, control_group)
     except HvgpuError as exc:
         _fail(exc)
+    logging.getLogger("hvgpu").info("control lane on unix://%s", path)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: runner.stop())
-    runner.serve_forever()
+    try:
+        runner.serve_forever()
+    finally:
+        server.stop(2)
+
+
+@cli.command()
+@_json_option
+@click.pass_context
+def gpus(ctx, as_json):
+    """List the host's GPUs, what is reserved on each and how slices are enforced.
+
+    \b
+    Example:
+      hvgpu gpus --json
+    """
+    def text(data):
+        rows = [["GPU", "NAME", "MEMORY", "RESERVED", "COMPUTE RESERVED", "UTIL", "UUID"]]
+        for g in data:
+            rows.append([str(g["index"]), g["name"], format_size(g["memory_total"]),
+                         format_size(g["reserved_mem"]) if g["reserved_mem"] else "0",
+                         f"{g['reserved_compute']}%",
+                         "-" if g["utilization"] is None else f"{g['utilization']}%", g["uuid"]])
+        notes = "\n".join(f"GPU {g['index']}: {g['enforcement']}" for g in data)
+        return _table(rows) + "\n\n" + notes
+    _emit(_call(ctx, "gpus"), as_json, text)
+
+
+@cli.command()
+@click.argument("vm")
+@click.option("--mem", required=True, metavar="SIZE", help="Memory quota: 4G, 4096M, 4GiB, 0.5G.")
+@click.option("--compute", default=None, metavar="SHARE",
+              help="Share of the GPU's SMs: 25% or 0.25 [default: none reserved, time-shared].")
+@click.option("--gpu", default=None, metavar="N|UUID", help="Place on this GPU [default: best fit].")
+@click.option("--cid", type=int, default=None, metavar="N",
+              help="The VM's vsock CID (VMs that libvirt does not manage).")
+@_json_option
+@click.pass_context
+def attach(ctx, vm, mem, compute, gpu, cid, as_json):
+    """Give VM a GPU slice; it applies to the VM's next CUDA connection.
+
+    \b
+    Examples:
+      hvgpu attach vm1 --mem 4G --cid 3
+      hvgpu attach vm2 --mem 8G --compute 25% --gpu 1 --cid 4
+    """
+    s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid)
+    _emit(s, as_json, lambda s: f"attached {s['vm']}: {format_size(s['mem'])}, compute "
+                                f"{_share(s['compute'])}, GPU {s['gpu_index']} ({s['gpu_uuid']})")
+
+
+@cli.command()
+@click.argument("vm")
+@_json_option
+@click.pass_context
+def detach(ctx, vm, as_json):
+    """Remove VM's slice; its CUDA connections are closed.
+
+    \b
+    Example:
+      hvgpu detach vm1
+    """
+    s = _call(ctx, "detach", vm=vm)
+    _emit(s, as_json, lambda s: f"detached {s['vm']} (released {format_size(s['mem'])})")
+
+
+@cli.command()
+@click.argument("vm")
+@click.option("--mem", default=None, metavar="SIZE", help="New memory quota.")
+@click.option("--compute", default=None, metavar="SHARE", help="New compute share.")
+@_json_option
+@click.pass_context
+def resize(ctx, vm, mem, compute, as_json):
+    """Change a running VM's slice.
+
+    The memory quota changes at once for every connection of the VM; shrinking
+    below what its guests use is refused with the figure. With MPS, the
+    driver-enforced limits (memory ceiling, compute share) are fixed per
+    executor process: new CUDA connections get them at once, connections
+    already open keep the old ones until they close ("pending" in the output).
+
+    \b
+    Examples:
+      hvgpu resize vm1 --mem 8G
+      hvgpu resize vm1 --compute 50%
+    """
+    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute)
+
+    def text(s):
+        line = f"resized {s['vm']}: {format_size(s['mem'])}, compute {_share(s['compute'])}"
+        if s.get("pending"):
+            line += ("\nCUDA connections already open keep their MPS limits until they close; "
+                     "new ones get the new limits")
+        return line
+    _emit(s, as_json, text)
+
+
+@cli.command(name="list")
+@_json_option
+@click.pass_context
+def list_(ctx, as_json):
+    """List the slices.
+
+    \b
+    Example:
+      hvgpu list --json
+    """
+    _emit(_call(ctx, "list"), as_json,
+          lambda data: _table(_slice_rows(data)) if data else "no slices")
+
+
+@cli.command()
+@_json_option
+@click.pass_context
+def status(ctx, as_json):
+    """Per slice: memory used of its quota, compute share, connected guest processes.
+
+    \b
+    Example:
+      hvgpu status
+    """
+    def text(data):
+        if not data:
+            return "no slices"
+        return _table(_slice_rows(data, extra=(
+            ("USED", lambda s: format_size(s["mem_used"]) if s["mem_used"] else "0"),
+            ("CONNECTIONS", lambda s: str(s["connections"])),
+            ("EXECUTORS", lambda s: ", ".join(
+                f"pid {e['pid']}" + (" (retiring)" if e["retiring"] else "")
+                for e in s["executors"]) or "-"))))
+    _emit(_call(ctx, "status"), as_json, text)
 
 
 @cli.command()

@@ -102,7 +102,7 @@ def _run(address: str, size: int, echo) -> int:
             echo(f"gpu:    none usable on this host: {exc}")
             echo("result: the agent, an executor process and the data-lane handshake ran; "
                  "SAXPY and the matrix multiply did NOT run, because they need an NVIDIA "
-                 "GPU and driver on this host (and `pip install hvgpu[host]`).")
+                 "GPU and its driver on this host.")
             return 0
         free, total = dev.mem_info()
         echo(f"gpu:    {name}, compute capability {'.'.join(map(str, dev.compute_capability))}"

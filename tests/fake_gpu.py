@@ -89,6 +89,9 @@ class FakeDevice:
 
     # -- GpuDevice -----------------------------------------------------------
 
+    def bind_thread(self):
+        pass
+
     def driver_version(self):
         return 13000
 

@@ -1,17 +1,22 @@
-"""The host agent's data-lane front door: accept guests, hand each to an executor.
+"""The host agent: accept guests, route each to its slice's executor.
 
 The agent listens on vsock and any configured unix / hybrid-vsock / tcp
-address. For every accepted connection it learns the peer's identity from the
-transport and starts an executor process that inherits the socket and serves
-that guest alone; the agent never reads guest traffic, so one guest's bulk
-copy or crash cannot stall another. When a guest vanishes its executor exits
-and the process's exit frees everything it held on the GPU.
+address and learns each peer's identity from the transport. A connection that
+belongs to a slice (a vsock CID attached with ``--cid``, or a listener bound to
+a VM with ``ADDR=VM``) is handed, socket and all, to that slice's executor
+process: one MPS client per slice, started with the slice's limits, whose
+memory reservations the agent keeps in the slice's ledger. A connection on a
+listener bound to no VM gets an executor of its own with the whole GPU
+(host-local use). A vsock peer with no slice is refused with a clear error.
+The agent never reads guest traffic, so one guest's copy or crash cannot stall
+another; a process's exit frees everything it held on the GPU.
 
-Must not import CUDA: executors do.
+Must not import CUDA (executors do) or NVML (the inventory does).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import selectors
@@ -22,11 +27,17 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
-from hvgpu.errors import HvgpuError, TransportError
+from hvgpu.errors import CudaError, HvgpuError, TransportError
+from hvgpu.host.mps import MpsDaemon
+from hvgpu.host.quota import QuotaLedger
+from hvgpu.host.slices import SliceManager
+from hvgpu.host.state import StateStore
+from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
-from hvgpu.virtio.protocol import DEFAULT_PORT
-from hvgpu.virtio.transport import Listener, listen, vsock_available
+from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
+                                    vsock_available)
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +46,12 @@ DEFAULT_CACHE_DIR = "/var/cache/hvgpu"
 
 @dataclass
 class AgentConfig:
-    listen: list[str] = field(default_factory=list)  # extra addresses
-    vsock_port: int | None = DEFAULT_PORT  # None: no vsock listener
-    gpu: int = 0
+    listen: list[str] = field(default_factory=list)  # "ADDR" or "ADDR=VM"
+    vsock_port: int | None = P.DEFAULT_PORT  # None: no vsock listener
+    gpu: int = 0  # GPU of executors for listeners bound to no VM
     cache_dir: str | None = DEFAULT_CACHE_DIR
+    state_dir: str | None = None  # slices persist here; None: no slices at all
+    mps: bool = True  # start/join an MPS control daemon when it is installed
     device: str | None = None  # executor's GpuDevice factory; tests use a double
     log_level: str = "INFO"
     env: dict = field(default_factory=dict)  # extra environment for executors
@@ -51,11 +64,49 @@ class Executor:
     started: float
 
 
+@dataclass(eq=False)
+class SliceExecutor:
+    """One executor process of a slice; a resize may start a newer generation."""
+
+    vm: str
+    process: subprocess.Popen
+    ctrl: object  # the agent's end of the control channel
+    generation: int
+    mem: int
+    compute: int
+    mps: bool
+    connections: int = 0
+    retiring: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+
+def split_binding(text: str) -> tuple[str, str | None]:
+    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', 'vm1')."""
+    address, eq, vm = text.rpartition("=")
+    if eq and vm and "/" not in vm and ":" not in vm:
+        return address, vm
+    return text, None
+
+
 class Agent:
-    def __init__(self, config: AgentConfig):
+    def __init__(self, config: AgentConfig, gpus: Callable | None = None):
         self.config = config
         self.listeners: list[Listener] = []
+        self.bindings: dict[Listener, str] = {}
         self.executors: dict[int, Executor] = {}
+        self.slice_executors: list[SliceExecutor] = []
+        self.current: dict[str, SliceExecutor] = {}
+        self.ledgers: dict[str, QuotaLedger] = {}
+        self.lock = threading.RLock()
+        self.slices: SliceManager | None = None
+        if config.state_dir:
+            if gpus is None:
+                from hvgpu.host.inventory import read_gpus as gpus
+            self.slices = SliceManager(StateStore(config.state_dir), gpus)
+            for s in self.slices.list():
+                self.ledgers[s.vm] = QuotaLedger(s.mem)
+        self.mps = MpsDaemon(Path(config.state_dir or "/tmp/hvgpu") / "mps")
+        self._mps_started = False
         self._selector = selectors.DefaultSelector()
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
@@ -74,28 +125,41 @@ class Agent:
                             "module); guests in VMs cannot reach this agent")
         failures = []
         for text in addresses:
+            address, vm = split_binding(text)
             try:
-                listener = listen(text)
+                listener = listen(address)
             except HvgpuError as exc:
                 failures.append(str(exc))
                 log.error("%s", exc)
                 continue
             self.listeners.append(listener)
-            self._selector.register(listener, selectors.EVENT_READ)
-            log.info("listening on %s", listener.address)
+            if vm:
+                self.bindings[listener] = vm
+            self._selector.register(listener, selectors.EVENT_READ, ("listen", listener))
+            log.info("listening on %s%s", listener.address, f" for VM {vm}" if vm else "")
         if not self.listeners:
             raise TransportError("the agent has nowhere to listen: "
                                  + ("; ".join(failures) or "no address configured"))
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        if self.slices is not None:
+            if self.config.mps:
+                self._mps_started = self.mps.start()
+            else:
+                self.mps.reason = "MPS is turned off (--no-mps); compute is time-shared"
+            log.info("%d slices restored from %s", len(self.slices.list()),
+                     self.slices.store.path)
 
     def serve_forever(self) -> None:
         try:
             while not self._stop.is_set():
                 for key, _ in self._selector.select(timeout=0.5):
-                    if key.fileobj == self._wake_r:
+                    kind, obj = key.data
+                    if kind == "wake":
                         os.read(self._wake_r, 64)
-                        continue
-                    self._accept(key.fileobj)
+                    elif kind == "listen":
+                        self._accept(obj)
+                    else:
+                        self._on_control(obj)
                 self._reap()
         finally:
             self._shutdown()
@@ -115,6 +179,16 @@ class Agent:
         except OSError as exc:
             log.warning("accept on %s failed: %s", listener.address, exc)
             return
+        with self.lock:
+            route, detail = self._route(listener, peer)
+            if route == "slice":
+                self._to_slice(detail, conn, peer)
+                return
+        if route == "refuse":
+            log.warning("refused %s: %s", peer, detail)
+            threading.Thread(target=refuse, args=(conn, P.HV_NO_SLICE, detail),
+                             daemon=True).start()
+            return
         try:
             proc = self._spawn(conn.fileno(), peer)
         except OSError as exc:
@@ -124,6 +198,169 @@ class Agent:
         conn.close()  # the executor holds its own copy
         self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
         log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
+
+    def _route(self, listener: Listener, peer: str) -> tuple[str, str]:
+        """("slice", VM), ("whole", "") or ("refuse", why)."""
+        if self.slices is None:
+            return "whole", ""
+        vm = self.bindings.get(listener)
+        if vm is not None:
+            if vm not in self.ledgers:
+                return "refuse", (f"no GPU slice is attached to VM {vm!r}; on the host: "
+                                  f"hvgpu attach {vm} --mem SIZE")
+            return "slice", vm
+        if listener.address.scheme == "vsock":
+            cid = int(peer.split(":")[1])
+            s = self.slices.by_cid(cid)
+            if s is None:
+                return "refuse", (f"no GPU slice is attached to the VM with CID {cid}; on "
+                                  f"the host: hvgpu attach VM --mem SIZE --cid {cid}")
+            return "slice", s.vm
+        if listener.address.scheme == "hvsock":
+            return "refuse", ("this hybrid-vsock socket is bound to no VM; start the agent "
+                              f"with --listen {listener.address}=VM")
+        return "whole", ""
+
+    def _to_slice(self, vm: str, conn, peer: str) -> None:
+        for attempt in (1, 2):
+            ex = self.current.get(vm)
+            if ex is None or ex.process.poll() is not None:
+                ex = self._spawn_slice(vm)
+            try:
+                send_message(ex.ctrl, json.dumps({"op": "conn", "peer": peer}).encode(),
+                             [conn.fileno()])
+            except OSError as exc:
+                log.warning("slice %s: executor pid %d did not take %s (%s)", vm,
+                            ex.process.pid, peer, exc)
+                self.current.pop(vm, None)
+                continue
+            ex.connections += 1
+            log.info("%s connected: slice %s, executor pid %d", peer, vm, ex.process.pid)
+            break
+        conn.close()
+
+    def _spawn_slice(self, vm: str) -> SliceExecutor:
+        s = self.slices.get(vm)
+        ours, theirs = control_pair()
+        env = dict(os.environ, **self.config.env, CUDA_VISIBLE_DEVICES=s.gpu_uuid)
+        if self.mps.running:
+            env.update(self.mps.client_env(s.mem, s.compute))
+        cmd = [sys.executable, "-m", "hvgpu.host.executor", "--control-fd", str(theirs.fileno()),
+               "--slice", vm, "--gpu", "0", "--log-level", self.config.log_level]
+        if self.config.cache_dir:
+            cmd += ["--cache-dir", self.config.cache_dir]
+        if self.config.device:
+            cmd += ["--device", self.config.device]
+        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), env=env,
+                                stdin=subprocess.DEVNULL)
+        theirs.close()
+        generation = 1 + max((e.generation for e in self.slice_executors if e.vm == vm),
+                             default=0)
+        ex = SliceExecutor(vm, proc, ours, generation, s.mem, s.compute, self.mps.running)
+        self.slice_executors.append(ex)
+        self.current[vm] = ex
+        self._selector.register(ours, selectors.EVENT_READ, ("ctrl", ex))
+        log.info("slice %s: executor pid %d (generation %d) on %s, %d MiB%s", vm, proc.pid,
+                 generation, s.gpu_uuid, s.mem >> 20,
+                 f", {s.compute}% of the SMs (MPS)" if self.mps.running and s.compute else "")
+        return ex
+
+    def _on_control(self, ex: SliceExecutor) -> None:
+        data, fds = receive_message(ex.ctrl)
+        for fd in fds:
+            os.close(fd)
+        if not data:
+            self._executor_gone(ex)
+            return
+        msg = json.loads(data)
+        op = msg.get("op")
+        ledger = self.ledgers.get(ex.vm)
+        if op == "reserve":
+            try:
+                if ledger is None:
+                    raise CudaError(P.HV_NO_SLICE, f"the slice of {ex.vm!r} was detached")
+                ledger.reserve(ex, int(msg["n"]))
+                reply = {"ok": True}
+            except CudaError as exc:
+                reply = {"ok": False, "status": exc.status, "message": _message(exc)}
+        elif op == "usage":
+            reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+        else:
+            if op == "release" and ledger is not None:
+                ledger.release(ex, int(msg["n"]))
+            elif op == "closed":
+                ex.connections = max(0, ex.connections - 1)
+                log.info("%s disconnected from slice %s", msg.get("peer"), ex.vm)
+            return
+        reply.update(op="reply", id=msg.get("id"))
+        try:
+            send_message(ex.ctrl, json.dumps(reply).encode())
+        except OSError:
+            self._executor_gone(ex)
+
+    def _executor_gone(self, ex: SliceExecutor) -> None:
+        with self.lock:
+            try:
+                self._selector.unregister(ex.ctrl)
+            except (KeyError, ValueError):
+                pass
+            ex.ctrl.close()
+            if ex in self.slice_executors:
+                self.slice_executors.remove(ex)
+            if self.current.get(ex.vm) is ex:
+                del self.current[ex.vm]
+            ledger = self.ledgers.get(ex.vm)
+            freed = ledger.drop(ex) if ledger else 0
+        try:
+            code = ex.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            ex.process.kill()
+            code = ex.process.wait()
+        log.log(logging.INFO if code == 0 else logging.WARNING,
+                "slice %s: executor pid %d ended (%s); %d MiB of its reservations released",
+                ex.vm, ex.process.pid, _describe(code), freed >> 20)
+
+    # -- slice changes (called by the control API) ---------------------------------
+
+    def slice_attached(self, vm: str, mem: int) -> None:
+        with self.lock:
+            self.ledgers[vm] = QuotaLedger(mem)
+
+    def slice_detached(self, vm: str) -> None:
+        """Disconnect the slice's guests and end its executors."""
+        with self.lock:
+            self.ledgers.pop(vm, None)
+            self.current.pop(vm, None)
+            for ex in [e for e in self.slice_executors if e.vm == vm]:
+                try:
+                    ex.ctrl.shutdown(2)  # the executor sees the end of its channel
+                except OSError:
+                    pass
+
+    def slice_resized(self, vm: str, mem: int, compute: int) -> bool:
+        """Apply new limits; True when running guests keep older MPS limits for now."""
+        with self.lock:
+            ledger = self.ledgers.get(vm)
+            if ledger is not None:
+                ledger.limit = mem  # accounting: at once, for every connection
+            ex = self.current.get(vm)
+            if ex is None or not ex.mps or (ex.mem, ex.compute) == (mem, compute):
+                return False
+            # MPS limits are fixed per client process: new connections get a new
+            # executor with the new limits; this one ends with its last connection.
+            ex.retiring = True
+            del self.current[vm]
+            try:
+                send_message(ex.ctrl, json.dumps({"op": "retire"}).encode())
+            except OSError:
+                pass
+            return ex.connections > 0
+
+    def slice_usage(self, vm: str) -> tuple[int, list[SliceExecutor]]:
+        with self.lock:
+            ledger = self.ledgers.get(vm)
+            return (ledger.used if ledger else 0,
+                    [e for e in self.slice_executors if e.vm == vm])
 
     def _spawn(self, fd: int, peer: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "hvgpu.host.executor", "--fd", str(fd), "--peer", peer,
@@ -149,6 +386,21 @@ class Agent:
                             "resources went with it", pid, ex.peer, _describe(code), took)
 
     def _shutdown(self) -> None:
+        for ex in list(self.slice_executors):
+            try:
+                self._selector.unregister(ex.ctrl)
+            except (KeyError, ValueError):
+                pass
+            ex.ctrl.close()
+            try:
+                ex.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                ex.process.kill()
+                ex.process.wait()
+        self.slice_executors.clear()
+        self.current.clear()
+        if self._mps_started:
+            self.mps.stop()
         for listener in self.listeners:
             try:
                 self._selector.unregister(listener)
@@ -176,6 +428,28 @@ class Agent:
         log.info("agent stopped")
 
 
+def refuse(conn, status: int, message: str) -> None:
+    """Answer a peer's first frame with ``status`` and close (runs in a thread)."""
+    from hvgpu.virtio import codec
+    from hvgpu.virtio.framing import FrameReader, send_frame
+
+    try:
+        conn.settimeout(5)
+        hdr, _ = FrameReader(conn, bufsize=1 << 12).read_frame()
+        send_frame(conn, hdr.op, P.FLAG_REPLY, hdr.seq, status,
+                   codec.encode_error(hdr.op, hdr.seq, message))
+    except (HvgpuError, OSError):
+        pass
+    finally:
+        conn.close()
+
+
+def _message(exc: CudaError) -> str:
+    head = f"{exc.name} ({exc.status}): "
+    text = str(exc)
+    return text[len(head):] if text.startswith(head) else text
+
+
 def _describe(code: int) -> str:
     if code < 0:
         try:
@@ -183,6 +457,13 @@ def _describe(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"status {code}"
+
+
+def default_state_dir() -> str:
+    """/var/lib/hvgpu for root, ~/.local/state/hvgpu otherwise."""
+    if os.geteuid() == 0:
+        return "/var/lib/hvgpu"
+    return str(Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "hvgpu")
 
 
 def default_cache_dir() -> str:

@@ -177,6 +177,7 @@ STATUSES: dict[int, tuple[str, str]] = {
     10005: ("HVGPU_ERROR_HANDSHAKE", "the connection did not start with HELLO"),
     10006: ("HVGPU_ERROR_INTERNAL", "the executor failed unexpectedly"),
     10007: ("HVGPU_ERROR_NO_GPU", "the host agent cannot reach a GPU"),
+    10008: ("HVGPU_ERROR_NO_SLICE", "no GPU slice is attached to this VM"),
 }
 STATUS_BY_NAME = {name: code for code, (name, _) in STATUSES.items()}
 
@@ -194,6 +195,7 @@ HV_OVERSIZE = 10004
 HV_HANDSHAKE = 10005
 HV_INTERNAL = 10006
 HV_NO_GPU = 10007
+HV_NO_SLICE = 10008
 
 
 def status_name(status: int) -> str:

@@ -201,3 +201,29 @@ def adopt(fd: int) -> socket.socket:
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def control_pair() -> tuple[socket.socket, socket.socket]:
+    """A message-preserving pair for the agent-executor control channel."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def adopt_control(fd: int) -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, fileno=fd)
+
+
+def send_message(sock: socket.socket, data: bytes, fds=()) -> None:
+    """One control message, optionally carrying file descriptors (SCM_RIGHTS)."""
+    if fds:
+        socket.send_fds(sock, [data], list(fds))
+    else:
+        sock.send(data)
+
+
+def receive_message(sock: socket.socket, maxfds: int = 1) -> tuple[bytes, list[int]]:
+    """(b"", []) when the other end has closed."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1 << 16, maxfds)
+    except (ConnectionResetError, OSError):
+        return b"", []
+    return data, fds

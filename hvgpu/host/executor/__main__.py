@@ -1,8 +1,16 @@
 """Entry point of an executor process: ``python -m hvgpu.host.executor``.
 
-Started by the agent with the guest's connected socket inherited as ``--fd``;
-serves that one connection, then exits, so every CUDA resource the guest held
-goes with the process. Not meant to be run by hand.
+Two modes, both started by the agent, never by hand:
+
+* ``--fd N``: one guest connection with the whole GPU (host-local listeners
+  not bound to a VM); exits when that guest disconnects.
+* ``--control-fd N --slice VM``: all connections of one VM's slice, handed over
+  the control channel; one CUDA context (one MPS client, whose limits the
+  agent put in the environment), one thread per guest connection, memory
+  reserved in the agent's ledger. Exits when the agent closes the channel, or
+  when told to retire and its last connection has closed.
+
+Every CUDA resource a guest held goes with its session, or with the process.
 """
 
 from __future__ import annotations
@@ -10,15 +18,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import socket
 import sys
+import threading
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.compile_cache import CompileCache
+from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
 from hvgpu.virtio import protocol as P
-from hvgpu.virtio.transport import adopt
+from hvgpu.virtio.transport import adopt, adopt_control
 
 DEFAULT_DEVICE = "hvgpu.host.executor.cuda_device:CudaDevice"
+log = logging.getLogger("hvgpu.executor")
 
 
 def load_factory(spec: str):
@@ -26,29 +38,93 @@ def load_factory(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
+def open_device(spec: str, gpu: int):
+    try:
+        return load_factory(spec)(gpu), None
+    except CudaError as exc:
+        log.error("no GPU: %s", exc)
+        return None, exc
+    except Exception as exc:  # keep answering the guests, with the reason
+        log.exception("device setup failed")
+        return None, CudaError(P.HV_INTERNAL, f"executor could not open GPU {gpu}: {exc!r}")
+
+
+def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str) -> None:
+    quota = RemoteQuota(link)
+    sessions: dict[str, tuple[Session, threading.Thread]] = {}
+    lock = threading.Lock()
+    retiring = threading.Event()
+
+    def run(session: Session, key: str) -> None:
+        session.serve()
+        with lock:
+            sessions.pop(key, None)
+            idle = not sessions
+        try:
+            link.send({"op": "closed", "peer": session.peer})
+        except OSError:
+            pass
+        if idle and retiring.is_set():
+            link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
+
+    counter = 0
+    while True:
+        msg, fds = link.receive()
+        if msg is None:
+            break
+        op = msg.get("op")
+        if op == "conn" and fds:
+            counter += 1
+            key = f"{msg['peer']}#{counter}"
+            session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
+                              device_error=error, quota=quota, owns_device=False)
+            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            with lock:
+                sessions[key] = (session, thread)
+            thread.start()
+        elif op == "reply":
+            link.deliver(msg)
+        elif op == "retire":
+            log.info("slice %s: retiring once its %d connections close", name, len(sessions))
+            retiring.set()
+            with lock:
+                if not sessions:
+                    break
+    link.fail_all()
+    with lock:
+        live = list(sessions.values())
+    for session, _ in live:  # the slice is gone: disconnect its guests
+        try:
+            session.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    for _, thread in live:
+        thread.join(timeout=10)
+    if device is not None:
+        device.close()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="hvgpu-executor")
-    ap.add_argument("--fd", type=int, required=True)
-    ap.add_argument("--peer", required=True)
+    ap.add_argument("--fd", type=int)
+    ap.add_argument("--control-fd", type=int)
+    ap.add_argument("--slice", default="")
+    ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--device", default=DEFAULT_DEVICE)
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
+    who = f"slice {args.slice}" if args.control_fd is not None else args.peer
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s executor[{args.peer}] %(levelname)s %(message)s")
+                        format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
+    cache = CompileCache(args.cache_dir)
+    device, error = open_device(args.device, args.gpu)
+    if args.control_fd is not None:
+        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice)
+        return 0
     sock = adopt(args.fd)
-    device, error = None, None
-    try:
-        device = load_factory(args.device)(args.gpu)
-    except CudaError as exc:
-        error = exc
-        logging.getLogger(__name__).error("no GPU for %s: %s", args.peer, exc)
-    except Exception as exc:  # keep answering the guest, with the reason
-        error = CudaError(P.HV_INTERNAL, f"executor could not open GPU {args.gpu}: {exc!r}")
-        logging.getLogger(__name__).exception("device setup failed")
-    Session(sock, device, peer=args.peer, cache=CompileCache(args.cache_dir),
-            device_error=error).serve()
+    Session(sock, device, peer=args.peer, cache=cache, device_error=error).serve()
     sock.close()
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 from hvgpu.errors import CompileError, CudaError
 from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
@@ -73,21 +74,31 @@ class CudaDevice:
         self.ordinal = ordinal
         self.dev = _ok(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
         self.ctx = _ok(cu.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
-        _ok(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self._tls = threading.local()
+        self.bind_thread()
         self._specials = {0: cu.CUstream(0), STREAM_LEGACY: cu.CUstream(STREAM_LEGACY),
                           STREAM_PER_THREAD: cu.CUstream(STREAM_PER_THREAD)}
-        # The launch parameter buffer travels by CUDA's `extra` form, so a
-        # launch costs one memmove and no per-parameter pointer array.
-        self._params = ctypes.create_string_buffer(_MAX_PARAMS)
-        self._params_view = memoryview(self._params).cast("B")
-        self._params_size = ctypes.c_size_t(0)
-        self._extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(self._params), 2,
-                                            ctypes.addressof(self._params_size), 0)
-        self._extra_addr = ctypes.addressof(self._extra)
         self._launch = cu.cuLaunchKernel
         major = self.attribute(75)
         minor = self.attribute(76)
         self.arch = f"sm_{major}{minor}"
+
+    def bind_thread(self) -> None:
+        """Make this context current on the calling thread, with its own launch buffer.
+
+        The launch parameter buffer travels by CUDA's `extra` form, so a launch
+        costs one copy and no per-parameter pointer array; each thread (one per
+        guest connection) has its own, so launches never race.
+        """
+        _ok(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        tls = self._tls
+        if not hasattr(tls, "extra_addr"):
+            tls.params = ctypes.create_string_buffer(_MAX_PARAMS)
+            tls.view = memoryview(tls.params).cast("B")
+            tls.size = ctypes.c_size_t(0)
+            tls.extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(tls.params), 2,
+                                              ctypes.addressof(tls.size), 0)
+            tls.extra_addr = ctypes.addressof(tls.extra)
 
     # -- device --------------------------------------------------------------
 
@@ -176,13 +187,14 @@ class CudaDevice:
 
     def launch(self, function, grid, block, shared_mem, stream, params) -> None:
         n = len(params)
+        tls = self._tls
         if n:
             if n > _MAX_PARAMS:
                 raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
-            self._params_view[:n] = params
-            self._params_size.value = n
+            tls.view[:n] = params
+            tls.size.value = n
         err, = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                            shared_mem, stream, None, self._extra_addr if n else 0)
+                            shared_mem, stream, None, tls.extra_addr if n else 0)
         if _status(err) != 0:
             _raise(err, "cuLaunchKernel")
 

@@ -105,9 +105,12 @@ class Session:
     """Serves one guest connection until it closes."""
 
     def __init__(self, sock: socket.socket, device: GpuDevice | None, *, peer: str,
-                 cache: CompileCache | None = None, device_error: CudaError | None = None):
+                 cache: CompileCache | None = None, device_error: CudaError | None = None,
+                 quota=None, owns_device: bool = True):
         self.sock = sock
         self.device = device
+        self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
+        self.owns_device = owns_device
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
         self.cache = cache or CompileCache(None)
@@ -130,6 +133,8 @@ class Session:
 
     def serve(self) -> None:
         try:
+            if self.device is not None:
+                self.device.bind_thread()
             self._serve()
         except PeerClosed:
             log.info("%s closed the connection", self.peer)
@@ -260,8 +265,11 @@ class Session:
             table.clear()
         for ptr in list(self.allocs.starts):
             _quietly(self.device.mem_free, ptr)
+        if self.quota is not None and self.allocs.total:
+            _quietly(self.quota.release, self.allocs.total)
         self.allocs = Allocations()
-        _quietly(self.device.close)
+        if self.owns_device:
+            _quietly(self.device.close)
         self.device = None
 
     # -- helpers -------------------------------------------------------------
@@ -308,24 +316,40 @@ class Session:
 
     def op_device_total_mem(self, hdr, ordinal):
         self._check_device(ordinal)
+        if self.quota is not None:
+            return (self.quota.usage()[1],)  # the guest's device is its slice
         return (self.device.total_mem(),)
 
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()
 
     def op_mem_get_info(self, hdr):
-        return self.device.mem_info()
+        free, total = self.device.mem_info()
+        if self.quota is not None:
+            used, limit = self.quota.usage()
+            return (max(0, min(limit - used, free)), limit)
+        return (free, total)
 
     def op_mem_alloc(self, hdr, size):
         if size == 0:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "cannot allocate 0 bytes")
-        ptr = self.device.mem_alloc(size)
+        if self.quota is not None:
+            self.quota.reserve(size)  # refuses with CUDA_ERROR_OUT_OF_MEMORY past the quota
+        try:
+            ptr = self.device.mem_alloc(size)
+        except CudaError:
+            if self.quota is not None:
+                self.quota.release(size)
+            raise
         self.allocs.add(ptr, size)
         return (ptr,)
 
     def op_mem_free(self, hdr, dptr):
+        size = self.allocs.sizes.get(dptr, 0)
         self.allocs.remove(dptr)
         self.device.mem_free(dptr)
+        if self.quota is not None:
+            self.quota.release(size)
 
     def op_memcpy_htod(self, hdr, dst, stream):
         n = hdr.payload_len

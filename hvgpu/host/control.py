@@ -1,0 +1,94 @@
+"""ControlAPI: the one set of operations behind the CLI, the gRPC lane and tests.
+
+Each method takes plain values, validates them, drives the slice manager and
+the agent, and returns plain dicts (what ``--json`` prints). Expected failures
+raise ``HvgpuError`` subclasses with stable codes. Must not format output or
+import gRPC: the adapters do.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from hvgpu.errors import HvgpuError
+from hvgpu.host.agent import Agent
+from hvgpu.host.inventory import Gpu
+from hvgpu.host.transaction import Transaction
+from hvgpu.units import parse_share, parse_size
+
+
+class NotBuilt(HvgpuError):
+    code = "not-built"
+
+
+class ControlAPI:
+    def __init__(self, agent: Agent, gpus: Callable[[], list[Gpu]]):
+        if agent.slices is None:
+            raise HvgpuError("the agent runs without a state directory, so it has no slices")
+        self.agent = agent
+        self.slices = agent.slices
+        self._gpus = gpus
+
+    def gpus(self) -> list[dict]:
+        rooms = {r.gpu.uuid: r for r in self.slices.rooms()}
+        out = []
+        for g in self._gpus():
+            room = rooms.get(g.uuid)
+            d = g.as_dict()
+            d.update(reserved_mem=room.mem_reserved if room else 0,
+                     reserved_compute=room.compute_reserved if room else 0,
+                     enforcement=self._enforcement(g))
+            out.append(d)
+        return out
+
+    def _enforcement(self, g: Gpu) -> str:
+        if self.agent.mps.running and g.mps:
+            return "MPS: memory and compute enforced by the driver, memory also accounted"
+        reason = self.agent.mps.reason or g.mps_reason or "MPS is not running"
+        return f"memory enforced by accounting; compute time-shared ({reason})"
+
+    def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None) -> dict:
+        if cid is None and vm not in self.agent.bindings.values():
+            raise NotBuilt(f"finding {vm!r} by name needs the libvirt integration, which is "
+                           "not built yet: pass --cid N (the VM's vsock CID), or bind a "
+                           f"socket to it (hvgpu agent --listen unix:///PATH={vm})")
+        size = parse_size(mem)
+        share = parse_share(compute) if compute not in (None, "") else 0
+        with Transaction() as tx:
+            s = self.slices.attach(vm, size, share, gpu, cid)
+            tx.on_undo(lambda: self.slices.detach(vm), "slice record")
+            self.agent.slice_attached(vm, size)
+        return s.as_dict()
+
+    def detach(self, vm: str) -> dict:
+        s = self.slices.detach(vm)
+        self.agent.slice_detached(vm)
+        return s.as_dict()
+
+    def resize(self, vm: str, mem=None, compute=None) -> dict:
+        if mem in (None, "") and compute in (None, ""):
+            raise HvgpuError("nothing to change: give --mem and/or --compute")
+        used, _ = self.agent.slice_usage(vm)
+        s = self.slices.resize(vm, parse_size(mem) if mem not in (None, "") else None,
+                               parse_share(compute) if compute not in (None, "") else None,
+                               in_use=used)
+        pending = self.agent.slice_resized(vm, s.mem, s.compute)
+        d = s.as_dict()
+        d["pending"] = pending
+        return d
+
+    def list(self) -> list[dict]:
+        return [s.as_dict() for s in self.slices.list()]
+
+    def status(self) -> list[dict]:
+        out = []
+        for s in self.slices.list():
+            used, executors = self.agent.slice_usage(s.vm)
+            d = s.as_dict()
+            d.update(mem_used=used, connections=sum(e.connections for e in executors),
+                     executors=[{"pid": e.process.pid, "generation": e.generation,
+                                 "connections": e.connections, "retiring": e.retiring,
+                                 "mem_limit": e.mem, "compute_limit": e.compute,
+                                 "mps": e.mps} for e in executors])
+            out.append(d)
+        return out

@@ -1,0 +1,91 @@
+"""The control lane: ControlAPI over gRPC on a unix socket (server and client).
+
+The only module in hvgpu that imports gRPC. Messages are JSON documents (the
+API's own dicts), so there is no generated code to keep in step. The socket
+is created mode 0600 (root only) or 0660 with a configured group. Must not
+add behaviour: every call is one ControlAPI method.
+"""
+
+from __future__ import annotations
+
+import grpc
+import json
+import os
+import grp
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from hvgpu.errors import HvgpuError, TransportError
+
+SERVICE = "hvgpu.Control"
+METHODS = ("gpus", "attach", "detach", "resize", "list", "status")
+
+
+def default_socket() -> str:
+    if os.geteuid() == 0:
+        return "/run/hvgpu/control.sock"
+    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/hvgpu-{os.getuid()}"
+    return str(Path(runtime) / "hvgpu" / "control.sock")
+
+
+def _encode(doc) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def serve(api, path: str, group: str | None = None) -> grpc.Server:
+    def make(name):
+        def handler(request, context):
+            try:
+                return {"ok": True, "result": getattr(api, name)(**request)}
+            except HvgpuError as exc:
+                return {"ok": False, "code": exc.code, "message": str(exc)}
+            except TypeError as exc:  # an argument the method does not take
+                return {"ok": False, "code": "bad-request", "message": str(exc)}
+        return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=json.loads,
+                                                   response_serializer=_encode)
+
+    sock = Path(path)
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    if sock.exists():
+        sock.unlink()  # a stale socket of an agent that is gone (one agent per host)
+    server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="control"),
+                         handlers=[grpc.method_handlers_generic_handler(
+                             SERVICE, {name: make(name) for name in METHODS})])
+    if not server.add_insecure_port(f"unix://{path}"):
+        raise TransportError(f"cannot open the control socket {path}")
+    server.start()
+    if group:
+        try:
+            os.chown(path, -1, grp.getgrnam(group).gr_gid)
+        except KeyError:
+            server.stop(0)
+            raise HvgpuError(f"no group named {group!r} for the control socket") from None
+        os.chmod(path, 0o660)
+    else:
+        os.chmod(path, 0o600)
+    return server
+
+
+class ControlClient:
+    def __init__(self, path: str | None = None, timeout: float = 60.0):
+        self.path = path or os.environ.get("HVGPU_CONTROL") or default_socket()
+        self.timeout = timeout
+        self.channel = grpc.insecure_channel(f"unix://{self.path}")
+
+    def call(self, name: str, **kwargs):
+        stub = self.channel.unary_unary(f"/{SERVICE}/{name}", request_serializer=_encode,
+                                        response_deserializer=json.loads)
+        try:
+            reply = stub({k: v for k, v in kwargs.items() if v is not None}, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise TransportError(f"no agent answers on {self.path}: is `hvgpu agent` "
+                                     "running, and may you open its control socket (root or "
+                                     "its group)?") from None
+            raise TransportError(f"control call {name} failed: {exc.details()}") from None
+        if not reply["ok"]:
+            raise HvgpuError(reply["message"], code=reply["code"])
+        return reply["result"]
+
+    def close(self) -> None:
+        self.channel.close()

@@ -1,0 +1,48 @@
+"""The hvgpu command line: help texts and the demo on the GPU test double."""
+
+from click.testing import CliRunner
+
+from hvgpu.cli import cli
+from hvgpu.demo import run_demo
+from tests.conftest import REPO
+
+
+def test_every_command_explains_itself_with_an_example():
+    runner = CliRunner()
+    top = runner.invoke(cli, ["--help"])
+    assert top.exit_code == 0 and "hvgpu demo" in top.output
+    for command in ("agent", "gpus", "attach", "detach", "resize", "list", "status"):
+        result = runner.invoke(cli, [command, "--help"])
+        assert result.exit_code == 0 and "Example" in result.output, command
+    assert runner.invoke(cli, ["demo", "--help"]).exit_code == 0
+
+
+def test_agent_with_nowhere_to_listen_says_so(tmp_path):
+    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--state-dir", str(tmp_path),
+                                      "--listen", "unix://relative"])
+    assert result.exit_code == 1
+    assert "absolute" in result.output
+
+
+def test_commands_without_an_agent_say_so(tmp_path):
+    result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), "list"])
+    assert result.exit_code == 1
+    assert "is `hvgpu agent` running" in result.output
+
+
+def test_demo_runs_checked_saxpy_and_matmul():
+    lines = []
+    rc = run_demo(4096, echo=lines.append, device="tests.fake_gpu:FakeDevice",
+                  env={"PYTHONPATH": str(REPO)})
+    text = "\n".join(lines)
+    assert rc == 0, text
+    assert "saxpy:  n=4096" in text and "OK" in text and "matmul: 256x256" in text
+
+
+def test_demo_without_a_gpu_says_plainly_what_did_not_run():
+    lines = []
+    rc = run_demo(4096, echo=lines.append, device="tests.fake_gpu:NoDriver",
+                  env={"PYTHONPATH": str(REPO)})
+    text = "\n".join(lines)
+    assert rc == 0
+    assert "none usable on this host" in text and "did NOT run" in text
