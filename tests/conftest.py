@@ -51,23 +51,53 @@ def pytest_collection_modifyitems(config, items):
 
 
 class RunningAgent:
-    def __init__(self, tmp_path: Path, device: str | None, extra_listen=()):
+    """An agent in a thread; with ``slices``, a state directory, a control lane
+    and unix sockets bound to VMs (``vm_address(name)``)."""
+
+    def __init__(self, tmp_path: Path, device: str | None, extra_listen=(), *,
+                 slices: bool = False, vms=(), gpus=None, mps: bool = False):
+        self.tmp = tmp_path
         self.socket = tmp_path / "agent.sock"
         self.address = f"unix://{self.socket}"
         self.reports = tmp_path / "reports"
+        self.control = str(tmp_path / "control.sock")
         env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "HVGPU_FAKE_REPORT": str(self.reports)}
-        self.config = AgentConfig(listen=[self.address, *extra_listen], vsock_port=None,
+        listen = [self.address, *extra_listen,
+                  *(f"unix://{tmp_path}/{vm}.sock={vm}" for vm in vms)]
+        self.config = AgentConfig(listen=listen, vsock_port=None,
                                   cache_dir=str(tmp_path / "cache"), device=device,
-                                  log_level="DEBUG", env=env)
-        self.agent = Agent(self.config)
+                                  state_dir=str(tmp_path / "state") if slices else None,
+                                  mps=mps, log_level="DEBUG", env=env)
+        self.gpus = gpus or fake_gpus
+        self.agent = Agent(self.config, gpus=self.gpus)
         self.agent.start()
+        self.server = None
+        if slices:
+            from hvgpu.host.control import ControlAPI
+            from hvgpu.host.control_lane import serve
+
+            self.api = ControlAPI(self.agent, self.gpus)
+            self.server = serve(self.api, self.control)
         self.thread = threading.Thread(target=self.agent.serve_forever, daemon=True)
         self.thread.start()
 
+    def vm_address(self, vm: str) -> str:
+        return f"unix://{self.tmp}/{vm}.sock"
+
     def stop(self):
+        if self.server is not None:
+            self.server.stop(1)
         self.agent.stop()
         self.thread.join(timeout=15)
+
+
+def fake_gpus():
+    """The inventory of the GPU test double: one GPU of 1 GiB."""
+    from hvgpu.host.inventory import Gpu
+
+    return [Gpu(0, "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "hvgpu fake GPU", 1 << 30, 0, 0,
+                False, False, "test double")]
 
 
 @pytest.fixture
