@@ -53,6 +53,7 @@ KERNELS = {
     "noop": ([], "", lambda dev: None),
     "fault": ([], "", _fault),
     "sleep_ms": ([(0, 4)], "<i", _sleep),
+    "burn": ([(0, 8), (8, 4)], "<Qi", lambda dev, out, iters: None),  # bench/multi_tenant.py
 }
 
 

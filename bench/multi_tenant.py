@@ -1,0 +1,247 @@
+"""Multi-tenant benchmark: guests sharing one GPU through slices, against native.
+
+    python3 bench/multi_tenant.py --out bench/results        # on a GPU host with MPS
+
+Every tenant is a separate guest process connected to its own VM's slice
+(unix sockets bound to VM names, exactly as the agent routes hybrid-vsock
+sockets) and runs the same compute-bound kernel, then a copy-heavy loop, for
+a fixed time, all tenants at once. Reported per tenant: throughput relative to
+one tenant running alone on a 100% slice, against its --compute share; and
+the tenants' aggregate against one native CuPy process. Writes
+multi_tenant.json, multi_tenant.png and multi_tenant.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BURN = r"""
+extern "C" __global__ void burn(float* out, int iters) {
+    float a = threadIdx.x * 1e-3f, b = 1.0001f;
+    for (int i = 0; i < iters; ++i) { a = fmaf(a, b, 1e-7f); b = fmaf(b, 0.99999f, 1e-6f); }
+    if (a == 12345.f) out[blockIdx.x] = a + b;
+}
+"""
+ITERS = 20000
+COPY_BYTES = int(os.environ.get("HVGPU_BENCH_COPY_BYTES", 64 << 20))
+SCENARIOS = [("alone", [100]), ("50/50", [50, 50]), ("75/25", [75, 25]),
+             ("4x25", [25, 25, 25, 25])]
+
+
+def tenant_main(address: str | None, seconds: float) -> None:
+    """One guest: wait for 'go' on stdin, then compute, then copy; print JSON."""
+    import numpy as np
+
+    if address is None:  # the native reference: CuPy in this process
+        import cupy as cp
+
+        kernel = cp.RawKernel(BURN, "burn")
+        sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+        out = cp.zeros(sms * 8, dtype=cp.float32)
+        dev_buf = cp.empty(COPY_BYTES, dtype=cp.uint8)
+
+        def launch():
+            kernel((sms * 8,), (256,), (out, np.int32(ITERS)))
+
+        sync = cp.cuda.Device().synchronize
+
+        def copy(host, back):
+            cp.cuda.runtime.memcpy(dev_buf.data.ptr, host.ctypes.data, COPY_BYTES, 1)
+            cp.cuda.runtime.memcpy(back.ctypes.data, dev_buf.data.ptr, COPY_BYTES, 2)
+    else:
+        from hvgpu.guest import Connection, Device, LaunchConfig, Program
+        from hvgpu.guest import launch as hv_launch
+
+        conn = Connection(address)
+        dev = Device(connection=conn)
+        sms = dev.multiprocessor_count
+        kernel = Program(BURN, connection=conn).compile().get_kernel("burn")
+        out = dev.allocate(sms * 8 * 4)
+        dev_buf = dev.allocate(COPY_BYTES)
+        cfg = LaunchConfig(grid=sms * 8, block=256)
+
+        def launch():
+            hv_launch(kernel, cfg, out, ITERS)
+
+        sync = dev.sync
+
+        def copy(host, back):
+            dev_buf.copy_from(host)
+            dev_buf.copy_to(back)
+
+    host = np.random.default_rng().integers(0, 255, COPY_BYTES, dtype=np.uint8)
+    back = np.empty_like(host)
+    launch()
+    sync()
+    copy(host, back)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    kernels = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        launch()
+        launch()
+        sync()
+        kernels += 2
+    compute_s = time.perf_counter() - t0
+    copies = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        copy(host, back)
+        copies += 1
+    copy_s = time.perf_counter() - t0
+    assert np.array_equal(host, back), "copy returned wrong bytes"
+    print(json.dumps({"kernels_per_s": kernels / compute_s,
+                      "copy_gbps": 2 * copies * COPY_BYTES / copy_s / 1e9}), flush=True)
+
+
+def run_tenants(addresses: list[str | None], seconds: float) -> list[dict]:
+    procs = []
+    for address in addresses:
+        cmd = [sys.executable, __file__, "--tenant", address or "native", "--seconds", str(seconds)]
+        procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True))
+    for p in procs:
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"tenant failed to start: {line!r}")
+    for p in procs:  # as close to together as a loop gets
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds * 4 + 60)
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
+    from hvgpu.host.agent import Agent, AgentConfig
+    from hvgpu.host.control import ControlAPI
+    from hvgpu.host.inventory import read_gpus
+
+    tmp = Path(tempfile.mkdtemp(prefix="hvgpu-mt-"))
+    vms = [f"t{i}" for i in range(4)]
+    agent = Agent(AgentConfig(listen=[f"unix://{tmp}/{vm}.sock={vm}" for vm in vms],
+                              vsock_port=None, cache_dir=str(tmp / "cache"),
+                              state_dir=str(tmp / "state"), mps=True, log_level="WARNING"),
+                  gpus=read_gpus)
+    agent.start()
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    api = ControlAPI(agent, read_gpus)
+    doc: dict = {"benchmark": "multi_tenant", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                     time.gmtime()),
+                 "seconds": seconds, "mps": agent.mps.running, "mps_reason": agent.mps.reason,
+                 "gpu": read_gpus()[0].name, "scenarios": {}}
+    try:
+        native = run_tenants([None], seconds)[0]
+        doc["native"] = native
+        print(f"native: {native['kernels_per_s']:.1f} kernels/s, {native['copy_gbps']:.2f} GB/s",
+              flush=True)
+        alone = None
+        for name, shares in SCENARIOS:
+            for vm, share in zip(vms, shares):
+                api.attach(vm, slice_mem, f"{share}%")
+            try:
+                results = run_tenants([f"unix://{tmp}/{vm}.sock" for vm in vms[:len(shares)]],
+                                      seconds)
+            finally:
+                for vm in vms[:len(shares)]:
+                    api.detach(vm)
+                time.sleep(0.5)  # executors end with their slices
+            if alone is None:
+                alone = results[0]
+            tenants = []
+            for share, r in zip(shares, results):
+                rel = r["kernels_per_s"] / alone["kernels_per_s"]
+                tenants.append({"share": share, **r, "relative_to_alone": rel,
+                                "points_from_share": 100 * rel - share})
+            agg = sum(r["kernels_per_s"] for r in results)
+            doc["scenarios"][name] = {
+                "tenants": tenants,
+                "aggregate_kernels_per_s": agg,
+                "aggregate_vs_native": agg / native["kernels_per_s"],
+                "aggregate_copy_gbps": sum(r["copy_gbps"] for r in results),
+            }
+            print(f"{name}: " + ", ".join(
+                f"{t['share']}% -> {100 * t['relative_to_alone']:.1f}%" for t in tenants)
+                + f"; aggregate {agg / native['kernels_per_s']:.2f} of native", flush=True)
+    finally:
+        agent.stop()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "multi_tenant.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "multi_tenant.md").write_text(table(doc))
+    plot(doc, out / "multi_tenant.png")
+    print(table(doc))
+    return doc
+
+
+def table(doc: dict) -> str:
+    rows = ["| scenario | tenant shares | each tenant vs alone (points from share) | "
+            "aggregate vs native | aggregate copy GB/s |", "| --- | --- | --- | --- | --- |"]
+    for name, sc in doc["scenarios"].items():
+        shares = "/".join(str(t["share"]) for t in sc["tenants"])
+        each = ", ".join(f"{100 * t['relative_to_alone']:.0f}% ({t['points_from_share']:+.0f})"
+                         for t in sc["tenants"])
+        rows.append(f"| {name} | {shares} | {each} | {sc['aggregate_vs_native']:.2f} | "
+                    f"{sc['aggregate_copy_gbps']:.1f} |")
+    n = doc["native"]
+    rows.append("")
+    rows.append(f"{doc['gpu']}, MPS {'on' if doc['mps'] else 'off: ' + doc['mps_reason']}, "
+                f"{doc['seconds']:.0f} s per phase, {doc['when']}. Native (one CuPy process): "
+                f"{n['kernels_per_s']:.1f} kernels/s, {n['copy_gbps']:.2f} GB/s copies.")
+    return "\n".join(rows) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4))
+    x = 0
+    ticks, labels = [], []
+    for name, sc in doc["scenarios"].items():
+        for i, t in enumerate(sc["tenants"]):
+            ax.bar(x, 100 * t["relative_to_alone"], color="#4477aa")
+            ax.hlines(t["share"], x - 0.4, x + 0.4, colors="#cc3311", linestyles="dashed")
+            ticks.append(x)
+            labels.append(f"{name}\n#{i}")
+            x += 1
+        x += 0.7
+    ax.set_xticks(ticks, labels, fontsize=7)
+    ax.set_ylabel("% of the throughput alone (dashed: --compute share)")
+    ax.set_title(f"tenants sharing one {doc['gpu']} through hvgpu slices")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
+    ap.add_argument("--slice-mem", default="4G", help="memory quota of each tenant's slice")
+    ap.add_argument("--tenant", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.tenant:
+        tenant_main(None if args.tenant == "native" else args.tenant, args.seconds)
+        return 0
+    run(args.out, args.seconds, args.slice_mem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
