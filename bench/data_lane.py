@@ -343,12 +343,9 @@ def plot(doc: dict, path: Path) -> None:
 
 
 def render_readme(results: Path, readme: Path) -> None:
-    doc = json.loads(results.read_text())
-    text = readme.read_text()
-    start, end = "<!-- bench-table -->\n", "<!-- /bench-table -->"
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(head + start + table(doc) + end + tail)
+    from bench.readme import replace_table
+
+    replace_table(readme, "bench-table", table(json.loads(results.read_text())))
 
 
 def main() -> int:

@@ -235,7 +235,15 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     ap.add_argument("--slice-mem", default="4G", help="memory quota of each tenant's slice")
     ap.add_argument("--tenant", help=argparse.SUPPRESS)
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
+                    help="rewrite README's multi-tenant table from a results file and exit")
     args = ap.parse_args()
+    if args.render:
+        from bench.readme import replace_table
+
+        replace_table(args.render[1], "multi-tenant-table",
+                      table(json.loads(args.render[0].read_text())))
+        return 0
     if args.tenant:
         tenant_main(None if args.tenant == "native" else args.tenant, args.seconds)
         return 0
