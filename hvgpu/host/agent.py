@@ -97,6 +97,7 @@ class Agent:
         self.slice_executors: list[SliceExecutor] = []
         self.current: dict[str, SliceExecutor] = {}
         self.ledgers: dict[str, QuotaLedger] = {}
+        self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
         if config.state_dir:
@@ -299,6 +300,7 @@ class Agent:
             self._executor_gone(ex)
 
     def _executor_gone(self, ex: SliceExecutor) -> None:
+        """Its control channel ended: forget it now, collect its exit in _reap."""
         with self.lock:
             try:
                 self._selector.unregister(ex.ctrl)
@@ -311,14 +313,9 @@ class Agent:
                 del self.current[ex.vm]
             ledger = self.ledgers.get(ex.vm)
             freed = ledger.drop(ex) if ledger else 0
-        try:
-            code = ex.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            ex.process.kill()
-            code = ex.process.wait()
-        log.log(logging.INFO if code == 0 else logging.WARNING,
-                "slice %s: executor pid %d ended (%s); %d MiB of its reservations released",
-                ex.vm, ex.process.pid, _describe(code), freed >> 20)
+            self.ending.append(ex)
+        log.info("slice %s: executor pid %d left; %d MiB of its reservations released",
+                 ex.vm, ex.process.pid, freed >> 20)
 
     # -- slice changes (called by the control API) ---------------------------------
 
@@ -373,6 +370,14 @@ class Agent:
         return subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
 
     def _reap(self) -> None:
+        for sx in list(self.ending):
+            code = sx.process.poll()
+            if code is None:
+                continue
+            self.ending.remove(sx)
+            log.log(logging.INFO if code == 0 else logging.WARNING,
+                    "slice %s: executor pid %d ended with %s", sx.vm, sx.process.pid,
+                    _describe(code))
         for pid, ex in list(self.executors.items()):
             code = ex.process.poll()
             if code is None:
@@ -386,7 +391,7 @@ class Agent:
                             "resources went with it", pid, ex.peer, _describe(code), took)
 
     def _shutdown(self) -> None:
-        for ex in list(self.slice_executors):
+        for ex in list(self.slice_executors) + self.ending:
             try:
                 self._selector.unregister(ex.ctrl)
             except (KeyError, ValueError):
@@ -398,6 +403,7 @@ class Agent:
                 ex.process.kill()
                 ex.process.wait()
         self.slice_executors.clear()
+        self.ending.clear()
         self.current.clear()
         if self._mps_started:
             self.mps.stop()
