@@ -264,6 +264,8 @@ def list_(ctx, as_json):
 def status(ctx, as_json):
     """Per slice: memory used of its quota, compute share, connected guest processes.
 
+    GPU UTIL is the utilization NVML reports for the slice's whole GPU.
+
     \b
     Example:
       hvgpu status
@@ -274,6 +276,8 @@ def status(ctx, as_json):
         return _table(_slice_rows(data, extra=(
             ("USED", lambda s: format_size(s["mem_used"]) if s["mem_used"] else "0"),
             ("CONNECTIONS", lambda s: str(s["connections"])),
+            ("GPU UTIL", lambda s: "-" if s.get("gpu_utilization") is None
+             else f"{s['gpu_utilization']}%"),
             ("EXECUTORS", lambda s: ", ".join(
                 f"pid {e['pid']}" + (" (retiring)" if e["retiring"] else "")
                 for e in s["executors"]) or "-"))))

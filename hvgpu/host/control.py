@@ -81,11 +81,17 @@ class ControlAPI:
         return [s.as_dict() for s in self.slices.list()]
 
     def status(self) -> list[dict]:
+        """Per slice; ``gpu_utilization`` is the whole GPU's (NVML), not the slice's own."""
+        try:
+            util = {g.uuid: g.utilization for g in self._gpus()}
+        except HvgpuError:
+            util = {}
         out = []
         for s in self.slices.list():
             used, executors = self.agent.slice_usage(s.vm)
             d = s.as_dict()
             d.update(mem_used=used, connections=sum(e.connections for e in executors),
+                     gpu_utilization=util.get(s.gpu_uuid),
                      executors=[{"pid": e.process.pid, "generation": e.generation,
                                  "connections": e.connections, "retiring": e.retiring,
                                  "mem_limit": e.mem, "compute_limit": e.compute,
