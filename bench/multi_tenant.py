@@ -38,8 +38,13 @@ SCENARIOS = [("alone", [100]), ("50/50", [50, 50]), ("75/25", [75, 25]),
              ("4x25", [25, 25, 25, 25])]
 
 
-def tenant_main(address: str | None, seconds: float) -> None:
-    """One guest: wait for 'go' on stdin, then compute, then copy; print JSON."""
+def tenant_main(address: str | None, seconds: float, blocks: int) -> None:
+    """One guest: wait for 'go' on stdin, then compute, then copy; print JSON.
+
+    Every tenant launches the same grid (``blocks``, sized for the whole GPU by
+    the native run): a slice's device reports only the SMs its share allows,
+    so a grid sized from the slice's own count would be a smaller job.
+    """
     import numpy as np
 
     if address is None:  # the native reference: CuPy in this process
@@ -47,11 +52,12 @@ def tenant_main(address: str | None, seconds: float) -> None:
 
         kernel = cp.RawKernel(BURN, "burn")
         sms = cp.cuda.Device().attributes["MultiProcessorCount"]
-        out = cp.zeros(sms * 8, dtype=cp.float32)
+        blocks = blocks or sms * 8
+        out = cp.zeros(blocks, dtype=cp.float32)
         dev_buf = cp.empty(COPY_BYTES, dtype=cp.uint8)
 
         def launch():
-            kernel((sms * 8,), (256,), (out, np.int32(ITERS)))
+            kernel((blocks,), (256,), (out, np.int32(ITERS)))
 
         sync = cp.cuda.Device().synchronize
 
@@ -64,11 +70,12 @@ def tenant_main(address: str | None, seconds: float) -> None:
 
         conn = Connection(address)
         dev = Device(connection=conn)
-        sms = dev.multiprocessor_count
+        sms = dev.multiprocessor_count  # the SMs this slice's share allows
+        blocks = blocks or sms * 8
         kernel = Program(BURN, connection=conn).compile().get_kernel("burn")
-        out = dev.allocate(sms * 8 * 4)
+        out = dev.allocate(blocks * 4)
         dev_buf = dev.allocate(COPY_BYTES)
-        cfg = LaunchConfig(grid=sms * 8, block=256)
+        cfg = LaunchConfig(grid=blocks, block=256)
 
         def launch():
             hv_launch(kernel, cfg, out, ITERS)
@@ -101,14 +108,15 @@ def tenant_main(address: str | None, seconds: float) -> None:
         copies += 1
     copy_s = time.perf_counter() - t0
     assert np.array_equal(host, back), "copy returned wrong bytes"
-    print(json.dumps({"kernels_per_s": kernels / compute_s,
+    print(json.dumps({"kernels_per_s": kernels / compute_s, "sms_seen": sms, "blocks": blocks,
                       "copy_gbps": 2 * copies * COPY_BYTES / copy_s / 1e9}), flush=True)
 
 
-def run_tenants(addresses: list[str | None], seconds: float) -> list[dict]:
+def run_tenants(addresses: list[str | None], seconds: float, blocks: int = 0) -> list[dict]:
     procs = []
     for address in addresses:
-        cmd = [sys.executable, __file__, "--tenant", address or "native", "--seconds", str(seconds)]
+        cmd = [sys.executable, __file__, "--tenant", address or "native", "--seconds", str(seconds),
+               "--blocks", str(blocks)]
         procs.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True))
     for p in procs:
@@ -154,7 +162,7 @@ def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
                 api.attach(vm, slice_mem, f"{share}%")
             try:
                 results = run_tenants([f"unix://{tmp}/{vm}.sock" for vm in vms[:len(shares)]],
-                                      seconds)
+                                      seconds, native["blocks"])
             finally:
                 for vm in vms[:len(shares)]:
                     api.detach(vm)
@@ -165,6 +173,7 @@ def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
             for share, r in zip(shares, results):
                 rel = r["kernels_per_s"] / alone["kernels_per_s"]
                 tenants.append({"share": share, **r, "relative_to_alone": rel,
+                                "sm_fraction_seen": r["sms_seen"] / native["sms_seen"],
                                 "points_from_share": 100 * rel - share})
             agg = sum(r["kernels_per_s"] for r in results)
             doc["scenarios"][name] = {
@@ -235,6 +244,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     ap.add_argument("--slice-mem", default="4G", help="memory quota of each tenant's slice")
     ap.add_argument("--tenant", help=argparse.SUPPRESS)
+    ap.add_argument("--blocks", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
                     help="rewrite README's multi-tenant table from a results file and exit")
     args = ap.parse_args()
@@ -245,7 +255,7 @@ def main() -> int:
                       table(json.loads(args.render[0].read_text())))
         return 0
     if args.tenant:
-        tenant_main(None if args.tenant == "native" else args.tenant, args.seconds)
+        tenant_main(None if args.tenant == "native" else args.tenant, args.seconds, args.blocks)
         return 0
     run(args.out, args.seconds, args.slice_mem)
     return 0
