@@ -284,6 +284,37 @@ def status(ctx, as_json):
     _emit(_call(ctx, "status"), as_json, text)
 
 
+@cli.command(name="domain-xml")
+@click.argument("name")
+@click.option("--memory", default="8G", show_default=True, metavar="SIZE", help="Guest RAM.")
+@click.option("--vcpus", default=4, show_default=True, type=int)
+@click.option("--disk", required=True, metavar="PATH", help="The guest's disk image.")
+@click.option("--disk-format", default="qcow2", show_default=True,
+              type=click.Choice(["qcow2", "raw"]))
+@click.option("--cloud-init", default=None, metavar="ISO", help="A cloud-init seed ISO.")
+@click.option("--network", default="default", show_default=True, help="libvirt network.")
+@click.option("--type", "domain_type", default="kvm", show_default=True,
+              type=click.Choice(["kvm", "qemu"]), help="qemu: software emulation (no KVM).")
+def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, domain_type):
+    """Print a complete q35 domain for a GPU-sharing guest (with its vsock device).
+
+    \b
+    Example:
+      hvgpu domain-xml vm1 --memory 8G --vcpus 4 --disk /var/lib/libvirt/images/vm1.qcow2 \\
+          --cloud-init /var/lib/libvirt/images/vm1-seed.iso > vm1.xml && virsh define vm1.xml
+    """
+    from hvgpu.host.render import domain_xml
+    from hvgpu.units import parse_size
+
+    try:
+        click.echo(domain_xml(name, parse_size(memory), vcpus, disk, disk_format=disk_format,
+                              cloud_init=cloud_init, network=network, domain_type=domain_type,
+                              cpu_mode="host-passthrough" if domain_type == "kvm"
+                              else "host-model"), nl=False)
+    except HvgpuError as exc:
+        _fail(exc)
+
+
 @cli.command()
 @click.option("--size", default=1 << 20, show_default=True, help="SAXPY vector length.")
 def demo(size):

@@ -11,7 +11,8 @@ def test_every_command_explains_itself_with_an_example():
     runner = CliRunner()
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0 and "hvgpu demo" in top.output
-    for command in ("agent", "gpus", "attach", "detach", "resize", "list", "status"):
+    for command in ("agent", "gpus", "attach", "detach", "resize", "list", "status",
+                    "domain-xml"):
         result = runner.invoke(cli, [command, "--help"])
         assert result.exit_code == 0 and "Example" in result.output, command
     assert runner.invoke(cli, ["demo", "--help"]).exit_code == 0
@@ -46,3 +47,13 @@ def test_demo_without_a_gpu_says_plainly_what_did_not_run():
     text = "\n".join(lines)
     assert rc == 0
     assert "none usable on this host" in text and "did NOT run" in text
+
+
+def test_domain_xml_prints_what_the_golden_file_holds():
+    from tests.host.test_render import GOLDEN
+
+    out = CliRunner().invoke(cli, ["domain-xml", "vm1", "--memory", "8G", "--vcpus", "4",
+                                   "--disk", "/var/lib/libvirt/images/vm1.qcow2",
+                                   "--cloud-init", "/var/lib/libvirt/images/vm1-seed.iso"])
+    assert out.exit_code == 0
+    assert out.output == (GOLDEN / "domain-vm1.xml").read_text()

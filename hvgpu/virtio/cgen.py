@@ -10,17 +10,17 @@ not say.
 from __future__ import annotations
 
 import sys
+from importlib import resources
 from pathlib import Path
 
 from hvgpu.virtio import protocol as P
-
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "templates" / "wire"
 
 
 def render_header() -> str:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+    template_dir = resources.files("hvgpu.templates") / "wire"
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)  # C source, not markup
     return env.get_template("hvgpu_wire.h.j2").render(

@@ -1,0 +1,49 @@
+"""Render the jinja2 templates in ``templates/`` (installed as hvgpu.templates).
+
+Templates carry no policy: callers pass finished values, and a missing value
+is an error (StrictUndefined). XML is autoescaped. Must not decide anything.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import jinja2
+
+NAMESPACE = "urn:x-hvgpu:slice:1"  # the private XML namespace of slice metadata
+PREFIX = "hvgpu"
+
+
+def _environment() -> jinja2.Environment:
+    root = resources.files("hvgpu.templates")
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)),
+                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                              autoescape=jinja2.select_autoescape(["xml.j2"],
+                                                                  default_for_string=False))
+
+
+_env = None
+
+
+def render(template: str, **values) -> str:
+    global _env
+    if _env is None:
+        _env = _environment()
+    return _env.get_template(template).render(**values)
+
+
+def vsock_xml(cid: int | None = None) -> str:
+    return render("libvirt/vsock.xml.j2", cid=cid)
+
+
+def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int) -> str:
+    return render("libvirt/slice-metadata.xml.j2", namespace=NAMESPACE, gpu_uuid=gpu_uuid,
+                  gpu_index=gpu_index, mem=mem, compute=compute)
+
+
+def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: str = "qcow2",
+               cloud_init: str | None = None, network: str = "default",
+               domain_type: str = "kvm", cpu_mode: str = "host-passthrough") -> str:
+    return render("libvirt/domain.xml.j2", name=name, memory_kib=memory // 1024, vcpus=vcpus,
+                  disk=disk, disk_format=disk_format, cloud_init=cloud_init, network=network,
+                  domain_type=domain_type, cpu_mode=cpu_mode)

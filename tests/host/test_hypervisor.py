@@ -1,0 +1,83 @@
+"""hypervisor.py against libvirt's real test:///default driver."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+libvirt = pytest.importorskip("libvirt")
+
+from hvgpu.host import hypervisor as hv  # noqa: E402
+from hvgpu.host.hypervisor import Hypervisor, NoSuchVm, NotSupported  # noqa: E402
+
+hv.start_event_loop()  # before the first connection, as libvirt requires
+
+DOMAIN = """<domain type='test'><name>{name}</name><memory>1048576</memory><vcpu>1</vcpu>
+<os><type arch='x86_64'>hvm</type></os><devices>{devices}</devices></domain>"""
+
+
+@pytest.fixture
+def h():
+    # every open of test:///default is a fresh, private copy of the default host
+    hyper = Hypervisor("test:///default")
+    yield hyper
+    hyper.close()
+
+
+def test_finds_domains_by_name_and_uuid(h):
+    dom = h.domain("test")
+    assert h.domain(dom.UUIDString()).name() == "test"
+    with pytest.raises(NoSuchVm, match="libvirt has no domain 'nope'"):
+        h.domain("nope")
+
+
+def test_reads_the_cid_of_an_existing_vsock_device(h):
+    dom = h.conn.defineXML(DOMAIN.format(
+        name="vm1", devices="<vsock model='virtio'><cid auto='no' address='7'/></vsock>"))
+    assert h.has_vsock(dom) and h.vsock_cid(dom) == 7
+    assert h.plug_vsock(dom) is False  # one per domain: reuse it
+
+
+def test_hot_plug_is_translated_when_the_driver_cannot(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="vm2", devices=""))
+    with pytest.raises(NotSupported, match="cannot do that"):
+        h.plug_vsock(dom)
+
+
+def test_slice_metadata_round_trips_on_running_and_defined_domains(h):
+    running = h.domain("test")
+    h.write_slice(running, "GPU-abc", 1, 4 << 30, 25)
+    s = h.read_slice(running)
+    assert (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute) == ("test", "GPU-abc", 1, 4 << 30, 25)
+    assert "urn:x-hvgpu:slice:1" in running.XMLDesc(0)  # virsh dumpxml shows it
+    off = h.conn.defineXML(DOMAIN.format(name="vm3", devices=""))
+    h.write_slice(off, "GPU-def", 0, 1 << 30, 0)
+    assert [s.vm for s in h.recorded_slices()] == ["test", "vm3"]
+    h.clear_slice(running)
+    assert h.read_slice(running) is None
+
+
+def test_lifecycle_events_arrive(h):
+    seen = []
+    got = threading.Event()
+
+    def on_event(vm, what):
+        seen.append((vm, what))
+        got.set()
+
+    h.watch(on_event)
+    dom = h.domain("test")
+    dom.destroy()
+    assert got.wait(10)
+    got.clear()
+    dom.create()
+    assert got.wait(10)
+    dom.destroy()
+    dom.undefine()
+    deadline = time.monotonic() + 10
+    while ("test", "undefined") not in seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ("test", "stopped") in seen and ("test", "started") in seen
+    assert ("test", "undefined") in seen

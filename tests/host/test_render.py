@@ -1,0 +1,69 @@
+"""Generated XML against golden files; every rendered domain passes virt-xml-validate.
+
+Set HVGPU_UPDATE_GOLDEN=1 to rewrite the golden files after a deliberate change.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hvgpu.host import render
+
+GOLDEN = Path(__file__).parent / "golden"
+VALIDATE = shutil.which("virt-xml-validate")
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("HVGPU_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from its golden file"
+
+
+def validate(tmp_path, xml: str, schema: str = "domain") -> None:
+    if VALIDATE is None:
+        pytest.skip("virt-xml-validate is not installed (libvirt-clients)")
+    f = tmp_path / "doc.xml"
+    f.write_text(xml)
+    out = subprocess.run([VALIDATE, str(f), schema], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr + out.stdout
+
+
+def test_vsock_device():
+    check_golden("vsock-auto.xml", render.vsock_xml())
+    check_golden("vsock-fixed.xml", render.vsock_xml(cid=42))
+
+
+def test_slice_metadata():
+    check_golden("slice-metadata.xml", render.slice_metadata_xml("GPU-e711190c", 0, 4 << 30, 25))
+
+
+def test_domain_for_a_gpu_sharing_guest(tmp_path):
+    xml = render.domain_xml("vm1", 8 << 30, 4, "/var/lib/libvirt/images/vm1.qcow2",
+                            cloud_init="/var/lib/libvirt/images/vm1-seed.iso")
+    check_golden("domain-vm1.xml", xml)
+    validate(tmp_path, xml)
+
+
+def test_domain_without_cloud_init_and_with_the_slice_metadata_validates(tmp_path):
+    xml = render.domain_xml("vm2", 2 << 30, 1, "/images/vm2.raw", disk_format="raw",
+                            domain_type="qemu", cpu_mode="host-model")
+    check_golden("domain-vm2.xml", xml)
+    meta = render.slice_metadata_xml("GPU-x", 1, 1 << 30, 0).replace(
+        "<slice xmlns=", "<hvgpu:slice xmlns:hvgpu=").replace("</slice>", "</hvgpu:slice>")
+    meta = meta.replace("<gpu ", "<hvgpu:gpu ").replace("<memory ", "<hvgpu:memory ").replace(
+        "</memory>", "</hvgpu:memory>").replace("<compute ", "<hvgpu:compute ").replace(
+        "</compute>", "</hvgpu:compute>")
+    validate(tmp_path, xml.replace("  <vcpu", f"  <metadata>\n{meta}  </metadata>\n  <vcpu", 1))
+
+
+def test_values_are_escaped_and_missing_values_are_errors():
+    xml = render.domain_xml("a<b>&'c", 1 << 30, 1, "/x")
+    assert "<name>a&lt;b&gt;&amp;&#39;c</name>" in xml
+    with pytest.raises(Exception, match="undefined"):
+        render.render("libvirt/domain.xml.j2", name="x")
