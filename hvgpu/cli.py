@@ -30,8 +30,11 @@ def _fail(exc: HvgpuError):
 @click.version_option(__version__, prog_name="hvgpu")
 @click.option("--control", metavar="PATH", envvar="HVGPU_CONTROL", default=None,
               help="The agent's control socket [default: /run/hvgpu/control.sock as root].")
+@click.option("-c", "--connect", metavar="URI", envvar="LIBVIRT_DEFAULT_URI",
+              default="qemu:///system", show_default=True,
+              help="libvirt URI the agent manages VMs through (as virsh has it).")
 @click.pass_context
-def cli(ctx, control):
+def cli(ctx, control, connect):
     """GPU sharing for libvirt/KVM hosts.
 
     The host agent owns the NVIDIA GPUs and cuts them into slices (a memory
@@ -45,7 +48,7 @@ def cli(ctx, control):
       hvgpu attach vm1 --mem 4G --cid 3       give the VM with CID 3 a 4 GiB slice
       hvgpu status                            what each slice uses
     """
-    ctx.obj = {"control": control}
+    ctx.obj = {"control": control, "connect": connect}
 
 
 def _client(ctx):
@@ -136,7 +139,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     config = AgentConfig(listen=list(listen), vsock_port=None if no_vsock else vsock_port,
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
-                         log_level=log_level.upper())
+                         log_level=log_level.upper(), connect=ctx.obj["connect"])
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
@@ -182,34 +185,49 @@ def gpus(ctx, as_json):
               help="Share of the GPU's SMs: 25% or 0.25 [default: none reserved, time-shared].")
 @click.option("--gpu", default=None, metavar="N|UUID", help="Place on this GPU [default: best fit].")
 @click.option("--cid", type=int, default=None, metavar="N",
-              help="The VM's vsock CID (VMs that libvirt does not manage).")
+              help="The VM's vsock CID, for VMs that libvirt does not manage "
+                   "(Firecracker, Cloud Hypervisor, plain QEMU).")
 @_json_option
 @click.pass_context
 def attach(ctx, vm, mem, compute, gpu, cid, as_json):
     """Give VM a GPU slice; it applies to the VM's next CUDA connection.
 
+    VM is a libvirt domain's name or UUID: a domain without a vsock device
+    gets one (hot-plugged, live and in its config), and the slice is written
+    into the domain's metadata (virsh dumpxml shows it).
+
     \b
     Examples:
-      hvgpu attach vm1 --mem 4G --cid 3
-      hvgpu attach vm2 --mem 8G --compute 25% --gpu 1 --cid 4
+      hvgpu attach vm1 --mem 4G
+      hvgpu attach vm2 --mem 8G --compute 25% --gpu 1
+      hvgpu attach fc-vm --mem 2G --cid 3
     """
     s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid)
-    _emit(s, as_json, lambda s: f"attached {s['vm']}: {format_size(s['mem'])}, compute "
-                                f"{_share(s['compute'])}, GPU {s['gpu_index']} ({s['gpu_uuid']})")
+
+    def text(s):
+        line = (f"attached {s['vm']}: {format_size(s['mem'])}, compute {_share(s['compute'])}, "
+                f"GPU {s['gpu_index']} ({s['gpu_uuid']})")
+        if "vsock_cid" in s:
+            line += (f", vsock CID {s['vsock_cid']}" if s["vsock_cid"] is not None
+                     else ", vsock CID assigned when the domain starts")
+        return line
+    _emit(s, as_json, text)
 
 
 @cli.command()
 @click.argument("vm")
+@click.option("--unplug", is_flag=True, help="Also remove the domain's vsock device.")
 @_json_option
 @click.pass_context
-def detach(ctx, vm, as_json):
-    """Remove VM's slice; its CUDA connections are closed.
+def detach(ctx, vm, unplug, as_json):
+    """Remove VM's slice (and its domain metadata); its CUDA connections are closed.
 
     \b
-    Example:
+    Examples:
       hvgpu detach vm1
+      hvgpu detach vm1 --unplug
     """
-    s = _call(ctx, "detach", vm=vm)
+    s = _call(ctx, "detach", vm=vm, unplug=unplug or None)
     _emit(s, as_json, lambda s: f"detached {s['vm']} (released {format_size(s['mem'])})")
 
 

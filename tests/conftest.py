@@ -55,7 +55,8 @@ class RunningAgent:
     and unix sockets bound to VMs (``vm_address(name)``)."""
 
     def __init__(self, tmp_path: Path, device: str | None, extra_listen=(), *,
-                 slices: bool = False, vms=(), gpus=None, mps: bool = False):
+                 slices: bool = False, vms=(), gpus=None, mps: bool = False,
+                 connect: str | None = None):
         self.tmp = tmp_path
         self.socket = tmp_path / "agent.sock"
         self.address = f"unix://{self.socket}"
@@ -68,7 +69,7 @@ class RunningAgent:
         self.config = AgentConfig(listen=listen, vsock_port=None,
                                   cache_dir=str(tmp_path / "cache"), device=device,
                                   state_dir=str(tmp_path / "state") if slices else None,
-                                  mps=mps, log_level="DEBUG", env=env)
+                                  mps=mps, log_level="DEBUG", env=env, connect=connect)
         self.gpus = gpus or fake_gpus
         self.agent = Agent(self.config, gpus=self.gpus)
         self.agent.start()

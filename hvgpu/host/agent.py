@@ -55,6 +55,7 @@ class AgentConfig:
     device: str | None = None  # executor's GpuDevice factory; tests use a double
     log_level: str = "INFO"
     env: dict = field(default_factory=dict)  # extra environment for executors
+    connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
 
 
 @dataclass
@@ -106,6 +107,8 @@ class Agent:
             self.slices = SliceManager(StateStore(config.state_dir), gpus)
             for s in self.slices.list():
                 self.ledgers[s.vm] = QuotaLedger(s.mem)
+        self.vms = None  # VmDirectory once libvirt answers
+        self.libvirt_reason = "no libvirt URI configured"
         self.mps = MpsDaemon(Path(config.state_dir or "/tmp/hvgpu") / "mps")
         self._mps_started = False
         self._selector = selectors.DefaultSelector()
@@ -149,6 +152,54 @@ class Agent:
                 self.mps.reason = "MPS is turned off (--no-mps); compute is time-shared"
             log.info("%d slices restored from %s", len(self.slices.list()),
                      self.slices.store.path)
+            if self.config.connect:
+                self._open_libvirt(self.config.connect)
+
+    def _open_libvirt(self, uri: str) -> None:
+        from hvgpu.host.hypervisor import Hypervisor, start_event_loop
+        from hvgpu.host.vms import VmDirectory
+
+        try:
+            start_event_loop()
+            hypervisor = Hypervisor(uri)
+            self.vms = VmDirectory(hypervisor)
+            for change in self.vms.reconcile(self.slices):
+                log.info("reconciled with libvirt: %s", change)
+            for s in self.slices.list():
+                self.ledgers.setdefault(s.vm, QuotaLedger(s.mem))
+            hypervisor.watch(self._on_vm_event)
+        except HvgpuError as exc:
+            self.vms = None
+            self.libvirt_reason = str(exc)
+            log.warning("libvirt is not available (%s); VMs can be attached by --cid only", exc)
+            return
+        log.info("libvirt at %s: watching domain lifecycle events", uri)
+
+    def _on_vm_event(self, vm: str, what: str) -> None:
+        """Lifecycle events, from libvirt's event loop thread."""
+        if self.vms is not None:
+            self.vms.forget_cids()
+        if vm not in self.ledgers:
+            return
+        if what == "stopped":
+            log.info("%s stopped: releasing its slice's executors and GPU memory "
+                     "(the reservation stays until hvgpu detach)", vm)
+            self.release_vm(vm)
+        elif what in ("started", "resumed"):
+            with self.lock:
+                if vm not in self.current and self.slices is not None:
+                    log.info("%s started: restoring its slice's executor", vm)
+                    self._spawn_slice(vm)
+        elif what == "undefined":
+            log.info("%s was undefined: its slice is removed", vm)
+            try:
+                self.slices.detach(vm)
+            except HvgpuError:
+                pass
+            self.slice_detached(vm)
+        elif what == "migrating":
+            log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
+                      "slice; its slice stays on this host and its CUDA connections will end", vm)
 
     def serve_forever(self) -> None:
         try:
@@ -213,10 +264,15 @@ class Agent:
         if listener.address.scheme == "vsock":
             cid = int(peer.split(":")[1])
             s = self.slices.by_cid(cid)
-            if s is None:
-                return "refuse", (f"no GPU slice is attached to the VM with CID {cid}; on "
-                                  f"the host: hvgpu attach VM --mem SIZE --cid {cid}")
-            return "slice", s.vm
+            if s is not None:
+                return "slice", s.vm
+            vm = self.vms.vm_for_cid(cid) if self.vms is not None else None
+            if vm is not None and vm in self.ledgers:
+                return "slice", vm
+            named = f"VM {vm!r}" if vm else f"the VM with CID {cid}"
+            fix = f"hvgpu attach {vm} --mem SIZE" if vm else \
+                f"hvgpu attach VM --mem SIZE --cid {cid}"
+            return "refuse", f"no GPU slice is attached to {named}; on the host: {fix}"
         if listener.address.scheme == "hvsock":
             return "refuse", ("this hybrid-vsock socket is bound to no VM; start the agent "
                               f"with --listen {listener.address}=VM")
@@ -327,6 +383,11 @@ class Agent:
         """Disconnect the slice's guests and end its executors."""
         with self.lock:
             self.ledgers.pop(vm, None)
+            self.release_vm(vm)
+
+    def release_vm(self, vm: str) -> None:
+        """End the executors of a VM's slice; the slice and its ledger stay."""
+        with self.lock:
             self.current.pop(vm, None)
             for ex in [e for e in self.slice_executors if e.vm == vm]:
                 try:

@@ -48,20 +48,44 @@ class ControlAPI:
         return f"memory enforced by accounting; compute time-shared ({reason})"
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None) -> dict:
-        if cid is None and vm not in self.agent.bindings.values():
-            raise NotBuilt(f"finding {vm!r} by name needs the libvirt integration, which is "
-                           "not built yet: pass --cid N (the VM's vsock CID), or bind a "
-                           f"socket to it (hvgpu agent --listen unix:///PATH={vm})")
+        """Reserve a slice for ``vm``; a libvirt domain also gets a vsock device
+        (hot-plugged, live and in its config, when missing) and the slice in
+        its metadata. Every step is undone if a later one fails."""
+        vms = self.agent.vms
+        bound = vm in self.agent.bindings.values()
+        by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
+        if cid is None and not bound and vms is None:
+            raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
+                           f"({self.agent.libvirt_reason}); pass --cid N (the VM's vsock "
+                           f"CID), or bind a socket to it (--listen unix:///PATH={vm})")
         size = parse_size(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
         with Transaction() as tx:
+            if by_libvirt:
+                vm = vms.prepare(vm, tx)
             s = self.slices.attach(vm, size, share, gpu, cid)
             tx.on_undo(lambda: self.slices.detach(vm), "slice record")
+            if by_libvirt:
+                vms.record(s, tx)
             self.agent.slice_attached(vm, size)
-        return s.as_dict()
+        d = s.as_dict()
+        if by_libvirt:
+            d["vsock_cid"] = vms.hv.vsock_cid(vms.hv.domain(vm))
+        return d
 
-    def detach(self, vm: str) -> dict:
-        s = self.slices.detach(vm)
+    def detach(self, vm: str, unplug: bool = False) -> dict:
+        """Remove the slice; with ``unplug``, also the domain's vsock device.
+
+        The domain is changed first, so a failure there leaves everything as it was.
+        """
+        s = self.slices.get(vm)
+        vms = self.agent.vms
+        if unplug and (vms is None or s.cid is not None):
+            raise HvgpuError(f"{vm!r} is not a libvirt domain known to the agent: nothing "
+                             "to unplug (run without --unplug to remove its slice)")
+        if vms is not None and s.cid is None:
+            vms.forget(vm, unplug)
+        self.slices.detach(vm)
         self.agent.slice_detached(vm)
         return s.as_dict()
 
@@ -73,6 +97,8 @@ class ControlAPI:
                                parse_share(compute) if compute not in (None, "") else None,
                                in_use=used)
         pending = self.agent.slice_resized(vm, s.mem, s.compute)
+        if self.agent.vms is not None and s.cid is None and self.agent.vms.knows(vm):
+            self.agent.vms.record(s)
         d = s.as_dict()
         d["pending"] = pending
         return d

@@ -98,6 +98,13 @@ class SliceManager:
             self._slices[vm] = s
             return s
 
+    def adopt(self, s: Slice) -> Slice:
+        """Take a slice recorded elsewhere (a domain's metadata) as it is."""
+        with self._lock:
+            self.store.put(s)
+            self._slices[s.vm] = s
+            return s
+
     def _place(self, mem: int, compute: int, gpu: str | int | None) -> GpuRoom:
         rooms = self.rooms()
         if not rooms:

@@ -20,41 +20,49 @@ DOMAIN = """<domain type='test'><name>{name}</name><memory>1048576</memory><vcpu
 
 @pytest.fixture
 def h():
-    # every open of test:///default is a fresh, private copy of the default host
+    # test:///default is one host shared by the whole process: each test
+    # defines its own domains and removes them
     hyper = Hypervisor("test:///default")
+    before = set(hyper.names())
     yield hyper
+    for dom in hyper.conn.listAllDomains():
+        if dom.name() not in before:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
     hyper.close()
 
 
 def test_finds_domains_by_name_and_uuid(h):
-    dom = h.domain("test")
-    assert h.domain(dom.UUIDString()).name() == "test"
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-a", devices=""))
+    assert h.domain(dom.UUIDString()).name() == "hv-a"
     with pytest.raises(NoSuchVm, match="libvirt has no domain 'nope'"):
         h.domain("nope")
 
 
 def test_reads_the_cid_of_an_existing_vsock_device(h):
     dom = h.conn.defineXML(DOMAIN.format(
-        name="vm1", devices="<vsock model='virtio'><cid auto='no' address='7'/></vsock>"))
+        name="hv-b", devices="<vsock model='virtio'><cid auto='no' address='7'/></vsock>"))
     assert h.has_vsock(dom) and h.vsock_cid(dom) == 7
     assert h.plug_vsock(dom) is False  # one per domain: reuse it
 
 
 def test_hot_plug_is_translated_when_the_driver_cannot(h):
-    dom = h.conn.defineXML(DOMAIN.format(name="vm2", devices=""))
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-c", devices=""))
     with pytest.raises(NotSupported, match="cannot do that"):
         h.plug_vsock(dom)
 
 
 def test_slice_metadata_round_trips_on_running_and_defined_domains(h):
-    running = h.domain("test")
+    running = h.conn.defineXML(DOMAIN.format(name="hv-d", devices=""))
+    running.create()
     h.write_slice(running, "GPU-abc", 1, 4 << 30, 25)
     s = h.read_slice(running)
-    assert (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute) == ("test", "GPU-abc", 1, 4 << 30, 25)
+    assert (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute) == ("hv-d", "GPU-abc", 1, 4 << 30, 25)
     assert "urn:x-hvgpu:slice:1" in running.XMLDesc(0)  # virsh dumpxml shows it
-    off = h.conn.defineXML(DOMAIN.format(name="vm3", devices=""))
+    off = h.conn.defineXML(DOMAIN.format(name="hv-e", devices=""))
     h.write_slice(off, "GPU-def", 0, 1 << 30, 0)
-    assert [s.vm for s in h.recorded_slices()] == ["test", "vm3"]
+    assert [s.vm for s in h.recorded_slices()] == ["hv-d", "hv-e"]
     h.clear_slice(running)
     assert h.read_slice(running) is None
 
@@ -68,7 +76,10 @@ def test_lifecycle_events_arrive(h):
         got.set()
 
     h.watch(on_event)
-    dom = h.domain("test")
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-f", devices=""))
+    dom.create()
+    assert got.wait(10)
+    got.clear()
     dom.destroy()
     assert got.wait(10)
     got.clear()
@@ -77,7 +88,7 @@ def test_lifecycle_events_arrive(h):
     dom.destroy()
     dom.undefine()
     deadline = time.monotonic() + 10
-    while ("test", "undefined") not in seen and time.monotonic() < deadline:
+    while ("hv-f", "undefined") not in seen and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert ("test", "stopped") in seen and ("test", "started") in seen
-    assert ("test", "undefined") in seen
+    assert ("hv-f", "stopped") in seen and ("hv-f", "started") in seen
+    assert ("hv-f", "undefined") in seen

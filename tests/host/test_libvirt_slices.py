@@ -1,0 +1,141 @@
+"""Slices of libvirt domains, with libvirt's real test:///default driver.
+
+test:///default is one host shared by every connection of this process, so
+each test defines domains of its own and removes them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+
+pytest.importorskip("libvirt")
+
+from hvgpu.errors import ConnectionLost, HvgpuError  # noqa: E402
+from hvgpu.guest import Connection  # noqa: E402
+from hvgpu.host import hypervisor  # noqa: E402
+from tests.conftest import FAKE_DEVICE, RunningAgent  # noqa: E402
+
+hypervisor.start_event_loop()
+
+WITH_VSOCK = """<domain type='test'><name>{name}</name><memory>1048576</memory><vcpu>1</vcpu>
+<os><type arch='x86_64'>hvm</type></os>
+<devices><vsock model='virtio'><cid auto='no' address='{cid}'/></vsock></devices></domain>"""
+WITHOUT_VSOCK = """<domain type='test'><name>{name}</name><memory>1048576</memory><vcpu>1</vcpu>
+<os><type arch='x86_64'>hvm</type></os><devices/></domain>"""
+
+
+_names = itertools.count()
+_cids = itertools.count(100)
+
+
+@pytest.fixture
+def agent(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",),
+                           connect="test:///default")
+    running.defined = []
+    yield running
+    running.stop()
+    for dom in running.defined:
+        try:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        except Exception:
+            pass
+
+
+def define(agent, xml, start=True):
+    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    if start:
+        dom.create()
+    getattr(agent, "defined", []).append(dom)
+    return dom
+
+
+def vsock_domain(name):
+    return WITH_VSOCK.format(name=name, cid=next(_cids))
+
+
+def wait(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def test_attach_by_name_writes_the_slice_into_the_domain(agent):
+    dom = define(agent, WITH_VSOCK.format(name="lv-a", cid=7))
+    s = agent.api.attach("lv-a", "64M", "25%")
+    assert s["vsock_cid"] == 7 and s["cid"] is None
+    xml = dom.XMLDesc(0)  # what virsh dumpxml shows
+    assert "urn:x-hvgpu:slice:1" in xml and ">67108864</" in xml
+    assert agent.agent.vms.vm_for_cid(7) == "lv-a"
+    assert [x["vm"] for x in agent.api.list()] == ["lv-a"]
+    agent.api.detach("lv-a")
+    assert "urn:x-hvgpu:slice:1" not in dom.XMLDesc(0)
+
+
+def test_attach_undoes_itself_when_a_step_fails(agent):
+    define(agent, WITHOUT_VSOCK.format(name="lv-b"))
+    with pytest.raises(HvgpuError, match="cannot do that"):  # the test driver cannot hot-plug
+        agent.api.attach("lv-b", "64M")
+    assert agent.api.list() == []
+    assert agent.agent.vms.hv.read_slice(agent.agent.vms.hv.domain("lv-b")) is None
+
+
+def test_unknown_domain_and_unplug_failure_leave_things_as_they_were(agent):
+    with pytest.raises(HvgpuError, match="libvirt has no domain 'ghost'"):
+        agent.api.attach("ghost", "64M")
+    define(agent, vsock_domain("lv-c"))
+    agent.api.attach("lv-c", "64M")
+    with pytest.raises(HvgpuError, match="cannot do that"):
+        agent.api.detach("lv-c", unplug=True)
+    assert [x["vm"] for x in agent.api.list()] == ["lv-c"]  # nothing was lost
+
+
+def test_stop_releases_the_executor_and_start_restores_it(agent):
+    dom = define(agent, vsock_domain("vm1"))  # vm1 also has a socket bound to it
+    agent.api.attach("vm1", "64M")
+    guest = Connection(agent.vm_address("vm1"))
+    guest.call("PING")
+    assert agent.api.status()[0]["executors"]
+    dom.destroy()
+    wait(lambda: not agent.api.status()[0]["executors"])
+    with pytest.raises(ConnectionLost):
+        for _ in range(100):
+            guest.call("PING")
+            time.sleep(0.05)
+    assert [x["vm"] for x in agent.api.list()] == ["vm1"]  # the reservation stays
+    dom.create()
+    wait(lambda: agent.api.status()[0]["executors"])
+    dom.destroy()
+    dom.undefine()
+    wait(lambda: agent.api.list() == [])
+
+
+def test_a_restarted_agent_reconciles_with_the_domains(tmp_path):
+    first = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, connect="test:///default")
+    first.defined = []
+    try:
+        keep = define(first, vsock_domain("lv-keep"))
+        gone = define(first, vsock_domain("lv-gone"))
+        first.api.attach("lv-keep", "32M", "50%")
+        first.api.attach("lv-gone", "16M")
+    finally:
+        first.stop()
+    (tmp_path / "state" / "slices.db").unlink()  # the agent's own state is lost...
+    gone.destroy()
+    gone.undefine()  # ...and a domain went away while the agent was down
+    again = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, connect="test:///default")
+    try:
+        (s,) = again.api.list()  # restored from the surviving domain's metadata
+        assert (s["vm"], s["mem"], s["compute"]) == ("lv-keep", 32 << 20, 50)
+    finally:
+        again.stop()
+        keep.destroy()
+        keep.undefine()
