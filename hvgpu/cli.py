@@ -13,7 +13,12 @@ import os
 import signal
 import sys
 
-import click
+try:
+    import click
+except ImportError:  # a guest-only install: no host dependencies at all
+    sys.stderr.write("hvgpu: the host commands need the host install: pip install "
+                     "'hvgpu[host]'; in a VM, use hvgpu-guest\n")
+    raise SystemExit(1) from None
 
 from hvgpu import __version__
 from hvgpu.errors import HvgpuError

@@ -303,7 +303,8 @@ class Agent:
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
         cmd = [sys.executable, "-m", "hvgpu.host.executor", "--control-fd", str(theirs.fileno()),
-               "--slice", vm, "--gpu", "0", "--log-level", self.config.log_level]
+               "--slice", vm, "--compute", str(s.compute), "--gpu", "0",
+               "--log-level", self.config.log_level]
         if self.config.cache_dir:
             cmd += ["--cache-dir", self.config.cache_dir]
         if self.config.device:

@@ -93,6 +93,9 @@ OPS: tuple[Op, ...] = (
     Op(0x13, "DEVICE_GET_NAME", SYNC, _f("i32 device"), _f("str name")),
     Op(0x14, "DEVICE_GET_UUID", SYNC, _f("i32 device"), _f("bytes uuid")),
     Op(0x15, "DEVICE_TOTAL_MEM", SYNC, _f("i32 device"), _f("u64 bytes")),
+    Op(0x16, "SLICE_INFO", SYNC, (), _f("str vm, u64 mem, u64 mem_used, u32 compute"),
+       doc="The guest's slice: VM name, quota, in use, compute share in percent "
+           "(0: none reserved). vm is empty when the connection has the whole GPU."),
     Op(0x20, "CTX_SYNCHRONIZE", SYNC),
     Op(0x21, "MEM_GET_INFO", SYNC, (), _f("u64 free, u64 total")),
     Op(0x22, "MEM_ALLOC", SYNC, _f("u64 size"), _f("u64 dptr"),

@@ -49,7 +49,8 @@ def open_device(spec: str, gpu: int):
         return None, CudaError(P.HV_INTERNAL, f"executor could not open GPU {gpu}: {exc!r}")
 
 
-def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str) -> None:
+def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
+                compute: int = 0) -> None:
     quota = RemoteQuota(link)
     sessions: dict[str, tuple[Session, threading.Thread]] = {}
     lock = threading.Lock()
@@ -77,7 +78,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str) 
             counter += 1
             key = f"{msg['peer']}#{counter}"
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
-                              device_error=error, quota=quota, owns_device=False)
+                              device_error=error, quota=quota, owns_device=False,
+                              slice_name=name, compute=compute)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             with lock:
                 sessions[key] = (session, thread)
@@ -109,6 +111,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fd", type=int)
     ap.add_argument("--control-fd", type=int)
     ap.add_argument("--slice", default="")
+    ap.add_argument("--compute", type=int, default=0)
     ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
@@ -121,7 +124,8 @@ def main(argv=None) -> int:
     cache = CompileCache(args.cache_dir)
     device, error = open_device(args.device, args.gpu)
     if args.control_fd is not None:
-        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice)
+        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice,
+                    args.compute)
         return 0
     sock = adopt(args.fd)
     Session(sock, device, peer=args.peer, cache=cache, device_error=error).serve()

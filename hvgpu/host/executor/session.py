@@ -106,7 +106,9 @@ class Session:
 
     def __init__(self, sock: socket.socket, device: GpuDevice | None, *, peer: str,
                  cache: CompileCache | None = None, device_error: CudaError | None = None,
-                 quota=None, owns_device: bool = True):
+                 quota=None, owns_device: bool = True, slice_name: str = "",
+                 compute: int = 0):
+        self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.device = device
         self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
@@ -319,6 +321,12 @@ class Session:
         if self.quota is not None:
             return (self.quota.usage()[1],)  # the guest's device is its slice
         return (self.device.total_mem(),)
+
+    def op_slice_info(self, hdr):
+        if self.quota is None:
+            return ("", self.device.total_mem(), 0, 0)
+        used, limit = self.quota.usage()
+        return (self.slice_name, limit, used, self.compute)
 
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()

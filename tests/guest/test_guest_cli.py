@@ -1,0 +1,71 @@
+"""hvgpu-guest, the in-VM command, against an agent with the GPU test double."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from hvgpu.guest.cli import main
+from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
+
+
+@pytest.fixture
+def agent(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
+    running.api.attach("vm1", "256M", "25%")
+    yield running
+    running.stop()
+
+
+def test_info_lists_the_vgpu_as_the_slice(agent, capsys):
+    assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "this VM: vm1" in out
+    assert "vGPU 0: hvgpu fake GPU, 256 MiB (0 MiB in use), compute 25%" in out
+    assert main(["--agent", agent.vm_address("vm1"), "info", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["gpus"][0]["memory_total"] == 256 << 20 and d["gpus"][0]["compute_share"] == 25
+
+
+def test_smi_view(agent, capsys):
+    assert main(["--agent", agent.vm_address("vm1"), "smi"]) == 0
+    out = capsys.readouterr().out
+    assert "vGPU of vm1" in out and "/ 256 MiB" in out and "compute     25%" in out
+
+
+def test_no_slice_and_no_agent_are_said_plainly(agent, tmp_path, capsys):
+    assert main(["--agent", agent.vm_address("vm2"), "info"]) == 1
+    assert "no GPU slice is attached to this VM" in capsys.readouterr().err
+    assert main(["--agent", f"unix://{tmp_path}/nothing.sock", "info"]) == 1
+    err = capsys.readouterr().err
+    assert "is the hvgpu agent running" in err and "hvgpu attach VM --mem SIZE" in err
+
+
+def test_guest_install_pulls_no_host_dependency(tmp_path):
+    """Build the wheel, install it alone into an empty venv: hvgpu-guest works."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels),
+                    str(REPO)], check=True)
+    env_dir = tmp_path / "vm"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index",
+                    *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
+    listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], check=True,
+                            capture_output=True, text=True).stdout
+    names = {p["name"].lower() for p in json.loads(listed)}
+    assert not names & {"libvirt-python", "cupy-cuda12x", "cupy-cuda13x", "nvidia-ml-py",
+                        "grpcio", "cuda-bindings", "click", "jinja2", "numpy"}
+    out = subprocess.run([str(env_dir / "bin" / "hvgpu-guest"), "--agent",
+                          f"unix://{tmp_path}/none.sock", "info"], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 1
+    assert "hvgpu attach VM --mem SIZE" in out.stderr
+    host = subprocess.run([str(env_dir / "bin" / "hvgpu"), "gpus"], capture_output=True,
+                          text=True)
+    assert host.returncode == 1 and "pip install 'hvgpu[host]'" in host.stderr
