@@ -340,18 +340,29 @@ def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, 
 
 @cli.command()
 @click.option("--size", default=1 << 20, show_default=True, help="SAXPY vector length.")
-def demo(size):
-    """Run a checked CUDA workload through a private agent.
+@click.option("--vm", default=None, metavar="NAME",
+              help="Use this domain of --connect (it gets a vsock device if it has none) "
+                   "[default: a domain on libvirt's built-in test:///default host].")
+@click.pass_context
+def demo(ctx, size, vm):
+    """Attach a slice, run a checked CUDA workload through it, detach.
 
-    Starts an agent on a temporary unix socket, connects to it with the guest
-    API exactly as a VM would over vsock, and runs SAXPY and a matrix multiply
-    on the host's GPU, checking both against numpy. On a host without an
-    NVIDIA GPU it shows the handshake and says plainly what could not run.
+    Starts a private agent, attaches a slice to a VM (writing it into the
+    domain's metadata), runs SAXPY and a matrix multiply on the slice through
+    the guest API, checks both against numpy, and detaches. Where no libvirt
+    daemon or VM is given, libvirt's built-in test:///default host stands in;
+    where no GPU is usable, it shows the slice and libvirt steps and says
+    plainly that CUDA did not run.
+
+    \b
+    Examples:
+      hvgpu demo
+      hvgpu demo --vm vm1
     """
     from hvgpu.demo import run_demo
 
     try:
-        sys.exit(run_demo(size, echo=click.echo))
+        sys.exit(run_demo(size, echo=click.echo, vm=vm, connect=ctx.obj["connect"]))
     except HvgpuError as exc:
         _fail(exc)
 

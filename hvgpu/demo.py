@@ -1,7 +1,9 @@
-"""``hvgpu demo``: a private agent plus a guest, running checked CUDA work.
+"""``hvgpu demo``: attach a slice to a VM, run checked CUDA work through it, detach.
 
-Uses only public pieces (``Agent`` on a temporary unix socket, the guest API)
-so it shows exactly the path a VM's program takes, minus vsock. Must not
+Uses only public pieces (a private ``Agent``, ``ControlAPI``, the guest API)
+so it shows the path an operator and a VM's program take; the guest side runs
+in this process over a unix socket bound to the VM (vsock needs a real VM).
+Without a GPU or a libvirt daemon it uses stand-ins and says so. Must not
 reach into executor internals, and must say plainly what it could not do.
 """
 
@@ -15,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hvgpu.errors import CudaError
+from hvgpu.errors import HvgpuError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
 from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir
-from hvgpu.virtio import protocol as P
 
 SAXPY = r"""
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
@@ -72,46 +73,135 @@ def run_matmul(conn: Connection, n: int = 256) -> float:
     return float(np.linalg.norm(c - ref) / np.linalg.norm(ref))
 
 
-def run_demo(size: int, echo=print, device: str | None = None, env: dict | None = None) -> int:
+DEMO_VM = "hvgpu-demo"
+TEST_DOMAIN = """<domain type='test'>
+  <name>{name}</name>
+  <memory unit='KiB'>1048576</memory>
+  <vcpu>1</vcpu>
+  <os><type arch='x86_64'>hvm</type></os>
+  <devices>
+{vsock}  </devices>
+</domain>"""
+
+
+def run_demo(size: int, echo=print, device: str | None = None, env: dict | None = None,
+             vm: str | None = None, connect: str = "qemu:///system", gpus=None) -> int:
+    """attach -> metadata -> CUDA through the slice -> detach, saying what could not run.
+
+    Without ``vm``, libvirt's built-in test:///default host stands in for the
+    hypervisor (a domain is defined there); with ``vm``, that domain of
+    ``connect`` gets the slice (and a vsock device if it has none).
+    """
     logging.basicConfig(level=logging.WARNING)
+    gpus_fn, gpu_note = _choose_gpus(gpus)
     with tempfile.TemporaryDirectory(prefix="hvgpu-demo-") as tmp:
-        address = f"unix://{Path(tmp) / 'agent.sock'}"
-        agent = Agent(AgentConfig(listen=[address], vsock_port=None,
-                                  cache_dir=default_cache_dir(), device=device,
-                                  log_level="WARNING", env=env or {}))
+        name = vm or DEMO_VM
+        guest_socket = f"unix://{Path(tmp) / 'guest.sock'}"
+        uri, libvirt_note = _choose_libvirt(vm, connect)
+        agent = Agent(AgentConfig(listen=[f"{guest_socket}={name}"], vsock_port=None,
+                                  cache_dir=default_cache_dir(), state_dir=str(Path(tmp) / "state"),
+                                  mps=False, device=device, log_level="WARNING", env=env or {},
+                                  connect=uri), gpus=gpus_fn)
         agent.start()
         thread = threading.Thread(target=agent.serve_forever, daemon=True)
         thread.start()
         try:
-            return _run(address, size, echo)
+            return _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
+                        define=vm is None)
         finally:
             agent.stop()
             thread.join(timeout=10)
 
 
-def _run(address: str, size: int, echo) -> int:
-    echo(f"agent:  listening on {address} (a private socket; VMs use vsock port "
-         f"{P.DEFAULT_PORT})")
-    t0 = time.perf_counter()
-    with Connection(address) as conn:
-        echo(f"guest:  connected as {conn.peer}, protocol v{conn.version}, {conn.agent}")
-        dev = Device(connection=conn)
-        try:
-            name = dev.name
-        except CudaError as exc:
-            echo(f"gpu:    none usable on this host: {exc}")
-            echo("result: the agent, an executor process and the data-lane handshake ran; "
-                 "SAXPY and the matrix multiply did NOT run, because they need an NVIDIA "
-                 "GPU and its driver on this host.")
-            return 0
-        free, total = dev.mem_info()
-        echo(f"gpu:    {name}, compute capability {'.'.join(map(str, dev.compute_capability))}"
-             f", {total / 2**30:.1f} GiB ({free / 2**30:.1f} GiB free)")
-        err = run_saxpy(conn, size)
-        echo(f"saxpy:  n={size}, relative error vs numpy {err:.1e}  "
+def _choose_gpus(gpus):
+    from hvgpu.host.inventory import Gpu, NoDriver, read_gpus
+
+    if gpus is not None:
+        return gpus, ""
+    try:
+        found = read_gpus()
+        if found:
+            return read_gpus, ""
+        reason = "NVML lists no GPU"
+    except NoDriver as exc:
+        reason = str(exc)
+    placeholder = Gpu(0, "GPU-00000000-0000-0000-0000-000000000000", "no GPU (demo placeholder)",
+                      1 << 30, 0, None, False, False, "no GPU")
+    return (lambda: [placeholder]), reason
+
+
+def _choose_libvirt(vm, connect):
+    try:
+        from hvgpu.host.hypervisor import Hypervisor, start_event_loop
+    except ImportError:
+        return None, "libvirt-python is not installed"
+    if vm is not None:
+        return connect, ""
+    start_event_loop()
+    try:
+        Hypervisor("test:///default").close()
+    except HvgpuError as exc:
+        return None, str(exc)
+    return "test:///default", ""
+
+
+def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note, define) -> int:
+    from hvgpu.host.control import ControlAPI
+    from hvgpu.host.render import vsock_xml
+
+    api = ControlAPI(agent, gpus_fn)
+    ok = True
+    gpu = gpus_fn()[0]
+    echo(f"gpu:       {gpu.name} (GPU {gpu.index})" if not gpu_note else
+         f"gpu:       none usable here ({gpu_note}); the slice goes on a placeholder so the "
+         "slice and libvirt steps can be shown, and no CUDA will run")
+    if agent.vms is None:
+        echo(f"libvirt:   not available ({libvirt_note or agent.libvirt_reason}); the slice is "
+             "bound to a local socket instead of a domain")
+    elif define:
+        echo("libvirt:   test:///default, libvirt's built-in test host (hvgpu demo --vm NAME "
+             "uses one of your domains instead)")
+        xml = TEST_DOMAIN.format(name=name, vsock="".join(
+            "    " + line + "\n" for line in vsock_xml(cid=3).splitlines()))
+        dom = agent.vms.hv.conn.defineXML(xml)
+        dom.create()
+        echo(f"domain:    {name} defined and started there, with a vsock device")
+    else:
+        echo(f"libvirt:   {agent.vms.hv.uri}, domain {name}")
+    mem = "256M" if gpu_note else "1G"
+    s = api.attach(name, mem, None)
+    cid = s.get("vsock_cid")
+    echo(f"attach:    {name}: {s['mem'] >> 20} MiB on GPU {s['gpu_index']}, compute time-shared"
+         + (f", vsock CID {cid}" if cid is not None else ""))
+    if agent.vms is not None:
+        dom = agent.vms.hv.domain(name)
+        meta = [line.strip() for line in dom.XMLDesc(0).splitlines() if "slice" in line
+                or "memory unit=\"bytes\"" in line]
+        echo("metadata:  " + " ".join(meta[:3]) + " ...  (what virsh dumpxml shows)")
+    if gpu_note:
+        echo("cuda:      NOT run: this host has no usable NVIDIA GPU")
+    else:
+        t0 = time.perf_counter()
+        with Connection(guest_socket) as conn:
+            dev = Device(connection=conn)
+            echo(f"guest:     connected as {conn.peer} to the slice of {name}; its device has "
+                 f"{dev.total_memory >> 20} MiB (the quota)")
+            err = run_saxpy(conn, size)
+            merr = run_matmul(conn)
+        echo(f"saxpy:     n={size}, relative error vs numpy {err:.1e}  "
              f"{'OK' if err < 1e-6 else 'WRONG'}")
-        merr = run_matmul(conn)
-        echo(f"matmul: 256x256, relative error vs numpy {merr:.1e}  "
-             f"{'OK' if merr < 1e-5 else 'WRONG'}")
-    echo(f"done in {time.perf_counter() - t0:.2f}s")
-    return 0 if err < 1e-6 and merr < 1e-5 else 1
+        echo(f"matmul:    256x256, relative error vs numpy {merr:.1e}  "
+             f"{'OK' if merr < 1e-5 else 'WRONG'}  ({time.perf_counter() - t0:.2f}s)")
+        ok = err < 1e-6 and merr < 1e-5
+    api.detach(name)
+    gone = agent.vms is None or agent.vms.hv.read_slice(agent.vms.hv.domain(name)) is None
+    echo(f"detach:    {name}: slice released" + (", metadata removed" if agent.vms else "")
+         + ("" if gone else " (METADATA LEFT BEHIND)"))
+    if define and agent.vms is not None:
+        dom = agent.vms.hv.domain(name)
+        dom.destroy()
+        dom.undefine()
+    if gpu_note:
+        echo("result:    the agent, the slice manager, libvirt metadata and the control API "
+             "ran; CUDA did NOT run, because this host has no usable NVIDIA GPU and driver.")
+    return 0 if ok and gone else 1

@@ -31,22 +31,33 @@ def test_commands_without_an_agent_say_so(tmp_path):
     assert "is `hvgpu agent` running" in result.output
 
 
-def test_demo_runs_checked_saxpy_and_matmul():
+def test_demo_attaches_runs_checked_cuda_and_detaches():
+    from tests.conftest import fake_gpus
+
     lines = []
     rc = run_demo(4096, echo=lines.append, device="tests.fake_gpu:FakeDevice",
-                  env={"PYTHONPATH": str(REPO)})
+                  env={"PYTHONPATH": str(REPO)}, gpus=fake_gpus)
     text = "\n".join(lines)
     assert rc == 0, text
-    assert "saxpy:  n=4096" in text and "OK" in text and "matmul: 256x256" in text
+    assert "test:///default" in text and "vsock CID 3" in text
+    assert "urn:x-hvgpu:slice:1" in text
+    assert "saxpy:     n=4096" in text and "OK" in text and "matmul:    256x256" in text
+    assert "metadata removed" in text
 
 
-def test_demo_without_a_gpu_says_plainly_what_did_not_run():
+def test_demo_without_a_gpu_says_plainly_what_did_not_run(monkeypatch):
+    from hvgpu.host import inventory
+    from tests.fake_nvml import FakeNvml
+
+    monkeypatch.setattr(inventory, "_load_nvml", lambda: FakeNvml(fail_init="Driver Not Loaded"))
     lines = []
     rc = run_demo(4096, echo=lines.append, device="tests.fake_gpu:NoDriver",
                   env={"PYTHONPATH": str(REPO)})
     text = "\n".join(lines)
-    assert rc == 0
-    assert "none usable on this host" in text and "did NOT run" in text
+    assert rc == 0, text
+    assert "none usable here (no NVIDIA driver/NVML found: Driver Not Loaded)" in text
+    assert "cuda:      NOT run" in text and "CUDA did NOT run" in text
+    assert "metadata removed" in text
 
 
 def test_domain_xml_prints_what_the_golden_file_holds():

@@ -90,6 +90,9 @@ class Hypervisor:
             raise HypervisorError("libvirt-python is not installed on the host "
                                   "(pip install 'hvgpu[host]')")
         self.uri = uri
+        # Errors come back as exceptions and are translated; libvirt's default
+        # handler would also print each one to stderr.
+        libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
         try:
             self.conn = libvirt.open(uri)
         except libvirt.libvirtError as exc:
