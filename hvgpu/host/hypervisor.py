@@ -67,7 +67,9 @@ def translate(exc, doing: str, vm: str = "") -> HypervisorError:
         return NoSuchVm(f"libvirt has no domain {vm!r} (virsh list --all shows them)")
     if code in (c["no_support"], c["operation_unsupported"]):
         return NotSupported(f"{doing}: this libvirt driver cannot do that ({detail})")
-    if doing.startswith("hot-plug") and code in (c["system"], c["internal"]):
+    if doing.startswith("hot-plug") and code in (c["config_unsupported"], c["system"],
+                                                  c["internal"]):
+        # QEMU reports a host without /dev/vhost-vsock as an unsupported configuration
         return NoVhostVsock(f"{doing}: the host could not open /dev/vhost-vsock; load the "
                            f"vhost_vsock kernel module (modprobe vhost_vsock) ({detail})")
     return HypervisorError(f"{doing}: {detail} (libvirt error {code})")
