@@ -338,6 +338,30 @@ def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, 
         _fail(exc)
 
 
+@cli.command(name="systemd-unit")
+@click.option("--guest", is_flag=True, help="The guest's unit instead of the host agent's.")
+@click.option("--state-dir", default="/var/lib/hvgpu", show_default=True)
+@click.pass_context
+def systemd_unit(ctx, guest, state_dir):
+    """Print a systemd unit for the host agent (or, with --guest, for a VM).
+
+    \b
+    Examples:
+      hvgpu systemd-unit > /etc/systemd/system/hvgpu-agent.service
+      systemctl daemon-reload && systemctl enable --now hvgpu-agent
+      hvgpu systemd-unit --guest > hvgpu-guest-check.service   # copy into the VM
+    """
+    import shutil as _shutil
+
+    from hvgpu.host.render import agent_unit, guest_unit
+
+    if guest:
+        click.echo(guest_unit("/usr/local/bin/hvgpu-guest"), nl=False)
+    else:
+        exe = _shutil.which("hvgpu") or os.path.abspath(sys.argv[0])
+        click.echo(agent_unit(exe, state_dir, ctx.obj["connect"]), nl=False)
+
+
 @cli.command()
 @click.option("--size", default=1 << 20, show_default=True, help="SAXPY vector length.")
 @click.option("--vm", default=None, metavar="NAME",

@@ -12,7 +12,7 @@ def test_every_command_explains_itself_with_an_example():
     top = runner.invoke(cli, ["--help"])
     assert top.exit_code == 0 and "hvgpu demo" in top.output
     for command in ("agent", "gpus", "attach", "detach", "resize", "list", "status",
-                    "domain-xml"):
+                    "domain-xml", "systemd-unit"):
         result = runner.invoke(cli, [command, "--help"])
         assert result.exit_code == 0 and "Example" in result.output, command
     assert runner.invoke(cli, ["demo", "--help"]).exit_code == 0

@@ -47,3 +47,12 @@ def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: st
     return render("libvirt/domain.xml.j2", name=name, memory_kib=memory // 1024, vcpus=vcpus,
                   disk=disk, disk_format=disk_format, cloud_init=cloud_init, network=network,
                   domain_type=domain_type, cpu_mode=cpu_mode)
+
+
+def agent_unit(hvgpu: str, state_dir: str, connect: str) -> str:
+    return render("systemd/hvgpu-agent.service.j2", hvgpu=hvgpu, state_dir=state_dir,
+                  connect=connect)
+
+
+def guest_unit(hvgpu_guest: str) -> str:
+    return render("systemd/hvgpu-guest-check.service.j2", hvgpu_guest=hvgpu_guest)

@@ -67,3 +67,9 @@ def test_values_are_escaped_and_missing_values_are_errors():
     assert "<name>a&lt;b&gt;&amp;&#39;c</name>" in xml
     with pytest.raises(Exception, match="undefined"):
         render.render("libvirt/domain.xml.j2", name="x")
+
+
+def test_systemd_units():
+    check_golden("hvgpu-agent.service", render.agent_unit("/usr/local/bin/hvgpu",
+                                                          "/var/lib/hvgpu", "qemu:///system"))
+    check_golden("hvgpu-guest-check.service", render.guest_unit("/usr/local/bin/hvgpu-guest"))
