@@ -199,7 +199,9 @@ class Agent:
             self.slice_detached(vm)
         elif what == "migrating":
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
-                      "slice; its slice stays on this host and its CUDA connections will end", vm)
+                      "slice; its slice stays on this host and its CUDA connections will end. "
+                      "hvgpu-libvirt-hook, installed as /etc/libvirt/hooks/qemu on the "
+                      "destination, refuses such migrations", vm)
 
     def serve_forever(self) -> None:
         try:

@@ -93,3 +93,15 @@ def test_live_hot_plug_without_vhost_vsock_says_what_to_load_and_leaves_nothing(
     assert agent.api.list() == []
     assert "<vsock" not in dom.XMLDesc(0) and "<vsock" not in inactive_xml(dom)
     assert agent.agent.vms.hv.read_slice(dom) is None
+
+
+def test_libvirt_accepts_the_rendered_domain(agent):
+    from hvgpu.host.render import domain_xml
+
+    xml = domain_xml(f"hvgpu-ci-{os.getpid()}-rendered", 1 << 30, 1, "/nonexistent/disk.qcow2",
+                     domain_type="qemu", cpu_mode="host-model")
+    dom = agent.agent.vms.hv.conn.defineXML(xml)  # what `virsh define` does
+    try:
+        assert "<vsock model='virtio'>" in inactive_xml(dom)
+    finally:
+        dom.undefine()
