@@ -165,8 +165,9 @@ class Agent:
             self.vms = VmDirectory(hypervisor)
             for change in self.vms.reconcile(self.slices):
                 log.info("reconciled with libvirt: %s", change)
-            for s in self.slices.list():
-                self.ledgers.setdefault(s.vm, QuotaLedger(s.mem))
+            with self.lock:
+                self.ledgers = {s.vm: self.ledgers.get(s.vm) or QuotaLedger(s.mem)
+                                for s in self.slices.list()}
             hypervisor.watch(self._on_vm_event)
         except HvgpuError as exc:
             self.vms = None
@@ -233,11 +234,15 @@ class Agent:
         except OSError as exc:
             log.warning("accept on %s failed: %s", listener.address, exc)
             return
-        with self.lock:
-            route, detail = self._route(listener, peer)
-            if route == "slice":
-                self._to_slice(detail, conn, peer)
-                return
+        try:
+            with self.lock:
+                route, detail = self._route(listener, peer)
+                if route == "slice":
+                    self._to_slice(detail, conn, peer)
+                    return
+        except (HvgpuError, OSError) as exc:  # one guest's failure never stops the agent
+            log.error("cannot serve %s: %s", peer, exc)
+            route, detail = "refuse", f"the agent could not serve this connection: {exc}"
         if route == "refuse":
             log.warning("refused %s: %s", peer, detail)
             threading.Thread(target=refuse, args=(conn, P.HV_NO_SLICE, detail),
