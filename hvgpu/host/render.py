@@ -6,17 +6,16 @@ is an error (StrictUndefined). XML is autoescaped. Must not decide anything.
 
 from __future__ import annotations
 
-from importlib import resources
-
 import jinja2
+
+from hvgpu.templates_dir import templates_dir
 
 NAMESPACE = "urn:x-hvgpu:slice:1"  # the private XML namespace of slice metadata
 PREFIX = "hvgpu"
 
 
 def _environment() -> jinja2.Environment:
-    root = resources.files("hvgpu.templates")
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(root)),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())),
                               undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                               autoescape=jinja2.select_autoescape(["xml.j2"],
                                                                   default_for_string=False))

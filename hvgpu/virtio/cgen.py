@@ -10,16 +10,16 @@ not say.
 from __future__ import annotations
 
 import sys
-from importlib import resources
 from pathlib import Path
 
+from hvgpu.templates_dir import templates_dir
 from hvgpu.virtio import protocol as P
 
 
 def render_header() -> str:
     import jinja2
 
-    template_dir = resources.files("hvgpu.templates") / "wire"
+    template_dir = templates_dir() / "wire"
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)  # C source, not markup
