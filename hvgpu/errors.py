@@ -70,6 +70,7 @@ class CudaError(HvgpuError):
 
         self.status = int(status)
         self.name = status_name(self.status)
+        self.detail = message  # the message alone: the status travels separately
         self.op = op
         self.deferred = deferred
         text = f"{self.name} ({self.status})"

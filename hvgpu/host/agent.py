@@ -306,18 +306,12 @@ class Agent:
     def _spawn_slice(self, vm: str) -> SliceExecutor:
         s = self.slices.get(vm)
         ours, theirs = control_pair()
-        env = dict(os.environ, **self.config.env, CUDA_VISIBLE_DEVICES=s.gpu_uuid)
+        env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
-        cmd = [sys.executable, "-m", "hvgpu.host.executor", "--control-fd", str(theirs.fileno()),
-               "--slice", vm, "--compute", str(s.compute), "--gpu", "0",
-               "--log-level", self.config.log_level]
-        if self.config.cache_dir:
-            cmd += ["--cache-dir", self.config.cache_dir]
-        if self.config.device:
-            cmd += ["--device", self.config.device]
-        proc = subprocess.Popen(cmd, pass_fds=(theirs.fileno(),), env=env,
-                                stdin=subprocess.DEVNULL)
+        proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
+                                                      "--slice", vm, "--compute", str(s.compute),
+                                                      "--gpu", "0"], env)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.vm == vm),
                              default=0)
@@ -347,7 +341,7 @@ class Agent:
                 ledger.reserve(ex, int(msg["n"]))
                 reply = {"ok": True}
             except CudaError as exc:
-                reply = {"ok": False, "status": exc.status, "message": _message(exc)}
+                reply = {"ok": False, "status": exc.status, "message": exc.detail}
         elif op == "usage":
             reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
         else:
@@ -429,14 +423,19 @@ class Agent:
                     [e for e in self.slice_executors if e.vm == vm])
 
     def _spawn(self, fd: int, peer: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "hvgpu.host.executor", "--fd", str(fd), "--peer", peer,
-               "--gpu", str(self.config.gpu), "--log-level", self.config.log_level]
+        return self._start_executor(fd, ["--fd", str(fd), "--peer", peer,
+                                         "--gpu", str(self.config.gpu)], {})
+
+    def _start_executor(self, fd: int, args: list[str], env: dict) -> subprocess.Popen:
+        """An executor process inheriting ``fd``, with the agent's common options."""
+        cmd = [sys.executable, "-m", "hvgpu.host.executor", *args,
+               "--log-level", self.config.log_level]
         if self.config.cache_dir:
             cmd += ["--cache-dir", self.config.cache_dir]
         if self.config.device:
             cmd += ["--device", self.config.device]
-        env = dict(os.environ, **self.config.env)
-        return subprocess.Popen(cmd, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+        return subprocess.Popen(cmd, pass_fds=(fd,), env={**os.environ, **self.config.env, **env},
+                                stdin=subprocess.DEVNULL)
 
     def _reap(self) -> None:
         for sx in list(self.ending):
@@ -517,12 +516,6 @@ def refuse(conn, status: int, message: str) -> None:
         pass
     finally:
         conn.close()
-
-
-def _message(exc: CudaError) -> str:
-    head = f"{exc.name} ({exc.status}): "
-    text = str(exc)
-    return text[len(head):] if text.startswith(head) else text
 
 
 def _describe(code: int) -> str:

@@ -19,7 +19,7 @@ import socket
 from typing import Any, Callable
 
 from hvgpu import __version__
-from hvgpu.errors import CompileError, ConnectionLost, CudaError, ProtocolError
+from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
@@ -173,7 +173,8 @@ class Session:
                 self.reader.skip_payload()
                 err, op, seq = self.deferred
                 self.deferred = None
-                self._reply_error(hdr.op, hdr.seq, err.status, str(err), failed_op=op, failed_seq=seq)
+                self._reply_error(hdr.op, hdr.seq, err.status, err.detail, failed_op=op,
+                                  failed_seq=seq)
                 continue
             try:
                 if self.device is None and hdr.op != _PING:
@@ -231,7 +232,7 @@ class Session:
             if self.deferred is None:
                 self.deferred = (err, hdr.op, hdr.seq)
         else:
-            self._reply_error(hdr.op, hdr.seq, err.status, _detail(err))
+            self._reply_error(hdr.op, hdr.seq, err.status, err.detail)
 
     def _reply_error(self, op: int, seq: int, status: int, message: str, *,
                      failed_op: int | None = None, failed_seq: int | None = None) -> None:
@@ -509,15 +510,6 @@ class Session:
 
 
 _ALREADY_REPLIED = object()
-
-
-def _detail(err: CudaError) -> str:
-    """The message part of a CudaError (its status travels separately)."""
-    text = str(err)
-    head = f"{err.name} ({err.status})"
-    if text.startswith(head):
-        text = text[len(head):].lstrip(": ")
-    return text if not isinstance(err, CompileError) else err.log
 
 
 def _quietly(fn, *args) -> None:
