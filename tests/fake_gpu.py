@@ -97,7 +97,8 @@ class FakeDevice:
         return 13000
 
     def attribute(self, attrib):
-        values = {16: 4, 75: 9, 76: 0}
+        values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
+                  8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152}
         if attrib not in values:
             raise CudaError(1, f"fake: unknown attribute {attrib}")
         return values[attrib]
@@ -165,10 +166,31 @@ class FakeDevice:
         buf[off:off + width * count] = struct.pack("<" + fmt, value) * count
 
     def module_load(self, image):
-        text = bytes(image).decode(errors="replace")
+        image = bytes(image)
+        if image[:4] in (b"\x7fELF", b"\x50\xed\x55\xba"):  # cubin / fatbin from nvcc
+            names = {k for k in KERNELS if k.encode() + b"\0" in image}
+            if not names:
+                raise CudaError(200, "fake: no kernel this double knows is in the image")
+            return {"names": names}
+        text = image.decode(errors="replace")
         if "__global__" not in text and ".entry" not in text:
             raise CudaError(200, "fake: not a module image")
         return {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
+
+    def module_global(self, module, name):
+        raise CudaError(500, f"fake: no variable named {name!r}")
+
+    def func_attribute(self, function, attrib):
+        return {0: 1024, 1: 0, 4: 32}.get(attrib, 0)  # max threads, static smem, registers
+
+    def func_set_attribute(self, function, attrib, value):
+        pass
+
+    def occupancy_max_blocks(self, function, block_size, shared_mem, flags):
+        return max(1, 2048 // max(block_size, 1))
+
+    def stream_priority_range(self):
+        return 0, -5
 
     def module_unload(self, module):
         pass
@@ -196,7 +218,7 @@ class FakeDevice:
             raise CompileError(300, f"{name}(1): error: fake compile failure")
         return bytes(source), "fake-nvrtc: compiled"
 
-    def stream_create(self, flags):
+    def stream_create(self, flags, priority=0):
         return ("stream", object())
 
     def stream_destroy(self, stream):

@@ -30,7 +30,7 @@ def render_header() -> str:
         caps=[(name, getattr(P, name)) for name in dir(P) if name.startswith("CAP_")],
         header=[(name, P.C_TYPES[t]) for name, t in P.HEADER_FIELDS],
         ops=P.OPS, ctypes=P.C_TYPES, variable=P.VARIABLE, error=P.ERROR_FIELDS,
-        statuses=[(code, name) for code, (name, _) in sorted(P.STATUSES.items())])
+        statuses=[(code, name, text) for code, (name, text) in sorted(P.STATUSES.items())])
 
 
 def main(argv=None) -> int:

@@ -161,3 +161,24 @@ def test_readme_example_runs_as_written(fake_agent, monkeypatch):
     monkeypatch.setenv("HVGPU_AGENT", fake_agent.address)
     monkeypatch.setattr(runtime, "_default", None)
     exec(compile(example, "README.md", "exec"), {})
+
+
+def test_ops_the_driver_shim_needs(conn):
+    values = conn.call("DEVICE_GET_ATTRIBUTES", 0, 80)[0]
+    attrs = np.frombuffer(values, dtype="<i4")
+    assert len(attrs) == 80 and attrs[15] == 4 and attrs[74] == 9  # SMs; cc major
+    with pytest.raises(CudaError) as info:
+        conn.call("DEVICE_GET_ATTRIBUTES", 1, 10)
+    assert info.value.status == 101
+    module = ObjectCode.from_ptx(".visible .entry saxpy(\n", connection=conn)
+    kernel = module.get_kernel("saxpy")
+    assert conn.call("FUNC_GET_ATTRIBUTE", kernel.function, 0) == (1024,)
+    conn.call("FUNC_SET_ATTRIBUTE", kernel.function, 8, 65536)
+    assert conn.call("OCCUPANCY_MAX_BLOCKS", kernel.function, 256, 0, 0)[0] >= 1
+    with pytest.raises(CudaError) as info:
+        conn.call("MODULE_GET_GLOBAL", module.module, "missing")
+    assert info.value.status == 500
+    least, greatest = conn.call("STREAM_PRIORITY_RANGE")
+    stream = conn.call("STREAM_CREATE_PRIORITY", 1, greatest)[0]
+    conn.call("STREAM_SYNCHRONIZE", stream)
+    conn.call("STREAM_DESTROY", stream)

@@ -174,6 +174,29 @@ class CudaDevice:
     def module_function(self, module, name: str):
         return _ok(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name!r})")
 
+    def module_global(self, module, name: str) -> tuple[int, int]:
+        dptr, size = _ok(cu.cuModuleGetGlobal(module, name.encode()),
+                         f"cuModuleGetGlobal({name!r})")
+        return int(dptr), int(size)
+
+    def func_attribute(self, function, attrib: int) -> int:
+        try:
+            which = cu.CUfunction_attribute(attrib)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}") from None
+        return int(_ok(cu.cuFuncGetAttribute(which, function), "cuFuncGetAttribute"))
+
+    def func_set_attribute(self, function, attrib: int, value: int) -> None:
+        try:
+            which = cu.CUfunction_attribute(attrib)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}") from None
+        _ok(cu.cuFuncSetAttribute(function, which, value), "cuFuncSetAttribute")
+
+    def occupancy_max_blocks(self, function, block_size: int, shared_mem: int, flags: int) -> int:
+        return int(_ok(cu.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            function, block_size, shared_mem, flags), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
     def param_layout(self, function) -> list[tuple[int, int]]:
         layout = []
         for index in range(_MAX_PARAMS // 4):
@@ -234,8 +257,14 @@ class CudaDevice:
 
     # -- streams and events ---------------------------------------------------
 
-    def stream_create(self, flags: int):
+    def stream_create(self, flags: int, priority: int = 0):
+        if priority:
+            return _ok(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
         return _ok(cu.cuStreamCreate(flags), "cuStreamCreate")
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = _ok(cu.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        return int(least), int(greatest)
 
     def stream_destroy(self, stream) -> None:
         _ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")

@@ -118,6 +118,7 @@ class Session:
         self.cache = cache or CompileCache(None)
         self.reader = FrameReader(sock)
         self.allocs = Allocations()
+        self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
         self.modules = Handles("module")
         self.functions = Handles("function")
         self.streams = Handles("stream")
@@ -282,6 +283,19 @@ class Session:
             return self.device.stream(handle)
         return self.streams.get(handle)
 
+    def _check_range(self, ptr: int, n: int, what: str) -> None:
+        """Inside an allocation of this guest, or a module variable it looked up."""
+        try:
+            self.allocs.check(ptr, n, what)
+        except CudaError:
+            for ranges in self.globals.values():
+                try:
+                    ranges.check(ptr, n, what)
+                    return
+                except CudaError:
+                    pass
+            raise
+
     def _staging(self) -> StagingRing:
         if self.staging is None:
             self.staging = StagingRing(self.device)
@@ -323,6 +337,18 @@ class Session:
             return (self.quota.usage()[1],)  # the guest's device is its slice
         return (self.device.total_mem(),)
 
+    def op_device_get_attributes(self, hdr, ordinal, count):
+        self._check_device(ordinal)
+        if not 0 < count <= 1024:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{count} attributes asked for")
+        values = []
+        for attrib in range(1, count + 1):
+            try:
+                values.append(self.device.attribute(attrib))
+            except CudaError:
+                values.append(0)  # unknown to this driver: as a device without the feature
+        return (b"".join(int(v).to_bytes(4, "little", signed=True) for v in values),)
+
     def op_slice_info(self, hdr):
         if self.quota is None:
             return ("", self.device.total_mem(), 0, 0)
@@ -362,13 +388,13 @@ class Session:
 
     def op_memcpy_htod(self, hdr, dst, stream):
         n = hdr.payload_len
-        self.allocs.check(dst, n, "destination")
+        self._check_range(dst, n, "destination")
         s = self._stream(stream)
         self._staging().upload(self.reader.read_payload_into, dst, n, s)
         self.counts["h2d_bytes"] += n
 
     def op_memcpy_dtoh(self, hdr, src, size, stream):
-        self.allocs.check(src, size, "source")
+        self._check_range(src, size, "source")
         s = self._stream(stream)
         sock = self.sock
         started = False
@@ -395,14 +421,14 @@ class Session:
         return _ALREADY_REPLIED
 
     def op_memcpy_dtod(self, hdr, dst, src, size, stream):
-        self.allocs.check(dst, size, "destination")
-        self.allocs.check(src, size, "source")
+        self._check_range(dst, size, "destination")
+        self._check_range(src, size, "source")
         self.device.memcpy_dtod_async(dst, src, size, self._stream(stream))
 
     def op_memset(self, hdr, dst, count, value, width, stream):
         if width not in (1, 2, 4):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset width {width} is not 1, 2 or 4")
-        self.allocs.check(dst, count * width, "destination")
+        self._check_range(dst, count * width, "destination")
         self.device.memset_async(dst, value, width, count, self._stream(stream))
 
     def op_module_load_data(self, hdr):
@@ -426,6 +452,7 @@ class Session:
         obj = self.modules.get(module)
         self.device.module_unload(obj)
         self.modules.pop(module)
+        self.globals.pop(module, None)
         for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
             self.functions.pop(fid)
             self.layouts.pop(fid, None)
@@ -434,6 +461,23 @@ class Session:
     def op_module_get_function(self, hdr, module, name):
         fn = self.device.module_function(self.modules.get(module), name)
         return (self.functions.add((module, fn)),)
+
+    def op_module_get_global(self, hdr, module, name):
+        dptr, size = self.device.module_global(self.modules.get(module), name)
+        ranges = self.globals.setdefault(module, Allocations())
+        if dptr not in ranges.sizes and size:
+            ranges.add(dptr, size)
+        return (dptr, size)
+
+    def op_func_get_attribute(self, hdr, function, attrib):
+        return (self.device.func_attribute(self.functions.get(function)[1], attrib),)
+
+    def op_func_set_attribute(self, hdr, function, attrib, value):
+        self.device.func_set_attribute(self.functions.get(function)[1], attrib, value)
+
+    def op_occupancy_max_blocks(self, hdr, function, block_size, shared_mem, flags):
+        fn = self.functions.get(function)[1]
+        return (self.device.occupancy_max_blocks(fn, block_size, shared_mem, flags),)
 
     def _layout(self, function: int) -> list:
         layout = self.layouts.get(function)
@@ -473,6 +517,12 @@ class Session:
 
     def op_stream_create(self, hdr, flags):
         return (self.streams.add(self.device.stream_create(flags)),)
+
+    def op_stream_create_priority(self, hdr, flags, priority):
+        return (self.streams.add(self.device.stream_create(flags, priority)),)
+
+    def op_stream_priority_range(self, hdr):
+        return self.device.stream_priority_range()
 
     def op_stream_destroy(self, hdr, stream):
         self.device.stream_destroy(self.streams.get(stream))
