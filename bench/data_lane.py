@@ -73,6 +73,48 @@ TARGETS = {"launch_rate": 0.50, "h2d_64 MiB": 0.40, "d2h_64 MiB": 0.40, "sgemm_4
 SYNC_TARGET_US = 60.0
 
 
+SHIM_TARGETS = {"shim_launch_rate": 0.50, "shim_sgemm_4096": 0.95}
+SHIM_SIZES = ["4 KiB", "256 KiB", "4 MiB", "64 MiB"]
+
+
+def shim_figures(address: str, quick: bool, record, results: dict) -> None:
+    """bench/shim_bench.cu built once (static cudart, cuBLAS), run natively and through the shim."""
+    import subprocess
+
+    from bench import toolkit
+    from hvgpu.guest.shim import library
+
+    nvcc, cublas = toolkit.nvcc(), toolkit.cublas()
+    if nvcc is None or cublas is None:
+        results["shim_skipped"] = "nvcc or cuBLAS not found"
+        print("shim figures skipped: nvcc or cuBLAS not found", flush=True)
+        return
+    exe = Path(tempfile.mkdtemp(prefix="hvgpu-shim-bench-")) / "shim_bench"
+    subprocess.run([nvcc, "-O2", "-arch=sm_90", "-o", str(exe), str(Path(__file__).parent /
+                    "shim_bench.cu"), f"-I{cublas[0]}", f"-L{cublas[1]}", "-lcublas",
+                    f"-Xlinker=-rpath={cublas[1]}"], check=True)
+    env = dict(os.environ)
+    env.pop("HVGPU_AGENT", None)
+    args = [str(exe)] + (["quick"] if quick else [])
+    native = json.loads(subprocess.run(args, env=env, capture_output=True, text=True,
+                                       check=True).stdout)
+    env["HVGPU_AGENT"] = address
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(library().parent),
+                                              env.get("LD_LIBRARY_PATH", "")])
+    run = subprocess.run(args, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        results["shim_failed"] = run.stderr[-2000:]
+        print(f"shim run failed ({run.returncode}):\n{run.stderr[-2000:]}", flush=True)
+        return
+    shim = json.loads(run.stdout)
+    record("shim_launch_rate", "launch/s", native["launch_rate"], shim["launch_rate"])
+    record("shim_sgemm_4096", "TFLOP/s", native["sgemm_4096"], shim["sgemm_4096"])
+    for direction in ("h2d", "d2h"):
+        for label in SHIM_SIZES:
+            key = f"{direction}_{label}"
+            record(f"shim_{key}", "GB/s", native[key], shim[key])
+
+
 def median_time(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -251,6 +293,7 @@ def run(out: Path, quick: bool) -> dict:
         t = median_time(lambda: (an @ bn, native.sync()), 3)
         results["sgemm_4096"]["cublas_tflops_for_reference"] = 2 * n ** 3 / t / 1e12
         hv.conn.close()
+        shim_figures(address, quick, record, results)
     finally:
         agent.stop()
 
@@ -266,7 +309,9 @@ def run(out: Path, quick: bool) -> dict:
         "quick": quick,
         "connect_to_first_kernel_s": connect_to_first_kernel,
         "results": results,
-        "targets": {**TARGETS, "sync_roundtrip_us_max": SYNC_TARGET_US},
+        "targets": {**TARGETS, **SHIM_TARGETS, "sync_roundtrip_us_max": SYNC_TARGET_US},
+        "shim_path": "CUDA program (static cudart, cuBLAS) -> hvgpu libcuda.so.1 -> unix socket "
+                     "-> agent -> executor process -> GPU",
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_lane.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -295,6 +340,15 @@ def table(doc: dict) -> str:
             target = "≥ 0.40" if label == "64 MiB" else ""
             row(f"{direction}_{label}", f"{direction.upper()} {label} (pageable)", ".2f", target)
     row("sgemm_4096", "sgemm 4096 (same kernel)", ".1f", "≥ 0.95")
+    if "shim_launch_rate" in r:
+        rows.append("| **unmodified CUDA program through the libcuda shim** (static cudart) | "
+                    "native driver | shim | | |")
+        row("shim_launch_rate", "pipelined launches (<<<>>>)", ",.0f", "≥ 0.50")
+        row("shim_sgemm_4096", "cuBLAS sgemm 4096", ".1f", "≥ 0.95")
+        for direction in ("h2d", "d2h"):
+            for label in SHIM_SIZES:
+                row(f"shim_{direction}_{label}", f"cudaMemcpy {direction.upper()} {label} "
+                    "(pageable)", ".2f", "")
     m = doc["machine"]
     rows.append("")
     rows.append(f"{m['gpu']}, driver {m['driver']}, CuPy {m['cupy']}, cuda-bindings "

@@ -2,6 +2,9 @@
 
     hvgpu-guest info [--json]     the vGPU: name, memory (= quota), compute share
     hvgpu-guest smi               an nvidia-smi-like view of the slice
+    hvgpu-guest run -- CMD ARGS   run an unmodified CUDA program on the vGPU (libcuda shim)
+    hvgpu-guest coverage          which CUDA driver entry points the shim implements
+    hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
 
 Standard library only (argparse), so it runs in a VM where nothing but this
 package is installed. Must not import ``hvgpu.host``.
@@ -11,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 from hvgpu import __version__
 from hvgpu.errors import CudaError, HvgpuError, TransportError
@@ -76,6 +82,84 @@ def smi_text(d: dict) -> str:
                       bar])
 
 
+LDCONFIG_SNIPPET = Path("/etc/ld.so.conf.d/00-hvgpu.conf")
+
+
+def run_command(command: list[str], agent: str | None) -> int:
+    """Exec ``command`` with the shim first on the library path; returns only on failure."""
+    from hvgpu.guest.shim import ShimMissing, library
+
+    if not command:
+        print("hvgpu-guest run: name a command, e.g. hvgpu-guest run -- python3 train.py",
+              file=sys.stderr)
+        return 2
+    try:
+        shim_dir = str(library().parent)
+    except ShimMissing as exc:
+        print(f"hvgpu-guest run: {exc}", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(
+        [shim_dir] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    if agent:
+        env[ENV_ADDRESS] = agent
+    try:
+        os.execvpe(command[0], command, env)
+    except OSError as exc:
+        print(f"hvgpu-guest run: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+        return 127
+
+
+def coverage_command(as_json: bool, missing_only: bool) -> int:
+    from hvgpu.guest.shim import ShimMissing, coverage
+
+    try:
+        rows = coverage()
+    except ShimMissing as exc:
+        print(f"hvgpu-guest coverage: {exc}", file=sys.stderr)
+        return 1
+    names: dict[str, bool] = {}
+    for api, _symbol, implemented in rows:
+        names[api] = names.get(api, False) or implemented
+    if as_json:
+        print(json.dumps({"implemented": sorted(a for a, ok in names.items() if ok),
+                          "not_implemented": sorted(a for a, ok in names.items() if not ok)},
+                         indent=2))
+        return 0
+    for api in sorted(names):
+        if not (missing_only and names[api]):
+            print(f"{'yes' if names[api] else 'no ':4} {api}")
+    done = sum(names.values())
+    print(f"{done} of the {len(names)} driver entry points of CUDA 13.0's cuda.h are implemented; "
+          "the others return CUDA_ERROR_NOT_SUPPORTED and name themselves once on stderr",
+          file=sys.stderr)
+    return 0
+
+
+def ldconfig_command(write: bool) -> int:
+    from hvgpu.guest.shim import ShimMissing, library
+
+    try:
+        shim_dir = library().parent
+    except ShimMissing as exc:
+        print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
+        return 1
+    text = f"# hvgpu: the vGPU's libcuda.so.1 shim (hvgpu-guest ldconfig)\n{shim_dir}\n"
+    if not write:
+        print(f"# {LDCONFIG_SNIPPET} (write it with: hvgpu-guest ldconfig --write; needs root)")
+        print(text, end="")
+        return 0
+    try:
+        LDCONFIG_SNIPPET.write_text(text)
+        subprocess.run(["ldconfig"], check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {LDCONFIG_SNIPPET} and ran ldconfig: programs now load {shim_dir}/libcuda.so.1 "
+          f"(undo: rm {LDCONFIG_SNIPPET} && ldconfig)")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="hvgpu-guest", description="This VM's GPU slices, served by the host's hvgpu agent.",
@@ -87,7 +171,32 @@ def main(argv=None) -> int:
     p = sub.add_parser("info", help="list this VM's vGPUs (memory = quota, compute share)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     sub.add_parser("smi", help="an nvidia-smi-like view of the slice")
+    p = sub.add_parser(
+        "run", help="run a command with the libcuda shim in place",
+        description="Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, "
+                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 first on "
+                    "the library path, and its driver calls go to the host's agent.",
+        epilog="example: hvgpu-guest run -- python3 -c 'import cupy; print(cupy.arange(3) * 2)'")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
+    p = sub.add_parser("coverage", help="list the CUDA driver entry points the shim implements",
+                       description="Every driver entry point CUDA 13.0's cuda.h declares, and "
+                                   "whether the shim implements it.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--missing", action="store_true", help="list only what is not implemented")
+    p = sub.add_parser("ldconfig", help="make the shim the default libcuda.so.1 of this VM",
+                       description=f"Print (or, with --write, install) {LDCONFIG_SNIPPET}, "
+                                   "which puts the shim's directory first for the dynamic "
+                                   "loader, so every program uses the vGPU without "
+                                   "`hvgpu-guest run`.")
+    p.add_argument("--write", action="store_true", help="write the file and run ldconfig (root)")
     args = ap.parse_args(argv)
+    if args.command == "run":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        return run_command(cmd, args.agent)
+    if args.command == "coverage":
+        return coverage_command(args.json, args.missing)
+    if args.command == "ldconfig":
+        return ldconfig_command(args.write)
     try:
         d = collect(args.agent)
     except CudaError as exc:

@@ -1,0 +1,42 @@
+"""The guest's libcuda.so.1 shim: where the built library is, and what it implements.
+
+The C sources beside this file are compiled into ``libcuda.so.1`` at install
+time (setup.py). This module only finds the library and reads its coverage
+table through ctypes; it must not load it into a process that runs CUDA work
+(that is what ``hvgpu-guest run`` is for).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LIBRARY = HERE / "libcuda.so.1"
+
+
+class ShimMissing(RuntimeError):
+    """The install had no C compiler, so the shim was not built."""
+
+
+def library() -> Path:
+    if not LIBRARY.exists():
+        raise ShimMissing(
+            f"the hvgpu libcuda.so.1 shim is not built ({LIBRARY} is missing): install a C "
+            "compiler (e.g. apt install gcc) and reinstall hvgpu (pip install --force-reinstall "
+            "--no-deps hvgpu)")
+    return LIBRARY
+
+
+def coverage() -> list[tuple[str, str, bool]]:
+    """(API name, exported symbol, implemented) for every driver entry point cuda.h names."""
+    lib = ctypes.CDLL(str(library()), mode=ctypes.RTLD_LOCAL)
+    fn = lib.hvgpu_shim_coverage
+    fn.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
+                   ctypes.POINTER(ctypes.c_int)]
+    rows, i = [], 0
+    api, symbol, implemented = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_int()
+    while fn(i, ctypes.byref(api), ctypes.byref(symbol), ctypes.byref(implemented)):
+        rows.append((api.value.decode(), symbol.value.decode(), bool(implemented.value)))
+        i += 1
+    return rows

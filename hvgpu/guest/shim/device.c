@@ -1,0 +1,441 @@
+/* Driver entry points for initialisation, devices, contexts and errors.
+ *
+ * cuInit connects once and caches what does not change (device count,
+ * attributes, UUIDs); a context is the guest's handle on the executor's one
+ * context per device, so creating one hands back that context (documented in
+ * the coverage list). Must not forward anything it can answer from the cache.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
+static int driver_version;
+
+static void initialise(void) {
+    CUresult r = hv_ensure();
+    if (r) { init_result = r; return; }
+    hvgpu_driver_get_version_rep_t v;
+    r = hv_call(HVGPU_OP_DRIVER_GET_VERSION, NULL, 0, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (r) { init_result = r; return; }
+    driver_version = v.version;
+    hvgpu_device_get_count_rep_t c;
+    r = hv_call(HVGPU_OP_DEVICE_GET_COUNT, NULL, 0, NULL, 0, &c, sizeof c, NULL, NULL, 0);
+    if (r) { init_result = r; return; }
+    hv_device_count = c.count < HV_MAX_DEVICES ? c.count : HV_MAX_DEVICES;
+    for (int d = 0; d < hv_device_count; d++) {
+        hvgpu_device_get_attributes_req_t q = { d, HV_ATTR_COUNT };
+        unsigned char rep[4 + 4 * HV_ATTR_COUNT];
+        uint32_t n = 0;
+        r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep, sizeof rep, &n,
+                    NULL, 0);
+        if (r) { init_result = r; return; }
+        uint32_t len;
+        memcpy(&len, rep, 4);
+        if (len > n - 4) len = n - 4;
+        memcpy(&hv_attrs[d][1], rep + 4, len);
+        hvgpu_device_get_uuid_req_t u = { d };
+        unsigned char urep[4 + 16];
+        r = hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep, &n,
+                    NULL, 0);
+        if (r) { init_result = r; return; }
+        memcpy(hv_uuids[d], urep + 4, 16);
+    }
+    init_result = hv_device_count ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+static CUresult ready(void) {
+    pthread_once(&init_once, initialise);
+    return init_result;
+}
+
+int hv_driver_version(void) {
+    ready();
+    return driver_version ? driver_version : HV_API_VERSION;
+}
+
+HV_EXPORT CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    return ready();
+}
+
+HV_EXPORT CUresult cuDriverGetVersion(int *version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    /* Without an agent the runtime must still get as far as cuInit, whose
+       error says what is wrong, rather than blaming the driver's version. */
+    *version = hv_driver_version();
+    return CUDA_SUCCESS;
+}
+
+static CUresult check_device(CUdevice dev) {
+    CUresult r = ready();
+    if (r) return r;
+    return dev >= 0 && dev < hv_device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+HV_EXPORT CUresult cuDeviceGetCount(int *count) {
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = ready();
+    *count = r ? 0 : hv_device_count;
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(ordinal);
+    if (!r) *device = ordinal;
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
+    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    if (attrib >= 1 && attrib <= HV_ATTR_COUNT) {
+        *pi = hv_attrs[dev][attrib];
+        return CUDA_SUCCESS;
+    }
+    hvgpu_device_get_attribute_req_t q = { attrib, dev };
+    hvgpu_device_get_attribute_rep_t v;
+    r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (!r) *pi = v.value;
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    hvgpu_device_get_name_req_t q = { dev };
+    char rep[4 + 256];
+    uint32_t n = 0;
+    r = hv_call(HVGPU_OP_DEVICE_GET_NAME, &q, sizeof q, NULL, 0, rep, sizeof rep - 1, &n, NULL, 0);
+    if (r) return r;
+    uint32_t sl;
+    memcpy(&sl, rep, 4);
+    if (sl > n - 4) sl = n - 4;
+    if (sl > (uint32_t)len - 1) sl = (uint32_t)len - 1;
+    memcpy(name, rep + 4, sl);
+    name[sl] = 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev) {
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (!r) memcpy(uuid, hv_uuids[dev], 16);
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev) {
+    return cuDeviceGetUuid(uuid, dev);
+}
+
+HV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    hvgpu_device_total_mem_req_t q = { dev };
+    hvgpu_device_total_mem_rep_t v;
+    r = hv_call(HVGPU_OP_DEVICE_TOTAL_MEM, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (!r) *bytes = (size_t)v.bytes;
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
+    if (!major || !minor) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    *major = hv_attrs[dev][75];
+    *minor = hv_attrs[dev][76];
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
+    if (!id || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    snprintf(id, (size_t)len, "%08x:%02x:%02x.0", hv_attrs[dev][50], hv_attrs[dev][33],
+             hv_attrs[dev][34]);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id) {
+    if (!dev || !id) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = ready();
+    if (r) return r;
+    for (int d = 0; d < hv_device_count; d++) {
+        char mine[32];
+        cuDeviceGetPCIBusId(mine, sizeof mine, d);
+        if (!strcasecmp(mine, id) || !strcasecmp(mine + 4, id)) { *dev = d; return CUDA_SUCCESS; }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+HV_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    if (!can) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (!r) r = check_device(peer);
+    if (!r) *can = 0; /* peer access between vGPUs is not built */
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice src, CUdevice dst) {
+    (void)attrib;
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(src);
+    if (!r) r = check_device(dst);
+    if (!r) *value = 0;
+    return r;
+}
+
+/* -- contexts ------------------------------------------------------------- */
+
+#define STACK_MAX 32
+static __thread struct hv_ctx *ctx_stack[STACK_MAX];
+static __thread int ctx_depth;
+
+struct hv_ctx *hv_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static struct hv_ctx *valid_ctx(CUcontext ctx) {
+    if (!ctx) return hv_current();
+    return ctx->magic == 0x68766378 ? ctx : NULL;
+}
+
+void hv_cls_reset(CUcontext ctx); /* dark.c */
+
+HV_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    struct hv_ctx *c = hv_primary(dev);
+    __atomic_add_fetch(&c->retained, 1, __ATOMIC_RELAXED);
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult r = check_device(dev);
+    if (r) return r;
+    struct hv_ctx *c = hv_primary(dev);
+    if (__atomic_load_n(&c->retained, __ATOMIC_RELAXED) > 0)
+        __atomic_sub_fetch(&c->retained, 1, __ATOMIC_RELAXED);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active) {
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    struct hv_ctx *c = hv_primary(dev);
+    *flags = c->flags;
+    *active = c->retained > 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned flags) {
+    CUresult r = check_device(dev);
+    if (!r) hv_primary(dev)->flags = flags; /* scheduling hints: the executor decides */
+    return r;
+}
+
+HV_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    static int once;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+    struct hv_ctx *c = hv_primary(dev);
+    hv_cls_reset(c);
+    c->retained = 0;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) && hv_trace_enabled())
+        hv_log("cuDevicePrimaryCtxReset: the context is kept; its memory is released when "
+               "the program exits");
+    return r;
+}
+
+HV_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = hv_current();
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (ctx && ctx->magic != 0x68766378) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx) {
+        if (ctx_depth) ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (ctx_depth) ctx_stack[ctx_depth - 1] = ctx;
+    else ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (!ctx || ctx->magic != 0x68766378) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!ctx_depth) return CUDA_ERROR_INVALID_CONTEXT;
+    struct hv_ctx *c = ctx_stack[--ctx_depth];
+    if (pctx) *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult create(CUcontext *pctx, unsigned flags, CUdevice dev) {
+    static int once;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDevicePrimaryCtxRetain(pctx, dev);
+    if (r) return r;
+    (*pctx)->flags = flags;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) && hv_trace_enabled())
+        hv_log("cuCtxCreate: a vGPU has one context; the new context is that one");
+    return cuCtxPushCurrent_v2(*pctx);
+}
+
+HV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev) {
+    return create(pctx, flags, dev);
+}
+
+HV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned flags,
+                                  CUdevice dev) {
+    if (n > 0 && params) return hv_unsupported("cuCtxCreate with execution affinity", &(int){0});
+    return create(pctx, flags, dev);
+}
+
+HV_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned flags, CUdevice dev) {
+    static int once;
+    if (params) return hv_unsupported("cuCtxCreate with CUctxCreateParams", &once);
+    return create(pctx, flags, dev);
+}
+
+HV_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (hv_current() == ctx) ctx_depth--;
+    return cuDevicePrimaryCtxRelease_v2(ctx->device);
+}
+
+HV_EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_ctx *c = hv_current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->device;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_ctx *c = valid_ctx(ctx);
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->device;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxSynchronize(void) {
+    return hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
+    (void)ctx;
+    return cuCtxSynchronize();
+}
+
+HV_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    *version = 3020;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetFlags(unsigned *flags) {
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_ctx *c = hv_current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_ctx *c = valid_ctx(ctx);
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    *id = (unsigned long long)c->device + 1;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
+    /* A fresh context's values, as CUDA documents them; cuCtxSetLimit is not
+       built, so they are also the context's. */
+    static const size_t defaults[] = { 1024, 1 << 20, 8 << 20, 2, 2048, 0, 0 };
+    if (!value || limit < 0 || limit >= (int)(sizeof defaults / sizeof *defaults))
+        return CUDA_ERROR_INVALID_VALUE;
+    *value = defaults[limit];
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetCacheConfig(int *config) {
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    *config = 0; /* CU_FUNC_CACHE_PREFER_NONE */
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxSetCacheConfig(int config) {
+    (void)config; /* a preference CUDA itself may ignore */
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+    static int have, cached_least, cached_greatest;
+    if (!have) {
+        hvgpu_stream_priority_range_rep_t v;
+        CUresult r = hv_call(HVGPU_OP_STREAM_PRIORITY_RANGE, NULL, 0, NULL, 0, &v, sizeof v,
+                             NULL, NULL, 0);
+        if (r) return r;
+        cached_least = v.least;
+        cached_greatest = v.greatest;
+        have = 1;
+    }
+    if (least) *least = cached_least;
+    if (greatest) *greatest = cached_greatest;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
+    const char *name, *text;
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    if (!hvgpu_status_text(error, &name, &text)) { *str = NULL; return CUDA_ERROR_INVALID_VALUE; }
+    *str = name;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuGetErrorString(CUresult error, const char **str) {
+    const char *name, *text;
+    if (!str) return CUDA_ERROR_INVALID_VALUE;
+    if (!hvgpu_status_text(error, &name, &text)) { *str = NULL; return CUDA_ERROR_INVALID_VALUE; }
+    *str = text;
+    return CUDA_SUCCESS;
+}
+
+CUresult hv_lookup(const char *symbol, void **pfn, int version, int *status); /* proc.c */
+
+HV_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                       unsigned long long flags, int *status) {
+    (void)flags; /* per-thread default stream variants share the legacy ones */
+    return hv_lookup(symbol, pfn, version, status);
+}
+
+HV_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                    unsigned long long flags) {
+    (void)flags;
+    return hv_lookup(symbol, pfn, version, NULL);
+}
+
+HV_EXPORT CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
+HV_EXPORT CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }

@@ -1,0 +1,465 @@
+/* hvgpu data lane, protocol v1: wire layout for C.
+ *
+ * Generated from hvgpu/virtio/protocol.py by `python -m hvgpu.virtio.cgen`.
+ * Do not edit: change the Python table and regenerate.
+ *
+ * A frame is hvgpu_header_t, then body_len bytes of body, then payload_len
+ * bytes of raw payload. A body is the op's fixed struct below (each str/bytes
+ * field standing as its uint32_t length), followed by the variable fields'
+ * bytes in field order. All integers are little-endian.
+ */
+#ifndef HVGPU_WIRE_H
+#define HVGPU_WIRE_H
+
+#include <stdint.h>
+
+#define HVGPU_PROTOCOL_VERSION 1
+#define HVGPU_PROTOCOL_MIN_VERSION 1
+#define HVGPU_MAGIC 0x4748
+#define HVGPU_DEFAULT_PORT 5170
+#define HVGPU_HOST_CID 2
+#define HVGPU_MAX_BODY 1048576u
+#define HVGPU_MAX_PAYLOAD 1073741824ull
+#define HVGPU_FLAG_ONEWAY 0x01
+#define HVGPU_FLAG_REPLY 0x02
+
+#define HVGPU_CAP_NVRTC 0x1ull
+#define HVGPU_CAP_PARAM_INFO 0x2ull
+
+
+typedef struct __attribute__((packed)) hvgpu_header {
+    uint16_t magic;
+    uint8_t version;
+    uint8_t flags;
+    uint16_t op;
+    uint16_t reserved;
+    uint32_t seq;
+    int32_t status;
+    uint32_t body_len;
+    uint32_t reserved2;
+    uint64_t payload_len;
+} hvgpu_header_t;
+
+enum hvgpu_op {
+    HVGPU_OP_HELLO = 0x01,  /* First frame of every connection: version and capability handshake. */
+    HVGPU_OP_PING = 0x02,  /* Round trip through the executor without touching CUDA. */
+    HVGPU_OP_DRIVER_GET_VERSION = 0x10,
+    HVGPU_OP_DEVICE_GET_COUNT = 0x11,
+    HVGPU_OP_DEVICE_GET_ATTRIBUTE = 0x12,  /* cuDeviceGetAttribute; attrib is CUdevice_attribute's number. */
+    HVGPU_OP_DEVICE_GET_NAME = 0x13,
+    HVGPU_OP_DEVICE_GET_UUID = 0x14,
+    HVGPU_OP_DEVICE_TOTAL_MEM = 0x15,
+    HVGPU_OP_SLICE_INFO = 0x16,  /* The guest's slice: VM name, quota, in use, compute share in percent (0: none reserved). vm is empty when the connection has the whole GPU. */
+    HVGPU_OP_DEVICE_GET_ATTRIBUTES = 0x17,  /* Attributes 1..count at once as i32 each (0 where the driver has none): the shim's cache, filled in one round trip. */
+    HVGPU_OP_CTX_SYNCHRONIZE = 0x20,
+    HVGPU_OP_MEM_GET_INFO = 0x21,
+    HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
+    HVGPU_OP_MEM_FREE = 0x23,
+    HVGPU_OP_MEMCPY_HTOD = 0x24,  /* The payload is the source bytes; ordered on the stream (0: legacy default). */
+    HVGPU_OP_MEMCPY_DTOH = 0x25,  /* Waits for the stream's earlier work; the reply payload is the bytes. */
+    HVGPU_OP_MEMCPY_DTOD = 0x26,
+    HVGPU_OP_MEMSET = 0x27,  /* cuMemsetD8/D16/D32Async by width (1, 2 or 4 bytes); count is in elements. */
+    HVGPU_OP_MODULE_LOAD_DATA = 0x30,  /* The payload is a PTX (NUL-terminated), cubin or fatbin image. */
+    HVGPU_OP_MODULE_COMPILE = 0x31,  /* NVRTC on the host; the payload is CUDA C++ source; options are NUL-separated. */
+    HVGPU_OP_MODULE_UNLOAD = 0x32,
+    HVGPU_OP_MODULE_GET_FUNCTION = 0x33,
+    HVGPU_OP_FUNC_GET_PARAM_INFO = 0x34,  /* layout: one (u32 offset, u32 size) pair per parameter, from cuFuncGetParamInfo. */
+    HVGPU_OP_LAUNCH_KERNEL = 0x35,  /* params: the packed parameter buffer laid out by FUNC_GET_PARAM_INFO. */
+    HVGPU_OP_MODULE_GET_GLOBAL = 0x36,  /* cuModuleGetGlobal: the variable's device range becomes copyable by this guest. */
+    HVGPU_OP_FUNC_GET_ATTRIBUTE = 0x37,  /* cuFuncGetAttribute; attrib is CUfunction_attribute's number. */
+    HVGPU_OP_FUNC_SET_ATTRIBUTE = 0x38,  /* cuFuncSetAttribute (e.g. the dynamic shared memory limit). */
+    HVGPU_OP_OCCUPANCY_MAX_BLOCKS = 0x39,  /* cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags. */
+    HVGPU_OP_STREAM_CREATE = 0x40,
+    HVGPU_OP_STREAM_DESTROY = 0x41,
+    HVGPU_OP_STREAM_SYNCHRONIZE = 0x42,
+    HVGPU_OP_STREAM_QUERY = 0x43,  /* Replies CUDA_ERROR_NOT_READY (600) while work is pending. */
+    HVGPU_OP_STREAM_WAIT_EVENT = 0x44,
+    HVGPU_OP_STREAM_CREATE_PRIORITY = 0x45,
+    HVGPU_OP_STREAM_PRIORITY_RANGE = 0x46,  /* cuCtxGetStreamPriorityRange. */
+    HVGPU_OP_EVENT_CREATE = 0x50,
+    HVGPU_OP_EVENT_DESTROY = 0x51,
+    HVGPU_OP_EVENT_RECORD = 0x52,
+    HVGPU_OP_EVENT_QUERY = 0x53,  /* Replies CUDA_ERROR_NOT_READY (600) while the event is pending. */
+    HVGPU_OP_EVENT_SYNCHRONIZE = 0x54,
+    HVGPU_OP_EVENT_ELAPSED_TIME = 0x55,
+};
+
+/* 1 when the op is one-way (pipelined, never answered). */
+static inline int hvgpu_op_is_oneway(uint16_t op) {
+    switch (op) {
+    case HVGPU_OP_MEMCPY_HTOD:
+    case HVGPU_OP_MEMCPY_DTOD:
+    case HVGPU_OP_MEMSET:
+    case HVGPU_OP_LAUNCH_KERNEL:
+    case HVGPU_OP_STREAM_WAIT_EVENT:
+    case HVGPU_OP_EVENT_RECORD:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+typedef struct __attribute__((packed)) hvgpu_hello_req {
+    uint32_t version;
+    uint32_t min_version;
+    uint64_t caps;
+    uint32_t client_len;
+} hvgpu_hello_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_hello_rep {
+    uint32_t version;
+    uint32_t reserved;
+    uint64_t caps;
+    uint64_t max_payload;
+    uint32_t max_body;
+    uint32_t peer_len;
+    uint32_t agent_len;
+} hvgpu_hello_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_driver_get_version_rep {
+    int32_t version;
+} hvgpu_driver_get_version_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_count_rep {
+    int32_t count;
+} hvgpu_device_get_count_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_attribute_req {
+    int32_t attrib;
+    int32_t device;
+} hvgpu_device_get_attribute_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_attribute_rep {
+    int32_t value;
+} hvgpu_device_get_attribute_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_name_req {
+    int32_t device;
+} hvgpu_device_get_name_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_name_rep {
+    uint32_t name_len;
+} hvgpu_device_get_name_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_uuid_req {
+    int32_t device;
+} hvgpu_device_get_uuid_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_uuid_rep {
+    uint32_t uuid_len;
+} hvgpu_device_get_uuid_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_total_mem_req {
+    int32_t device;
+} hvgpu_device_total_mem_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_total_mem_rep {
+    uint64_t bytes;
+} hvgpu_device_total_mem_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_slice_info_rep {
+    uint32_t vm_len;
+    uint64_t mem;
+    uint64_t mem_used;
+    uint32_t compute;
+} hvgpu_slice_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_attributes_req {
+    int32_t device;
+    uint32_t count;
+} hvgpu_device_get_attributes_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_device_get_attributes_rep {
+    uint32_t values_len;
+} hvgpu_device_get_attributes_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_info_rep {
+    uint64_t free;
+    uint64_t total;
+} hvgpu_mem_get_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_alloc_req {
+    uint64_t size;
+} hvgpu_mem_alloc_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_alloc_rep {
+    uint64_t dptr;
+} hvgpu_mem_alloc_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_free_req {
+    uint64_t dptr;
+} hvgpu_mem_free_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_htod_req {
+    uint64_t dst;
+    uint64_t stream;
+} hvgpu_memcpy_htod_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_req {
+    uint64_t src;
+    uint64_t size;
+    uint64_t stream;
+} hvgpu_memcpy_dtoh_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_dtod_req {
+    uint64_t dst;
+    uint64_t src;
+    uint64_t size;
+    uint64_t stream;
+} hvgpu_memcpy_dtod_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memset_req {
+    uint64_t dst;
+    uint64_t count;
+    uint32_t value;
+    uint32_t width;
+    uint64_t stream;
+} hvgpu_memset_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_load_data_rep {
+    uint64_t module;
+} hvgpu_module_load_data_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_compile_req {
+    uint32_t name_len;
+    uint32_t options_len;
+} hvgpu_module_compile_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_compile_rep {
+    uint64_t module;
+    uint32_t log_len;
+} hvgpu_module_compile_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_unload_req {
+    uint64_t module;
+} hvgpu_module_unload_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_get_function_req {
+    uint64_t module;
+    uint32_t name_len;
+} hvgpu_module_get_function_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_get_function_rep {
+    uint64_t function;
+} hvgpu_module_get_function_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_get_param_info_req {
+    uint64_t function;
+} hvgpu_func_get_param_info_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_get_param_info_rep {
+    uint32_t layout_len;
+} hvgpu_func_get_param_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_launch_kernel_req {
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint64_t stream;
+    uint32_t params_len;
+} hvgpu_launch_kernel_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_get_global_req {
+    uint64_t module;
+    uint32_t name_len;
+} hvgpu_module_get_global_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_get_global_rep {
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_module_get_global_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_get_attribute_req {
+    uint64_t function;
+    int32_t attrib;
+} hvgpu_func_get_attribute_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_get_attribute_rep {
+    int32_t value;
+} hvgpu_func_get_attribute_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_set_attribute_req {
+    uint64_t function;
+    int32_t attrib;
+    int32_t value;
+} hvgpu_func_set_attribute_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_req {
+    uint64_t function;
+    int32_t block_size;
+    uint64_t shared_mem;
+    uint32_t flags;
+} hvgpu_occupancy_max_blocks_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_rep {
+    int32_t blocks;
+} hvgpu_occupancy_max_blocks_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_create_req {
+    uint32_t flags;
+} hvgpu_stream_create_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_create_rep {
+    uint64_t stream;
+} hvgpu_stream_create_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_destroy_req {
+    uint64_t stream;
+} hvgpu_stream_destroy_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_synchronize_req {
+    uint64_t stream;
+} hvgpu_stream_synchronize_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_query_req {
+    uint64_t stream;
+} hvgpu_stream_query_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_wait_event_req {
+    uint64_t stream;
+    uint64_t event;
+    uint32_t flags;
+} hvgpu_stream_wait_event_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_create_priority_req {
+    uint32_t flags;
+    int32_t priority;
+} hvgpu_stream_create_priority_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_create_priority_rep {
+    uint64_t stream;
+} hvgpu_stream_create_priority_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_priority_range_rep {
+    int32_t least;
+    int32_t greatest;
+} hvgpu_stream_priority_range_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_create_req {
+    uint32_t flags;
+} hvgpu_event_create_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_create_rep {
+    uint64_t event;
+} hvgpu_event_create_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_destroy_req {
+    uint64_t event;
+} hvgpu_event_destroy_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_record_req {
+    uint64_t event;
+    uint64_t stream;
+} hvgpu_event_record_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_query_req {
+    uint64_t event;
+} hvgpu_event_query_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_synchronize_req {
+    uint64_t event;
+} hvgpu_event_synchronize_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_req {
+    uint64_t start;
+    uint64_t end;
+} hvgpu_event_elapsed_time_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_rep {
+    float ms;
+} hvgpu_event_elapsed_time_rep_t;
+
+/* The body of every reply whose status is not 0. */
+typedef struct __attribute__((packed)) hvgpu_error_rep {
+    uint16_t op;
+    uint16_t reserved;
+    uint32_t seq;
+    uint32_t message_len;
+} hvgpu_error_rep_t;
+
+/* Statuses: CUDA's CUresult numbers, then hvgpu's own from 10000. */
+enum hvgpu_status {
+    HVGPU_STATUS_CUDA_SUCCESS = 0,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_VALUE = 1,
+    HVGPU_STATUS_CUDA_ERROR_OUT_OF_MEMORY = 2,
+    HVGPU_STATUS_CUDA_ERROR_NOT_INITIALIZED = 3,
+    HVGPU_STATUS_CUDA_ERROR_DEINITIALIZED = 4,
+    HVGPU_STATUS_CUDA_ERROR_STUB_LIBRARY = 34,
+    HVGPU_STATUS_CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
+    HVGPU_STATUS_CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    HVGPU_STATUS_CUDA_ERROR_NO_DEVICE = 100,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_DEVICE = 101,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_IMAGE = 200,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_CONTEXT = 201,
+    HVGPU_STATUS_CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_PTX = 218,
+    HVGPU_STATUS_CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_SOURCE = 300,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_HANDLE = 400,
+    HVGPU_STATUS_CUDA_ERROR_NOT_FOUND = 500,
+    HVGPU_STATUS_CUDA_ERROR_NOT_READY = 600,
+    HVGPU_STATUS_CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    HVGPU_STATUS_CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    HVGPU_STATUS_CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    HVGPU_STATUS_CUDA_ERROR_LAUNCH_FAILED = 719,
+    HVGPU_STATUS_CUDA_ERROR_NOT_PERMITTED = 800,
+    HVGPU_STATUS_CUDA_ERROR_NOT_SUPPORTED = 801,
+    HVGPU_STATUS_CUDA_ERROR_UNKNOWN = 999,
+    HVGPU_STATUS_HVGPU_ERROR_BAD_FRAME = 10001,
+    HVGPU_STATUS_HVGPU_ERROR_UNKNOWN_OP = 10002,
+    HVGPU_STATUS_HVGPU_ERROR_VERSION = 10003,
+    HVGPU_STATUS_HVGPU_ERROR_OVERSIZE = 10004,
+    HVGPU_STATUS_HVGPU_ERROR_HANDSHAKE = 10005,
+    HVGPU_STATUS_HVGPU_ERROR_INTERNAL = 10006,
+    HVGPU_STATUS_HVGPU_ERROR_NO_GPU = 10007,
+    HVGPU_STATUS_HVGPU_ERROR_NO_SLICE = 10008,
+};
+
+/* A status's name and description; 0 for numbers the table does not name. */
+static inline int hvgpu_status_text(int status, const char **name, const char **text) {
+    switch (status) {
+    case 0: *name = "CUDA_SUCCESS"; *text = "no error"; return 1;
+    case 1: *name = "CUDA_ERROR_INVALID_VALUE"; *text = "an argument is out of range"; return 1;
+    case 2: *name = "CUDA_ERROR_OUT_OF_MEMORY"; *text = "out of device memory"; return 1;
+    case 3: *name = "CUDA_ERROR_NOT_INITIALIZED"; *text = "the driver is not initialised"; return 1;
+    case 4: *name = "CUDA_ERROR_DEINITIALIZED"; *text = "the driver is shutting down"; return 1;
+    case 34: *name = "CUDA_ERROR_STUB_LIBRARY"; *text = "the driver found is a stub library"; return 1;
+    case 35: *name = "CUDA_ERROR_INSUFFICIENT_DRIVER"; *text = "the installed driver is older than the runtime"; return 1;
+    case 46: *name = "CUDA_ERROR_DEVICE_UNAVAILABLE"; *text = "the device is unavailable (the connection to the hvgpu agent was lost)"; return 1;
+    case 100: *name = "CUDA_ERROR_NO_DEVICE"; *text = "no CUDA-capable device is available"; return 1;
+    case 101: *name = "CUDA_ERROR_INVALID_DEVICE"; *text = "invalid device ordinal"; return 1;
+    case 200: *name = "CUDA_ERROR_INVALID_IMAGE"; *text = "the module image is not valid"; return 1;
+    case 201: *name = "CUDA_ERROR_INVALID_CONTEXT"; *text = "invalid context"; return 1;
+    case 209: *name = "CUDA_ERROR_NO_BINARY_FOR_GPU"; *text = "no kernel image for this GPU"; return 1;
+    case 218: *name = "CUDA_ERROR_INVALID_PTX"; *text = "the PTX could not be compiled"; return 1;
+    case 222: *name = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; *text = "the PTX version is newer than the driver"; return 1;
+    case 300: *name = "CUDA_ERROR_INVALID_SOURCE"; *text = "the source could not be compiled"; return 1;
+    case 400: *name = "CUDA_ERROR_INVALID_HANDLE"; *text = "invalid resource handle"; return 1;
+    case 500: *name = "CUDA_ERROR_NOT_FOUND"; *text = "named symbol not found"; return 1;
+    case 600: *name = "CUDA_ERROR_NOT_READY"; *text = "work is still pending"; return 1;
+    case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; *text = "a kernel accessed an illegal address"; return 1;
+    case 701: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; *text = "too many resources requested for launch"; return 1;
+    case 702: *name = "CUDA_ERROR_LAUNCH_TIMEOUT"; *text = "the launch timed out"; return 1;
+    case 719: *name = "CUDA_ERROR_LAUNCH_FAILED"; *text = "unspecified launch failure"; return 1;
+    case 800: *name = "CUDA_ERROR_NOT_PERMITTED"; *text = "operation not permitted"; return 1;
+    case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; *text = "operation not supported"; return 1;
+    case 999: *name = "CUDA_ERROR_UNKNOWN"; *text = "unknown error"; return 1;
+    case 10001: *name = "HVGPU_ERROR_BAD_FRAME"; *text = "the frame is malformed"; return 1;
+    case 10002: *name = "HVGPU_ERROR_UNKNOWN_OP"; *text = "the operation is not part of this protocol"; return 1;
+    case 10003: *name = "HVGPU_ERROR_VERSION"; *text = "no protocol version in common"; return 1;
+    case 10004: *name = "HVGPU_ERROR_OVERSIZE"; *text = "the frame exceeds the agent's limits"; return 1;
+    case 10005: *name = "HVGPU_ERROR_HANDSHAKE"; *text = "the connection did not start with HELLO"; return 1;
+    case 10006: *name = "HVGPU_ERROR_INTERNAL"; *text = "the executor failed unexpectedly"; return 1;
+    case 10007: *name = "HVGPU_ERROR_NO_GPU"; *text = "the host agent cannot reach a GPU"; return 1;
+    case 10008: *name = "HVGPU_ERROR_NO_SLICE"; *text = "no GPU slice is attached to this VM"; return 1;
+    default:
+        return 0;
+    }
+}
+
+#endif /* HVGPU_WIRE_H */

@@ -1,0 +1,262 @@
+/* Driver entry points for device and host memory and copies.
+ *
+ * Device memory lives in the executor's context: allocations and frees are
+ * calls; host-to-device copies and memsets are one-way frames (the bytes are
+ * taken from the program before the call returns, as CUDA's pageable copies
+ * do); device-to-host copies wait for their bytes, so the Async forms finish
+ * before returning (stronger than CUDA promises, never weaker). "Pinned" host
+ * memory is ordinary guest memory: the guest has no DMA to pin for.
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define CHUNK (HVGPU_MAX_PAYLOAD)
+
+HV_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    hvgpu_mem_get_info_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_MEM_GET_INFO, NULL, 0, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (r) return r;
+    if (free_bytes) *free_bytes = (size_t)v.free;
+    if (total) *total = (size_t)v.total;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    if (!dptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_mem_alloc_req_t q = { size };
+    hvgpu_mem_alloc_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_MEM_ALLOC, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (r) return r;
+    *dptr = v.dptr;
+    hv_alloc_add(v.dptr, size, 0);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                      size_t height, unsigned elem) {
+    if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t p = (width + 511) & ~(size_t)511; /* the texture pitch alignment of current GPUs */
+    CUresult r = cuMemAlloc_v2(dptr, p * height);
+    if (!r) *pitch = p;
+    return r;
+}
+
+HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    if (!dptr) return CUDA_SUCCESS;
+    if (!hv_alloc_remove(dptr)) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_mem_free_req_t q = { dptr };
+    return hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
+    (void)stream; /* the allocation is ready at once, which satisfies any stream order */
+    return cuMemAlloc_v2(dptr, size);
+}
+
+HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    CUresult r = cuStreamSynchronize(stream); /* free only after the stream's work */
+    return r ? r : cuMemFree_v2(dptr);
+}
+
+HV_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
+    CUdeviceptr b;
+    size_t s;
+    if (!hv_alloc_find(dptr, &b, &s)) return CUDA_ERROR_NOT_FOUND;
+    if (base) *base = b;
+    if (size) *size = s;
+    return CUDA_SUCCESS;
+}
+
+/* -- host memory ------------------------------------------------------------ */
+
+HV_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
+    if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
+    void *p = NULL;
+    if (posix_memalign(&p, 4096, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    hv_host_add(p, size, flags);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostAlloc(pp, size, 0); }
+
+HV_EXPORT CUresult cuMemFreeHost(void *p) {
+    if (!hv_host_remove(p)) return CUDA_ERROR_INVALID_VALUE;
+    free(p);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *p) {
+    if (!flags || !hv_host_find(p, NULL, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    *flags = hv_host_flags(p);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
+    if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    hv_host_add(p, size, flags | 0x40000000u); /* registered, not ours to free */
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemHostUnregister(void *p) {
+    return hv_host_remove(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* -- copies ------------------------------------------------------------------ */
+
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
+    if (!n) return CUDA_SUCCESS;
+    if (!src) return CUDA_ERROR_INVALID_VALUE;
+    const char *p = src;
+    while (n) {
+        size_t k = n < CHUNK ? n : CHUNK;
+        hvgpu_memcpy_htod_req_t q = { dst, (uint64_t)(uintptr_t)stream };
+        CUresult r = hv_oneway(HVGPU_OP_MEMCPY_HTOD, &q, sizeof q, p, k);
+        if (r) return r;
+        dst += k; p += k; n -= k;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+    if (!n) return CUDA_SUCCESS;
+    if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    char *p = dst;
+    while (n) {
+        size_t k = n < CHUNK ? n : CHUNK;
+        hvgpu_memcpy_dtoh_req_t q = { src, k, (uint64_t)(uintptr_t)stream };
+        CUresult r = hv_call(HVGPU_OP_MEMCPY_DTOH, &q, sizeof q, NULL, 0, NULL, 0, NULL, p, k);
+        if (r) return r;
+        src += k; p += k; n -= k;
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+    if (!n) return CUDA_SUCCESS;
+    hvgpu_memcpy_dtod_req_t q = { dst, src, n, (uint64_t)(uintptr_t)stream };
+    return hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0);
+}
+
+HV_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    return htod(dst, src, n, NULL);
+}
+HV_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    return htod(dst, src, n, s);
+}
+HV_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    return dtoh(dst, src, n, NULL);
+}
+HV_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    return dtoh(dst, src, n, s);
+}
+HV_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return dtod(dst, src, n, NULL);
+}
+HV_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return dtod(dst, src, n, s);
+}
+
+/* Unified addressing: the direction follows from which side owns each pointer. */
+static CUresult any_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+    int dst_dev = hv_alloc_find(dst, NULL, NULL), src_dev = hv_alloc_find(src, NULL, NULL);
+    if (dst_dev && src_dev) return dtod(dst, src, n, stream);
+    if (dst_dev) return htod(dst, (const void *)(uintptr_t)src, n, stream);
+    if (src_dev) return dtoh((void *)(uintptr_t)dst, src, n, stream);
+    CUresult r = cuStreamSynchronize(stream); /* host to host, in stream order */
+    if (!r && n) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return r;
+}
+
+HV_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    return any_copy(dst, src, n, NULL);
+}
+HV_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    return any_copy(dst, src, n, s);
+}
+HV_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
+                                size_t n) {
+    if (dctx != sctx) return hv_unsupported("cuMemcpyPeer between two vGPUs", &(int){1});
+    return dtod(dst, src, n, NULL);
+}
+HV_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
+                                     CUcontext sctx, size_t n, CUstream s) {
+    if (dctx != sctx) return hv_unsupported("cuMemcpyPeerAsync between two vGPUs", &(int){1});
+    return dtod(dst, src, n, s);
+}
+
+/* -- memset ------------------------------------------------------------------ */
+
+static CUresult memset_(CUdeviceptr dst, uint32_t value, uint32_t width, size_t count, CUstream s) {
+    if (!count) return CUDA_SUCCESS;
+    hvgpu_memset_req_t q = { dst, count, value, width, (uint64_t)(uintptr_t)s };
+    return hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0);
+}
+
+HV_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return memset_(d, v, 1, n, NULL); }
+HV_EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return memset_(d, v, 2, n, NULL); }
+HV_EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned v, size_t n) { return memset_(d, v, 4, n, NULL); }
+HV_EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { return memset_(d, v, 1, n, s); }
+HV_EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { return memset_(d, v, 2, n, s); }
+HV_EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream s) { return memset_(d, v, 4, n, s); }
+
+/* -- pointer attributes ------------------------------------------------------- */
+
+enum { PA_CONTEXT = 1, PA_MEMORY_TYPE, PA_DEVICE_POINTER, PA_HOST_POINTER, PA_P2P_TOKENS,
+       PA_SYNC_MEMOPS, PA_BUFFER_ID, PA_IS_MANAGED, PA_DEVICE_ORDINAL,
+       PA_IS_LEGACY_CUDA_IPC_CAPABLE, PA_RANGE_START_ADDR, PA_RANGE_SIZE, PA_MAPPED,
+       PA_ALLOWED_HANDLE_TYPES, PA_IS_GPU_DIRECT_RDMA_CAPABLE, PA_ACCESS_FLAGS,
+       PA_MEMPOOL_HANDLE, PA_MAPPING_SIZE, PA_MAPPING_BASE_ADDR, PA_MEMORY_BLOCK_ID };
+
+static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) {
+    CUdeviceptr dbase = 0;
+    size_t size = 0;
+    void *hbase = NULL;
+    int is_dev = hv_alloc_find(ptr, &dbase, &size);
+    int is_host = !is_dev && hv_host_find((void *)(uintptr_t)ptr, &hbase, &size);
+    if (!is_dev && !is_host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+    switch (attrib) {
+    case PA_CONTEXT: *(CUcontext *)data = (is_dev || is_host) ? hv_primary(0) : NULL; break;
+    case PA_MEMORY_TYPE: *(unsigned *)data = is_dev ? 2 : is_host ? 1 : 0; break;
+    case PA_DEVICE_POINTER:
+        if (!is_dev) return lenient ? (*(CUdeviceptr *)data = 0, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
+        *(CUdeviceptr *)data = ptr; break;
+    case PA_HOST_POINTER:
+        if (!is_host) return lenient ? (*(void **)data = NULL, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
+        *(void **)data = (void *)(uintptr_t)ptr; break;
+    case PA_SYNC_MEMOPS: case PA_IS_MANAGED: case PA_IS_LEGACY_CUDA_IPC_CAPABLE:
+    case PA_IS_GPU_DIRECT_RDMA_CAPABLE:
+        *(unsigned char *)data = 0; break;
+    case PA_MAPPED: *(unsigned char *)data = (unsigned char)(is_dev || is_host); break;
+    case PA_BUFFER_ID: *(unsigned long long *)data = is_dev ? dbase : (uintptr_t)hbase; break;
+    case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? 0 : -2; break;
+    case PA_RANGE_START_ADDR: case PA_MAPPING_BASE_ADDR:
+        *(CUdeviceptr *)data = is_dev ? dbase : (uintptr_t)hbase; break;
+    case PA_RANGE_SIZE: case PA_MAPPING_SIZE: *(size_t *)data = size; break;
+    case PA_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
+    case PA_ACCESS_FLAGS: *(unsigned *)data = 3; break; /* read-write */
+    case PA_MEMPOOL_HANDLE: *(void **)data = NULL; break;
+    case PA_MEMORY_BLOCK_ID: *(unsigned long long *)data = is_dev ? dbase : 0; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuPointerGetAttribute(void *data, int attrib, CUdeviceptr ptr) {
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    return attribute(data, attrib, ptr, 0);
+}
+
+HV_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attribs, void **data, CUdeviceptr ptr) {
+    if (!attribs || !data) return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n; i++) {
+        if (!data[i]) continue;
+        CUresult r = attribute(data[i], attribs[i], ptr, 1);
+        if (r) return r;
+    }
+    return CUDA_SUCCESS;
+}

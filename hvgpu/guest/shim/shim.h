@@ -1,0 +1,107 @@
+/* hvgpu libcuda.so.1 shim: declarations shared by its sources.
+ *
+ * The shim is a CUDA driver library for a machine without a GPU: every entry
+ * point it implements forwards over the hvgpu data lane (wire.c) to the
+ * agent's executor, which runs the call on the real GPU. It must never call
+ * exit() or abort() on behalf of the program, never touch a real
+ * libcuda.so.1, and never pretend to have done what it did not: anything it
+ * cannot do returns CUDA_ERROR_NOT_SUPPORTED and says so once on stderr.
+ */
+#ifndef HVGPU_SHIM_H
+#define HVGPU_SHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hvgpu_wire.h"
+
+#define HV_EXPORT __attribute__((visibility("default")))
+#define HV_API_VERSION 13000 /* the driver API level this shim implements (cuda.h 13.0) */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef struct hv_ctx *CUcontext;
+typedef void *CUmodule;
+typedef struct hv_func *CUfunction;
+typedef struct hv_func *CUkernel;
+typedef struct hv_library *CUlibrary;
+typedef void *CUstream;
+typedef void *CUevent;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define HV_MAX_DEVICES 16
+#define HV_ATTR_COUNT 160 /* device attributes fetched at init: 1..HV_ATTR_COUNT */
+
+struct hv_ctx {
+    uint32_t magic;
+    int device;
+    unsigned flags;
+    int retained;
+};
+
+struct hv_func {
+    uint64_t handle;          /* the executor's function handle */
+    char name[128];
+    int nparams;              /* -1 until the layout has been fetched */
+    uint32_t *offsets, *sizes;
+    uint32_t params_size;     /* bytes of the packed parameter buffer */
+};
+
+struct hv_library {
+    uint64_t module;
+};
+
+/* wire.c: the one connection of this process to the agent. */
+CUresult hv_ensure(void);                 /* connect and handshake once */
+CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                 uint64_t payload_len, void *reply, uint32_t reply_cap, uint32_t *reply_len,
+                 void *rpayload, uint64_t rpayload_len);
+CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                   uint64_t payload_len);
+CUresult hv_flush(void);
+int hv_trace_enabled(void);
+void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+const char *hv_agent_address(void);
+int hv_driver_version(void);              /* the host driver's, once connected */
+
+/* state.c: what the guest side keeps (devices, contexts, allocations). */
+extern int hv_device_count;
+extern int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];
+extern unsigned char hv_uuids[HV_MAX_DEVICES][16];
+struct hv_ctx *hv_primary(int device);
+struct hv_ctx *hv_current(void);
+void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global);
+int hv_alloc_remove(CUdeviceptr ptr);
+int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+int hv_host_find(const void *ptr, void **base, size_t *size);
+void hv_host_add(void *ptr, size_t size, unsigned flags);
+int hv_host_remove(void *ptr);
+unsigned hv_host_flags(const void *ptr);
+
+/* Driver calls the shim's other parts use internally. */
+CUresult cuInit(unsigned int flags);
+CUresult cuStreamSynchronize(CUstream stream);
+CUresult cuModuleLoadData(CUmodule *module, const void *image);
+CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
+CUresult cuDeviceGetCount(int *count);
+
+/* Unimplemented entry points: log the name once, return NOT_SUPPORTED. */
+CUresult hv_unsupported(const char *api, int *once);
+
+#endif

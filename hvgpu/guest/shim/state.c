@@ -1,0 +1,127 @@
+/* What the guest side of the shim remembers: devices, contexts, allocations.
+ *
+ * Device attributes and UUIDs are fetched once at cuInit; contexts are the
+ * guest's view of the executor's one context per device; allocation and
+ * pinned-host ranges answer pointer queries and give cuMemcpy its direction
+ * without a round trip. Nothing here talks to the agent.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+int hv_device_count;
+int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];
+unsigned char hv_uuids[HV_MAX_DEVICES][16];
+
+static struct hv_ctx primaries[HV_MAX_DEVICES];
+
+struct hv_ctx *hv_primary(int device) {
+    if (device < 0 || device >= HV_MAX_DEVICES) return NULL;
+    primaries[device].magic = 0x68766378; /* "hvcx" */
+    primaries[device].device = device;
+    return &primaries[device];
+}
+
+struct range {
+    uintptr_t base;
+    size_t size;
+    unsigned flags;
+};
+
+struct ranges {
+    pthread_mutex_t lock;
+    struct range *v;
+    size_t n, cap;
+};
+
+static struct ranges dev_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+static struct ranges host_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+
+/* Index of the first range whose base is > p. */
+static size_t upper(struct ranges *r, uintptr_t p) {
+    size_t lo = 0, hi = r->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (r->v[mid].base <= p) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static void add(struct ranges *r, uintptr_t base, size_t size, unsigned flags) {
+    pthread_mutex_lock(&r->lock);
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 64;
+        struct range *v = realloc(r->v, cap * sizeof *v);
+        if (!v) { pthread_mutex_unlock(&r->lock); return; } /* only lookups degrade */
+        r->v = v;
+        r->cap = cap;
+    }
+    size_t i = upper(r, base);
+    memmove(r->v + i + 1, r->v + i, (r->n - i) * sizeof *r->v);
+    r->v[i] = (struct range){ base, size, flags };
+    r->n++;
+    pthread_mutex_unlock(&r->lock);
+}
+
+static int find(struct ranges *r, uintptr_t p, uintptr_t *base, size_t *size, unsigned *flags) {
+    pthread_mutex_lock(&r->lock);
+    size_t i = upper(r, p);
+    int found = 0;
+    if (i > 0) {
+        struct range *g = &r->v[i - 1];
+        if (p < g->base + (g->size ? g->size : 1)) {
+            if (base) *base = g->base;
+            if (size) *size = g->size;
+            if (flags) *flags = g->flags;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    return found;
+}
+
+static int removed(struct ranges *r, uintptr_t base, int refuse_flag) {
+    pthread_mutex_lock(&r->lock);
+    size_t i = upper(r, base);
+    int ok = i > 0 && r->v[i - 1].base == base && !(r->v[i - 1].flags & refuse_flag);
+    if (ok) {
+        memmove(r->v + i - 1, r->v + i, (r->n - i) * sizeof *r->v);
+        r->n--;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return ok;
+}
+
+void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global) {
+    add(&dev_ranges, (uintptr_t)ptr, size, is_global ? 1 : 0);
+}
+
+int hv_alloc_remove(CUdeviceptr ptr) { return removed(&dev_ranges, (uintptr_t)ptr, 1); }
+
+int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size) {
+    uintptr_t b;
+    int found = find(&dev_ranges, (uintptr_t)ptr, &b, size, NULL);
+    if (found && base) *base = b;
+    return found;
+}
+
+void hv_host_add(void *ptr, size_t size, unsigned flags) {
+    add(&host_ranges, (uintptr_t)ptr, size, flags | 0x80000000u);
+}
+
+int hv_host_remove(void *ptr) { return removed(&host_ranges, (uintptr_t)ptr, 0); }
+
+int hv_host_find(const void *ptr, void **base, size_t *size) {
+    uintptr_t b;
+    int found = find(&host_ranges, (uintptr_t)ptr, &b, size, NULL);
+    if (found && base) *base = (void *)b;
+    return found;
+}
+
+unsigned hv_host_flags(const void *ptr) {
+    unsigned flags = 0;
+    find(&host_ranges, (uintptr_t)ptr, NULL, NULL, &flags);
+    return flags & 0x7fffffffu;
+}

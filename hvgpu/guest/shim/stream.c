@@ -1,0 +1,219 @@
+/* Driver entry points for streams and events.
+ *
+ * Stream and event handles are the executor's numbers, used as the opaque
+ * pointers CUDA hands out. Host callbacks run on the calling thread once the
+ * stream's earlier work is done (so they still follow that work, but block
+ * the caller). The shim never captures graphs: capture queries answer "not
+ * capturing", and beginning a capture is not implemented.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define MAX_STREAM_INFO 4096
+static struct { uint64_t handle; unsigned flags; int priority; } info[MAX_STREAM_INFO];
+static pthread_mutex_t info_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void remember(uint64_t h, unsigned flags, int priority) {
+    pthread_mutex_lock(&info_lock);
+    info[h % MAX_STREAM_INFO].handle = h;
+    info[h % MAX_STREAM_INFO].flags = flags;
+    info[h % MAX_STREAM_INFO].priority = priority;
+    pthread_mutex_unlock(&info_lock);
+}
+
+static int recall(uint64_t h, unsigned *flags, int *priority) {
+    pthread_mutex_lock(&info_lock);
+    int found = info[h % MAX_STREAM_INFO].handle == h;
+    if (found) {
+        if (flags) *flags = info[h % MAX_STREAM_INFO].flags;
+        if (priority) *priority = info[h % MAX_STREAM_INFO].priority;
+    }
+    pthread_mutex_unlock(&info_lock);
+    return found;
+}
+
+HV_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
+    if (!stream) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_stream_create_req_t q = { flags };
+    hvgpu_stream_create_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_STREAM_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (r) return r;
+    remember(v.stream, flags, 0);
+    *stream = (CUstream)(uintptr_t)v.stream;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, int priority) {
+    if (!stream) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_stream_create_priority_req_t q = { flags, priority };
+    hvgpu_stream_create_priority_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_STREAM_CREATE_PRIORITY, &q, sizeof q, NULL, 0, &v, sizeof v,
+                         NULL, NULL, 0);
+    if (r) return r;
+    remember(v.stream, flags, priority);
+    *stream = (CUstream)(uintptr_t)v.stream;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    hvgpu_stream_destroy_req_t q = { (uint64_t)(uintptr_t)stream };
+    return hv_call(HVGPU_OP_STREAM_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
+    hvgpu_stream_synchronize_req_t q = { (uint64_t)(uintptr_t)stream };
+    return hv_call(HVGPU_OP_STREAM_SYNCHRONIZE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuStreamQuery(CUstream stream) {
+    hvgpu_stream_query_req_t q = { (uint64_t)(uintptr_t)stream };
+    return hv_call(HVGPU_OP_STREAM_QUERY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
+    hvgpu_stream_wait_event_req_t q = { (uint64_t)(uintptr_t)stream, (uint64_t)(uintptr_t)event,
+                                        flags };
+    return hv_oneway(HVGPU_OP_STREAM_WAIT_EVENT, &q, sizeof q, NULL, 0);
+}
+
+HV_EXPORT CUresult cuStreamGetFlags(CUstream stream, unsigned *flags) {
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    if (!recall((uint64_t)(uintptr_t)stream, flags, NULL)) *flags = 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetPriority(CUstream stream, int *priority) {
+    if (!priority) return CUDA_ERROR_INVALID_VALUE;
+    if (!recall((uint64_t)(uintptr_t)stream, NULL, priority)) *priority = 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetId(CUstream stream, unsigned long long *id) {
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    *id = (unsigned long long)(uintptr_t)stream;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
+    (void)stream;
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = hv_current() ? hv_current() : hv_primary(0);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) {
+    (void)stream;
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = hv_current() ? hv_current()->device : 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
+    (void)stream;
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetCaptureInfo(CUstream stream, int *status, unsigned long long *id) {
+    (void)stream;
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    *status = 0;
+    if (id) *id = 0;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, unsigned long long *id,
+                                             void **graph, const void **deps, size_t *ndeps) {
+    if (graph) *graph = NULL;
+    if (deps) *deps = NULL;
+    if (ndeps) *ndeps = 0;
+    return cuStreamGetCaptureInfo(stream, status, id);
+}
+
+HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
+                                             void **graph, const void **deps,
+                                             const void **edges, size_t *ndeps) {
+    if (edges) *edges = NULL;
+    return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, ndeps);
+}
+
+static __thread int capture_mode;
+
+HV_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode) return CUDA_ERROR_INVALID_VALUE;
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data) {
+    if (!fn) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuStreamSynchronize(stream);
+    if (!r) fn(data);
+    return r;
+}
+
+HV_EXPORT CUresult cuStreamAddCallback(CUstream stream, void (*cb)(CUstream, CUresult, void *),
+                                       void *data, unsigned flags) {
+    (void)flags;
+    if (!cb) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuStreamSynchronize(stream);
+    cb(stream, r, data);
+    return CUDA_SUCCESS;
+}
+
+/* -- events -------------------------------------------------------------------- */
+
+HV_EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
+    if (!event) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_event_create_req_t q = { flags };
+    hvgpu_event_create_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_EVENT_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (!r) *event = (CUevent)(uintptr_t)v.event;
+    return r;
+}
+
+HV_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
+    hvgpu_event_destroy_req_t q = { (uint64_t)(uintptr_t)event };
+    return hv_call(HVGPU_OP_EVENT_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
+    hvgpu_event_record_req_t q = { (uint64_t)(uintptr_t)event, (uint64_t)(uintptr_t)stream };
+    return hv_oneway(HVGPU_OP_EVENT_RECORD, &q, sizeof q, NULL, 0);
+}
+
+HV_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned flags) {
+    static int once;
+    if (flags) return hv_unsupported("cuEventRecordWithFlags (external events)", &once);
+    return cuEventRecord(event, stream);
+}
+
+HV_EXPORT CUresult cuEventQuery(CUevent event) {
+    hvgpu_event_query_req_t q = { (uint64_t)(uintptr_t)event };
+    return hv_call(HVGPU_OP_EVENT_QUERY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuEventSynchronize(CUevent event) {
+    hvgpu_event_synchronize_req_t q = { (uint64_t)(uintptr_t)event };
+    return hv_call(HVGPU_OP_EVENT_SYNCHRONIZE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
+    if (!ms) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_event_elapsed_time_req_t q = { (uint64_t)(uintptr_t)start, (uint64_t)(uintptr_t)end };
+    hvgpu_event_elapsed_time_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_EVENT_ELAPSED_TIME, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
+                         NULL, 0);
+    if (!r) *ms = v.ms;
+    return r;
+}
+
+HV_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
+    return cuEventElapsedTime(ms, start, end);
+}

@@ -1,0 +1,439 @@
+/* The shim's one connection to the hvgpu agent, and the frames on it.
+ *
+ * Owns the socket: connects to $HVGPU_AGENT (default: the host over vsock),
+ * does the HELLO handshake, sends synchronous calls and pipelined one-way
+ * frames (coalesced into one buffer until a call needs an answer), and reads
+ * replies. It knows frames, not CUDA: it must not interpret op bodies.
+ * Writes use MSG_NOSIGNAL so a vanished agent is an error, never SIGPIPE.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+#ifndef AF_VSOCK
+#define AF_VSOCK 40
+#endif
+struct hv_sockaddr_vm { /* linux/vm_sockets.h, kept local so headers are not needed */
+    unsigned short svm_family;
+    unsigned short svm_reserved1;
+    unsigned int svm_port;
+    unsigned int svm_cid;
+    unsigned char svm_zero[4];
+};
+
+enum { ST_NEW, ST_READY, ST_FAILED, ST_LOST };
+#define BATCH_CAP (64u << 10)
+
+static struct {
+    pthread_mutex_t lock;
+    int state;
+    CUresult error;          /* what every call returns once FAILED or LOST */
+    int fd;
+    uint32_t seq;
+    unsigned char *batch;
+    size_t batch_len;
+    char address[512];
+    int trace;
+} W = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "", -1 };
+
+int hv_trace_enabled(void) {
+    if (W.trace < 0) {
+        const char *t = getenv("HVGPU_SHIM_TRACE");
+        W.trace = t && *t && strcmp(t, "0") != 0;
+    }
+    return W.trace;
+}
+
+void hv_log(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n > sizeof line - 2) n = sizeof line - 2;
+    line[n] = '\n';
+    ssize_t ignored = write(2, "hvgpu: ", 7);
+    ignored = write(2, line, (size_t)n + 1);
+    (void)ignored;
+}
+
+const char *hv_agent_address(void) {
+    if (!W.address[0]) {
+        const char *env = getenv("HVGPU_AGENT");
+        snprintf(W.address, sizeof W.address, "%s",
+                 env && *env ? env : "vsock://host:" "5170");
+    }
+    return W.address;
+}
+
+static int send_all(int fd, struct iovec *iov, int n) {
+    while (n > 0) {
+        struct msghdr m = {0};
+        m.msg_iov = iov;
+        m.msg_iovlen = (size_t)n;
+        ssize_t sent = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (sent < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        while (n > 0 && (size_t)sent >= iov->iov_len) {
+            sent -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0) {
+            iov->iov_base = (char *)iov->iov_base + sent;
+            iov->iov_len -= (size_t)sent;
+        }
+    }
+    return 0;
+}
+
+static int recv_all(int fd, void *buf, size_t n) {
+    char *p = buf;
+    while (n) {
+        ssize_t got = recv(fd, p, n, 0);
+        if (got == 0) { errno = ECONNRESET; return -1; }
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static int discard(int fd, uint64_t n) {
+    char sink[4096];
+    while (n) {
+        size_t k = n < sizeof sink ? (size_t)n : sizeof sink;
+        if (recv_all(fd, sink, k) < 0) return -1;
+        n -= k;
+    }
+    return 0;
+}
+
+/* The connection is gone: every later call fails the same clear way. */
+static CUresult lost(const char *what) {
+    if (W.state != ST_LOST) {
+        hv_log("lost the connection to the hvgpu agent at %s (%s: %s); GPU work of this "
+               "process is gone, calls now fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
+               hv_agent_address(), what, strerror(errno));
+        if (W.fd >= 0) close(W.fd);
+        W.fd = -1;
+        W.state = ST_LOST;
+        W.error = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    return W.error;
+}
+
+static int connect_unix(const char *path) {
+    struct sockaddr_un a = {0};
+    if (strlen(path) >= sizeof a.sun_path) { errno = ENAMETOOLONG; return -1; }
+    a.sun_family = AF_UNIX;
+    strcpy(a.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        int e = errno; close(fd); errno = e; return -1;
+    }
+    return fd;
+}
+
+/* Parses the forms hvgpu.virtio.address documents and connects. */
+static int open_socket(const char *addr, char *why, size_t whylen) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", addr);
+    if (!strncmp(buf, "unix://", 7)) {
+        return connect_unix(buf + 7);
+    }
+    if (!strncmp(buf, "hvsock://", 9)) {
+        char *colon = strrchr(buf + 9, ':');
+        if (!colon) { snprintf(why, whylen, "hvsock address needs :PORT"); errno = EINVAL; return -1; }
+        *colon = 0;
+        int fd = connect_unix(buf + 9);
+        if (fd < 0) return -1;
+        char line[64];
+        int n = snprintf(line, sizeof line, "CONNECT %s\n", colon + 1);
+        struct iovec iov = { line, (size_t)n };
+        char c; size_t i = 0; char reply[64];
+        if (send_all(fd, &iov, 1) < 0) { close(fd); return -1; }
+        while (i < sizeof reply - 1 && recv_all(fd, &c, 1) == 0 && c != '\n') reply[i++] = c;
+        reply[i] = 0;
+        if (strncmp(reply, "OK", 2) != 0) {
+            snprintf(why, whylen, "the VMM refused CONNECT %s: %s", colon + 1, reply);
+            close(fd); errno = ECONNREFUSED; return -1;
+        }
+        return fd;
+    }
+    if (!strncmp(buf, "vsock://", 8)) {
+        char *colon = strrchr(buf + 8, ':');
+        if (!colon) { snprintf(why, whylen, "vsock address needs :PORT"); errno = EINVAL; return -1; }
+        *colon = 0;
+        struct hv_sockaddr_vm a = {0};
+        a.svm_family = AF_VSOCK;
+        a.svm_cid = !strcmp(buf + 8, "host") ? HVGPU_HOST_CID : (unsigned)strtoul(buf + 8, NULL, 10);
+        a.svm_port = (unsigned)strtoul(colon + 1, NULL, 10);
+        int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return -1;
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+            int e = errno; close(fd); errno = e; return -1;
+        }
+        return fd;
+    }
+    if (!strncmp(buf, "tcp://", 6)) {
+        char *host = buf + 6, *colon = strrchr(host, ':');
+        if (!colon) { snprintf(why, whylen, "tcp address needs :PORT"); errno = EINVAL; return -1; }
+        *colon = 0;
+        if (*host == '[') { host++; char *e = strchr(host, ']'); if (e) *e = 0; }
+        struct addrinfo hints = {0}, *res;
+        hints.ai_socktype = SOCK_STREAM;
+        int rc = getaddrinfo(host, colon + 1, &hints, &res);
+        if (rc) { snprintf(why, whylen, "%s", gai_strerror(rc)); errno = EINVAL; return -1; }
+        int fd = -1;
+        for (struct addrinfo *r = res; r; r = r->ai_next) {
+            fd = socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, r->ai_protocol);
+            if (fd >= 0 && connect(fd, r->ai_addr, r->ai_addrlen) == 0) break;
+            if (fd >= 0) close(fd);
+            fd = -1;
+        }
+        freeaddrinfo(res);
+        return fd;
+    }
+    snprintf(why, whylen, "not an address hvgpu knows (use vsock://CID:PORT, unix:///path, "
+             "hvsock:///path:PORT or tcp://HOST:PORT)");
+    errno = EINVAL;
+    return -1;
+}
+
+static void pack_header(hvgpu_header_t *h, uint16_t op, uint8_t flags, uint32_t seq,
+                        uint32_t body_len, uint64_t payload_len) {
+    memset(h, 0, sizeof *h);
+    h->magic = HVGPU_MAGIC;
+    h->version = HVGPU_PROTOCOL_VERSION;
+    h->flags = flags;
+    h->op = op;
+    h->seq = seq;
+    h->body_len = body_len;
+    h->payload_len = payload_len;
+}
+
+static CUresult flush_locked(void) {
+    if (!W.batch_len) return CUDA_SUCCESS;
+    struct iovec iov = { W.batch, W.batch_len };
+    W.batch_len = 0;
+    if (send_all(W.fd, &iov, 1) < 0) return lost("sending");
+    return CUDA_SUCCESS;
+}
+
+/* Agent-side statuses become the CUDA error a program can act on. */
+static CUresult to_cuda(int status, const char *message) {
+    if (status < 10000) return status;
+    hv_log("the hvgpu agent refused a call: %s", message);
+    switch (status) {
+    case HVGPU_STATUS_HVGPU_ERROR_NO_GPU:
+    case HVGPU_STATUS_HVGPU_ERROR_NO_SLICE:
+        return CUDA_ERROR_NO_DEVICE;
+    case HVGPU_STATUS_HVGPU_ERROR_UNKNOWN_OP:
+        return CUDA_ERROR_NOT_SUPPORTED;
+    case HVGPU_STATUS_HVGPU_ERROR_OVERSIZE:
+        return CUDA_ERROR_INVALID_VALUE;
+    default:
+        return 999; /* CUDA_ERROR_UNKNOWN */
+    }
+}
+
+static CUresult call_locked(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                            uint64_t payload_len, void *reply, uint32_t reply_cap,
+                            uint32_t *reply_len, void *rpayload, uint64_t rpayload_len) {
+    CUresult r = flush_locked();
+    if (r) return r;
+    hvgpu_header_t h;
+    uint32_t seq = ++W.seq;
+    pack_header(&h, op, 0, seq, body_len, payload_len);
+    struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
+                            { (void *)payload, (size_t)payload_len } };
+    if (send_all(W.fd, iov, 3) < 0) return lost("sending");
+    if (recv_all(W.fd, &h, sizeof h) < 0) return lost("waiting for a reply");
+    if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_REPLY) || h.seq != seq || h.op != op) {
+        errno = EPROTO;
+        return lost("reading a reply");
+    }
+    if (h.status != 0) {
+        char msg[1024] = "";
+        unsigned char eb[1024 + sizeof(hvgpu_error_rep_t)];
+        uint32_t n = h.body_len < sizeof eb ? h.body_len : (uint32_t)sizeof eb;
+        if (recv_all(W.fd, eb, n) < 0 || discard(W.fd, h.body_len - n) < 0 ||
+            discard(W.fd, h.payload_len) < 0)
+            return lost("reading an error");
+        if (n >= sizeof(hvgpu_error_rep_t)) {
+            hvgpu_error_rep_t e;
+            memcpy(&e, eb, sizeof e);
+            uint32_t len = e.message_len;
+            if (len > n - sizeof e) len = n - (uint32_t)sizeof e;
+            if (len > sizeof msg - 1) len = sizeof msg - 1;
+            memcpy(msg, eb + sizeof e, len);
+            msg[len] = 0;
+        }
+        if (hv_trace_enabled()) hv_log("op 0x%02x failed with %d: %s", op, h.status, msg);
+        return to_cuda(h.status, msg);
+    }
+    uint32_t keep = h.body_len < reply_cap ? h.body_len : reply_cap;
+    if (recv_all(W.fd, reply, keep) < 0 || discard(W.fd, h.body_len - keep) < 0)
+        return lost("reading a reply");
+    if (reply_len) *reply_len = keep;
+    if (h.payload_len) {
+        if (rpayload && h.payload_len <= rpayload_len) {
+            if (recv_all(W.fd, rpayload, (size_t)h.payload_len) < 0) return lost("receiving data");
+        } else {
+            if (discard(W.fd, h.payload_len) < 0) return lost("receiving data");
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+static void child_after_fork(void) {
+    /* The parent's connection (and its GPU objects) stay the parent's. */
+    pthread_mutex_init(&W.lock, NULL);
+    if (W.fd >= 0) close(W.fd);
+    W.fd = -1;
+    W.batch_len = 0;
+    W.state = ST_NEW;
+}
+
+static void flush_at_exit(void) {
+    if (pthread_mutex_trylock(&W.lock) == 0) {
+        if (W.state == ST_READY) flush_locked();
+        pthread_mutex_unlock(&W.lock);
+    }
+}
+
+static CUresult handshake_locked(void) {
+    char why[256] = "";
+    const char *addr = hv_agent_address();
+    W.fd = open_socket(addr, why, sizeof why);
+    if (W.fd < 0) {
+        hv_log("cannot reach the hvgpu agent at %s: %s; is a GPU slice attached to this VM "
+               "(hvgpu attach on the host)? Set HVGPU_AGENT to use another address",
+               addr, why[0] ? why : strerror(errno));
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    const char client[] = "hvgpu libcuda shim";
+    unsigned char body[sizeof(hvgpu_hello_req_t) + sizeof client];
+    hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION,
+                              HVGPU_CAP_PARAM_INFO, (uint32_t)(sizeof client - 1) };
+    memcpy(body, &req, sizeof req);
+    memcpy(body + sizeof req, client, sizeof client - 1);
+    unsigned char rep[512];
+    uint32_t n = 0;
+    W.state = ST_READY; /* call_locked needs it; undone below on failure */
+    CUresult r = call_locked(HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + sizeof client - 1),
+                             NULL, 0, rep, sizeof rep, &n, NULL, 0);
+    if (r != CUDA_SUCCESS) {
+        if (W.state == ST_READY) {
+            hv_log("the hvgpu agent at %s refused the handshake (%d)", addr, r);
+            close(W.fd);
+            W.fd = -1;
+        }
+        return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? CUDA_ERROR_NO_DEVICE : r;
+    }
+    if (hv_trace_enabled()) hv_log("connected to %s", addr);
+    return CUDA_SUCCESS;
+}
+
+CUresult hv_ensure(void) {
+    static int atfork_done;
+    if (__atomic_load_n(&W.state, __ATOMIC_ACQUIRE) == ST_READY) return CUDA_SUCCESS;
+    pthread_mutex_lock(&W.lock);
+    CUresult r;
+    if (W.state == ST_NEW) {
+        if (!atfork_done) {
+            pthread_atfork(NULL, NULL, child_after_fork);
+            atexit(flush_at_exit);
+            atfork_done = 1;
+        }
+        if (!W.batch) W.batch = malloc(BATCH_CAP);
+        r = W.batch ? handshake_locked() : CUDA_ERROR_OUT_OF_MEMORY;
+        if (r == CUDA_SUCCESS) {
+            __atomic_store_n(&W.state, ST_READY, __ATOMIC_RELEASE);
+        } else if (W.state != ST_LOST) {
+            W.state = ST_FAILED;
+            W.error = r;
+        }
+    }
+    r = W.state == ST_READY ? CUDA_SUCCESS : W.error;
+    pthread_mutex_unlock(&W.lock);
+    return r;
+}
+
+CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                 uint64_t payload_len, void *reply, uint32_t reply_cap, uint32_t *reply_len,
+                 void *rpayload, uint64_t rpayload_len) {
+    CUresult r = hv_ensure();
+    if (r) return r;
+    pthread_mutex_lock(&W.lock);
+    r = W.state == ST_READY ? call_locked(op, body, body_len, payload, payload_len, reply,
+                                          reply_cap, reply_len, rpayload, rpayload_len)
+                            : W.error;
+    pthread_mutex_unlock(&W.lock);
+    return r;
+}
+
+CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                   uint64_t payload_len) {
+    CUresult r = hv_ensure();
+    if (r) return r;
+    pthread_mutex_lock(&W.lock);
+    if (W.state != ST_READY) {
+        r = W.error;
+        goto out;
+    }
+    hvgpu_header_t h;
+    pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++W.seq, body_len, payload_len);
+    uint64_t total = sizeof h + body_len + payload_len;
+    if (W.batch_len + total > BATCH_CAP && (r = flush_locked()) != CUDA_SUCCESS) goto out;
+    if (total <= BATCH_CAP) {
+        unsigned char *p = W.batch + W.batch_len;
+        memcpy(p, &h, sizeof h);
+        memcpy(p + sizeof h, body, body_len);
+        if (payload_len) memcpy(p + sizeof h + body_len, payload, (size_t)payload_len);
+        W.batch_len += (size_t)total;
+    } else { /* bulk data goes straight from the program's memory */
+        struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
+                                { (void *)payload, (size_t)payload_len } };
+        if (send_all(W.fd, iov, 3) < 0) r = lost("sending");
+    }
+out:
+    pthread_mutex_unlock(&W.lock);
+    return r;
+}
+
+CUresult hv_flush(void) {
+    CUresult r = hv_ensure();
+    if (r) return r;
+    pthread_mutex_lock(&W.lock);
+    r = W.state == ST_READY ? flush_locked() : W.error;
+    pthread_mutex_unlock(&W.lock);
+    return r;
+}
+
+CUresult hv_unsupported(const char *api, int *once) {
+    if (!__atomic_exchange_n(once, 1, __ATOMIC_RELAXED))
+        hv_log("%s is not implemented by the hvgpu shim; it returns CUDA_ERROR_NOT_SUPPORTED "
+               "(hvgpu-guest coverage lists what is)", api);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}

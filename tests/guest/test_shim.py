@@ -1,0 +1,133 @@
+"""The libcuda.so.1 shim on a machine without a GPU: built, exported, honest.
+
+Compiled CUDA programs (nvcc's default static cudart and -cudart=shared) run
+through the shim against the agent with the GPU test double, whose `saxpy`
+kernel the program's own kernel of that name stands for.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hvgpu.guest.shim import library
+from hvgpu.virtio.cgen import render_header
+
+HERE = Path(__file__).parent
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (CUDA toolkit) is not installed")
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return ctypes.CDLL(str(library()), mode=ctypes.RTLD_LOCAL)
+
+
+def test_the_shim_is_built_with_every_entry_point_it_lists(lib):
+    implemented = [line.split(",")[2].strip(" )\n")
+                   for line in (HERE.parents[1] / "hvgpu/guest/shim/implemented.def").open()
+                   if line.startswith("E(")]
+    assert len(implemented) > 100
+    for symbol in implemented + ["cuArrayCreate_v2", "cuGraphLaunch", "cuGetExportTable"]:
+        assert hasattr(lib, symbol), symbol
+
+
+def test_get_proc_address_resolves_versions_and_says_what_is_missing(lib):
+    gpa = lib.cuGetProcAddress_v2
+    gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                    ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    pfn, status = ctypes.c_void_p(), ctypes.c_int()
+    assert gpa(b"cuMemAlloc", pfn, 12000, 0, status) == 0 and status.value == 0
+    assert pfn.value == ctypes.cast(lib.cuMemAlloc_v2, ctypes.c_void_p).value
+    assert gpa(b"cuCtxSynchronize", pfn, 13000, 0, status) == 0
+    assert pfn.value == ctypes.cast(lib.cuCtxSynchronize_v2, ctypes.c_void_p).value
+    assert gpa(b"cuCtxSynchronize", pfn, 12000, 0, status) == 0
+    assert pfn.value == ctypes.cast(lib.cuCtxSynchronize, ctypes.c_void_p).value
+    assert gpa(b"cuNoSuchThing", pfn, 13000, 0, status) == 500 and status.value == 1
+    # Known but not built: a function that returns CUDA_ERROR_NOT_SUPPORTED.
+    assert gpa(b"cuArrayCreate", pfn, 13000, 0, status) == 0
+    assert ctypes.CFUNCTYPE(ctypes.c_int)(pfn.value)() == 801
+
+
+def test_error_names_come_from_the_protocol_table(lib):
+    out = ctypes.c_char_p()
+    assert lib.cuGetErrorName(801, ctypes.byref(out)) == 0
+    assert out.value == b"CUDA_ERROR_NOT_SUPPORTED"
+    assert lib.cuGetErrorString(2, ctypes.byref(out)) == 0 and b"memory" in out.value
+
+
+def test_integrity_digest_is_rfc_1319_md2(lib):
+    out = ctypes.create_string_buffer(16)
+    for message, digest in [(b"", "8350e5a3e24c153df2275c9f80692773"),
+                            (b"abc", "da853b0d3f88d99b30283a69e6ded6bb"),
+                            (b"12345678901234567890123456789012345678901234567890123456789012345"
+                             b"678901234567890", "d5976f79d83d3a0dc9806c3c66f3efd8")]:
+        lib.hvgpu_shim_md2(message, len(message), out)
+        assert out.raw.hex() == digest
+
+
+def test_the_c_wire_header_is_the_protocol_table():
+    shipped = (HERE.parents[1] / "hvgpu/guest/shim/hvgpu_wire.h").read_text()
+    assert shipped == render_header(), \
+        "regenerate: python -m hvgpu.virtio.cgen hvgpu/guest/shim/hvgpu_wire.h"
+
+
+def _guest(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "hvgpu.guest.cli", *args], capture_output=True,
+                          text=True, env=env, timeout=120, **kw)
+
+
+def test_coverage_lists_what_is_implemented():
+    out = _guest("coverage")
+    assert out.returncode == 0
+    lines = dict(line.split()[::-1] for line in out.stdout.splitlines())
+    assert lines["cuLaunchKernel"] == "yes" and lines["cuArrayCreate"] == "no"
+    assert "driver entry points" in out.stderr
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc (CUDA toolkit) is not installed")
+    out = tmp_path_factory.mktemp("cuda")
+    built = {}
+    for name, flags in (("static", []), ("shared", ["-cudart=shared"])):
+        exe = out / f"saxpy_{name}"
+        subprocess.run([NVCC, "-arch=sm_90", *flags, "-o", str(exe), str(HERE / "cuda/saxpy.cu")],
+                       check=True, capture_output=True, timeout=300)
+        built[name] = exe
+    return built
+
+
+def _env(address):
+    env = dict(os.environ, HVGPU_AGENT=address)
+    cudart = Path(NVCC).resolve().parents[1] / "lib64"  # the shared cudart, for -cudart=shared
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([str(cudart), env.get("LD_LIBRARY_PATH", "")])
+    return env
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_a_compiled_program_without_an_agent_gets_a_cuda_error_not_a_signal(programs, cudart,
+                                                                              tmp_path):
+    out = _guest("run", "--", str(programs[cudart]), env=_env(f"unix://{tmp_path}/none.sock"))
+    assert out.returncode == 1, out  # the program's own error exit
+    assert "cudaMalloc: no CUDA-capable device is detected" in out.stdout
+    assert "cannot reach the hvgpu agent" in out.stderr
+
+
+@needs_nvcc
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_a_compiled_program_runs_through_the_shim(programs, cudart, fake_agent):
+    out = _guest("run", "--", str(programs[cudart]), env=_env(fake_agent.address))
+    assert out.returncode == 0, out.stderr
+    assert "copy back: no error" in out.stdout
+    got, want = out.stdout.split("sum ")[1].split(" (expect ")
+    assert got == want.rstrip(")\n")
+    assert "not implemented" not in out.stderr  # every call the runtime made is built
