@@ -210,6 +210,19 @@ class FakeDevice:
         args = struct.unpack(fmt, params) if fmt else ()
         body(self, *args)
 
+    def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs):
+        self.launch(function, grid, block, shared_mem, stream, params)
+
+    def occupancy_available_smem(self, function, blocks, block_size):
+        return 49152
+
+    def occupancy_clusters(self, which, function, grid, block, shared_mem, attrs):
+        return 8 if which else 16
+
+    def tensor_map_encode_tiled(self, dtype, rank, address, dims, strides, box, element_strides,
+                                interleave, swizzle, l2, oob):
+        return struct.pack("<QI", address, rank).ljust(128, b"\0")
+
     def compiler_id(self):
         return "fake-nvrtc-sm_90"
 

@@ -133,6 +133,24 @@ OPS: tuple[Op, ...] = (
     Op(0x39, "OCCUPANCY_MAX_BLOCKS", SYNC,
        _f("u64 function, i32 block_size, u64 shared_mem, u32 flags"), _f("i32 blocks"),
        doc="cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags."),
+    Op(0x3A, "OCCUPANCY_AVAILABLE_SMEM", SYNC, _f("u64 function, i32 blocks, i32 block_size"),
+       _f("u64 bytes"), doc="cuOccupancyAvailableDynamicSMemPerBlock."),
+    Op(0x3B, "LAUNCH_KERNEL_EX", ONEWAY,
+       _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
+          "u32 block_z, u32 shared_mem, u64 stream, bytes params, bytes attrs"),
+       doc="cuLaunchKernelEx: attrs is the CUlaunchAttribute array as CUDA lays it out "
+           "(72 bytes each); attributes naming events are not sent."),
+    Op(0x3C, "TENSOR_MAP_ENCODE_TILED", SYNC,
+       _f("u32 dtype, u32 rank, u64 address, bytes dims, bytes strides, bytes box, "
+          "bytes element_strides, u32 interleave, u32 swizzle, u32 l2_promotion, u32 oob_fill"),
+       _f("bytes map"),
+       doc="cuTensorMapEncodeTiled on the host; dims/strides are u64 arrays, box and "
+           "element_strides u32 arrays; the reply is the 128-byte CUtensorMap."),
+    Op(0x3D, "OCCUPANCY_CLUSTERS", SYNC,
+       _f("u32 which, u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, "
+          "u32 block_y, u32 block_z, u32 shared_mem, bytes attrs"), _f("i32 value"),
+       doc="which 0: cuOccupancyMaxActiveClusters, 1: cuOccupancyMaxPotentialClusterSize, "
+           "for the launch configuration given (attrs as in LAUNCH_KERNEL_EX)."),
     Op(0x40, "STREAM_CREATE", SYNC, _f("u32 flags"), _f("u64 stream")),
     Op(0x41, "STREAM_DESTROY", SYNC, _f("u64 stream")),
     Op(0x42, "STREAM_SYNCHRONIZE", SYNC, _f("u64 stream")),

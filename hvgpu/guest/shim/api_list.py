@@ -17,6 +17,9 @@ import sys
 def entry_points(header: str) -> list[tuple[str, str]]:
     declared = re.findall(r"CUresult CUDAAPI (cu\w+)\s*\(", header)
     versioned = dict(re.findall(r"#define\s+(cu\w+)\s+(cu\w+?_v\d+)\b", header))
+    for name, symbol in re.findall(r"#define\s+(cu\w+)\s+__CUDA_API_PT[DS][SZ]\((cu\w+)\)",
+                                   header):
+        versioned.setdefault(name, symbol)  # per-thread-stream macros wrap the same symbol
     pairs, seen = [], set()
     for name in declared:
         symbol = versioned.get(name, name)

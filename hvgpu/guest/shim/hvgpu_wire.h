@@ -69,6 +69,10 @@ enum hvgpu_op {
     HVGPU_OP_FUNC_GET_ATTRIBUTE = 0x37,  /* cuFuncGetAttribute; attrib is CUfunction_attribute's number. */
     HVGPU_OP_FUNC_SET_ATTRIBUTE = 0x38,  /* cuFuncSetAttribute (e.g. the dynamic shared memory limit). */
     HVGPU_OP_OCCUPANCY_MAX_BLOCKS = 0x39,  /* cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags. */
+    HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM = 0x3a,  /* cuOccupancyAvailableDynamicSMemPerBlock. */
+    HVGPU_OP_LAUNCH_KERNEL_EX = 0x3b,  /* cuLaunchKernelEx: attrs is the CUlaunchAttribute array as CUDA lays it out (72 bytes each); attributes naming events are not sent. */
+    HVGPU_OP_TENSOR_MAP_ENCODE_TILED = 0x3c,  /* cuTensorMapEncodeTiled on the host; dims/strides are u64 arrays, box and element_strides u32 arrays; the reply is the 128-byte CUtensorMap. */
+    HVGPU_OP_OCCUPANCY_CLUSTERS = 0x3d,  /* which 0: cuOccupancyMaxActiveClusters, 1: cuOccupancyMaxPotentialClusterSize, for the launch configuration given (attrs as in LAUNCH_KERNEL_EX). */
     HVGPU_OP_STREAM_CREATE = 0x40,
     HVGPU_OP_STREAM_DESTROY = 0x41,
     HVGPU_OP_STREAM_SYNCHRONIZE = 0x42,
@@ -91,6 +95,7 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_MEMCPY_DTOD:
     case HVGPU_OP_MEMSET:
     case HVGPU_OP_LAUNCH_KERNEL:
+    case HVGPU_OP_LAUNCH_KERNEL_EX:
     case HVGPU_OP_STREAM_WAIT_EVENT:
     case HVGPU_OP_EVENT_RECORD:
         return 1;
@@ -299,6 +304,65 @@ typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_req {
 typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_rep {
     int32_t blocks;
 } hvgpu_occupancy_max_blocks_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_available_smem_req {
+    uint64_t function;
+    int32_t blocks;
+    int32_t block_size;
+} hvgpu_occupancy_available_smem_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_available_smem_rep {
+    uint64_t bytes;
+} hvgpu_occupancy_available_smem_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_launch_kernel_ex_req {
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint64_t stream;
+    uint32_t params_len;
+    uint32_t attrs_len;
+} hvgpu_launch_kernel_ex_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_tiled_req {
+    uint32_t dtype;
+    uint32_t rank;
+    uint64_t address;
+    uint32_t dims_len;
+    uint32_t strides_len;
+    uint32_t box_len;
+    uint32_t element_strides_len;
+    uint32_t interleave;
+    uint32_t swizzle;
+    uint32_t l2_promotion;
+    uint32_t oob_fill;
+} hvgpu_tensor_map_encode_tiled_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_tiled_rep {
+    uint32_t map_len;
+} hvgpu_tensor_map_encode_tiled_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_req {
+    uint32_t which;
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint32_t attrs_len;
+} hvgpu_occupancy_clusters_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_rep {
+    int32_t value;
+} hvgpu_occupancy_clusters_rep_t;
 
 typedef struct __attribute__((packed)) hvgpu_stream_create_req {
     uint32_t flags;

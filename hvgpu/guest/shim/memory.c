@@ -260,3 +260,62 @@ HV_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attribs, void **data,
     }
     return CUDA_SUCCESS;
 }
+
+/* -- 2D copies and memsets, row by row (one frame when the rows are contiguous) -- */
+
+typedef struct {
+    size_t src_x, src_y;
+    int src_type;
+    const void *src_host;
+    CUdeviceptr src_dev;
+    void *src_array;
+    size_t src_pitch;
+    size_t dst_x, dst_y;
+    int dst_type;
+    void *dst_host;
+    CUdeviceptr dst_dev;
+    void *dst_array;
+    size_t dst_pitch;
+    size_t width, height;
+} hv_memcpy2d; /* CUDA_MEMCPY2D */
+
+enum { MT_HOST = 1, MT_DEVICE = 2, MT_ARRAY = 3, MT_UNIFIED = 4 };
+
+static CUresult copy2d(const hv_memcpy2d *c, CUstream stream) {
+    static int once;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (c->src_type == MT_ARRAY || c->dst_type == MT_ARRAY)
+        return hv_unsupported("cuMemcpy2D with CUDA arrays", &once);
+    uintptr_t src = c->src_type == MT_HOST ? (uintptr_t)c->src_host : (uintptr_t)c->src_dev;
+    uintptr_t dst = c->dst_type == MT_HOST ? (uintptr_t)c->dst_host : (uintptr_t)c->dst_dev;
+    src += c->src_y * c->src_pitch + c->src_x;
+    dst += c->dst_y * c->dst_pitch + c->dst_x;
+    size_t rows = c->height, width = c->width;
+    if (c->src_pitch == width && c->dst_pitch == width) { width *= rows; rows = 1; }
+    for (size_t i = 0; i < rows; i++) {
+        CUresult r = any_copy(dst + i * c->dst_pitch, src + i * c->src_pitch, width, stream);
+        if (r) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemcpy2D_v2(const hv_memcpy2d *c) { return copy2d(c, NULL); }
+HV_EXPORT CUresult cuMemcpy2DUnaligned_v2(const hv_memcpy2d *c) { return copy2d(c, NULL); }
+HV_EXPORT CUresult cuMemcpy2DAsync_v2(const hv_memcpy2d *c, CUstream s) { return copy2d(c, s); }
+
+static CUresult memset2d(CUdeviceptr d, size_t pitch, uint32_t v, uint32_t width_bytes,
+                         size_t w, size_t h, CUstream s) {
+    if (pitch == w * width_bytes) return memset_(d, v, width_bytes, w * h, s);
+    for (size_t i = 0; i < h; i++) {
+        CUresult r = memset_(d + i * pitch, v, width_bytes, w, s);
+        if (r) return r;
+    }
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemsetD2D8_v2(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h) { return memset2d(d, p, v, 1, w, h, NULL); }
+HV_EXPORT CUresult cuMemsetD2D16_v2(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h) { return memset2d(d, p, v, 2, w, h, NULL); }
+HV_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t p, unsigned v, size_t w, size_t h) { return memset2d(d, p, v, 4, w, h, NULL); }
+HV_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 1, w, h, s); }
+HV_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 2, w, h, s); }
+HV_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 4, w, h, s); }

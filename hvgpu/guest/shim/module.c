@@ -331,14 +331,11 @@ HV_EXPORT CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
 #define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
 
-static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                       unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
-                       void **extra) {
-    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+/* Packs the parameters as the kernel lays them out (from kernelParams or `extra`). */
+static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
+                     uint32_t *size) {
     CUresult r = layout(f);
     if (r) return r;
-    unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + MAX_PARAMS];
-    unsigned char *buf = body + sizeof(hvgpu_launch_kernel_req_t);
     uint32_t need = f->params_size;
     if (need > MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
     if (params) {
@@ -360,6 +357,18 @@ static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz,
     } else if (need) {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    *size = need;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
+                       void **extra) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + MAX_PARAMS];
+    uint32_t need = 0;
+    CUresult r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
+    if (r) return r;
     hvgpu_launch_kernel_req_t q = { f->handle, gx, gy, gz, bx, by, bz, smem,
                                     (uint64_t)(uintptr_t)stream, need };
     memcpy(body, &q, sizeof q);
@@ -373,23 +382,145 @@ HV_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsign
 }
 
 typedef struct {
+    int id;
+    char pad[4];
+    char value[64];
+} hv_launch_attribute; /* CUlaunchAttribute */
+
+typedef struct {
     unsigned gx, gy, gz, bx, by, bz, smem;
     CUstream stream;
-    struct { int id; char pad[4]; char value[64]; } *attrs;
+    hv_launch_attribute *attrs;
     unsigned nattrs;
-} hv_launch_config;
+} hv_launch_config; /* CUlaunchConfig */
+
+#define MAX_ATTRS 32
 
 HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, void **params,
                                     void **extra) {
     static int once;
     if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (!c->nattrs)
+        return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params,
+                      extra);
+    if (!f || !c->attrs || c->nattrs > MAX_ATTRS) return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < c->nattrs; i++) {
         int id = c->attrs[i].id;
-        if (id == 8 /* PRIORITY */ || id == 0 /* IGNORE */) continue;
-        if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
-            hv_log("cuLaunchKernelEx: launch attribute %d is not implemented by the hvgpu shim; "
-                   "the launch returns CUDA_ERROR_NOT_SUPPORTED", id);
-        return CUDA_ERROR_NOT_SUPPORTED;
+        if (id == 7 || id == 12) /* they name events, which are the executor's */
+            return hv_unsupported("cuLaunchKernelEx with an event attribute", &once);
     }
-    return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, extra);
+    static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + MAX_PARAMS +
+                                       MAX_ATTRS * sizeof(hv_launch_attribute)];
+    uint32_t need = 0;
+    CUresult r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
+    if (r) return r;
+    uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
+    memcpy(body + sizeof(hvgpu_launch_kernel_ex_req_t) + need, c->attrs, attrs_len);
+    hvgpu_launch_kernel_ex_req_t q = { f->handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz,
+                                       c->smem, (uint64_t)(uintptr_t)c->stream, need, attrs_len };
+    memcpy(body, &q, sizeof q);
+    return hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body, (uint32_t)(sizeof q + need + attrs_len),
+                     NULL, 0);
+}
+
+HV_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f,
+                                                           int blocks, int block_size) {
+    if (!bytes || !f) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_occupancy_available_smem_req_t q = { f->handle, blocks, block_size };
+    hvgpu_occupancy_available_smem_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM, &q, sizeof q, NULL, 0, &v, sizeof v,
+                         NULL, NULL, 0);
+    if (!r) *bytes = (size_t)v.bytes;
+    return r;
+}
+
+/* A TMA descriptor holds a device address of the executor's context, so the
+   host's driver encodes it; the guest gets the 128 bytes. */
+HV_EXPORT CUresult cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, void *address,
+                                          const uint64_t *dims, const uint64_t *strides,
+                                          const uint32_t *box, const uint32_t *element_strides,
+                                          int interleave, int swizzle, int l2, int oob) {
+    if (!map || !dims || !box || !element_strides || rank < 1 || rank > 5 ||
+        (rank > 1 && !strides))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char body[sizeof(hvgpu_tensor_map_encode_tiled_req_t) + 5 * 8 * 2 + 5 * 4 * 2];
+    hvgpu_tensor_map_encode_tiled_req_t q = {
+        (uint32_t)dtype, rank, (uint64_t)(uintptr_t)address, rank * 8, (rank - 1) * 8, rank * 4,
+        rank * 4, (uint32_t)interleave, (uint32_t)swizzle, (uint32_t)l2, (uint32_t)oob };
+    unsigned char *p = body + sizeof q;
+    memcpy(p, dims, rank * 8); p += rank * 8;
+    if (rank > 1) { memcpy(p, strides, (rank - 1) * 8); p += (rank - 1) * 8; }
+    memcpy(p, box, rank * 4); p += rank * 4;
+    memcpy(p, element_strides, rank * 4); p += rank * 4;
+    memcpy(body, &q, sizeof q);
+    unsigned char rep[4 + 128];
+    uint32_t n = 0;
+    CUresult r = hv_call(HVGPU_OP_TENSOR_MAP_ENCODE_TILED, body, (uint32_t)(p - body), NULL, 0,
+                         rep, sizeof rep, &n, NULL, 0);
+    if (r) return r;
+    if (n < sizeof rep) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, rep + 4, 128);
+    return CUDA_SUCCESS;
+}
+
+static CUresult clusters(int which, int *value, CUfunction f, const hv_launch_config *c) {
+    if (!value || !f || !c || c->nattrs > MAX_ATTRS || (c->nattrs && !c->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char body[sizeof(hvgpu_occupancy_clusters_req_t) +
+                       MAX_ATTRS * sizeof(hv_launch_attribute)];
+    uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
+    hvgpu_occupancy_clusters_req_t q = { (uint32_t)which, f->handle, c->gx, c->gy, c->gz,
+                                         c->bx, c->by, c->bz, c->smem, attrs_len };
+    memcpy(body, &q, sizeof q);
+    if (attrs_len) memcpy(body + sizeof q, c->attrs, attrs_len);
+    hvgpu_occupancy_clusters_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_OCCUPANCY_CLUSTERS, body, (uint32_t)(sizeof q + attrs_len),
+                         NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (!r) *value = v.value;
+    return r;
+}
+
+HV_EXPORT CUresult cuOccupancyMaxActiveClusters(int *clusters_, CUfunction f,
+                                                const hv_launch_config *c) {
+    return clusters(0, clusters_, f, c);
+}
+
+HV_EXPORT CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
+                                                      const hv_launch_config *c) {
+    return clusters(1, size, f, c);
+}
+
+/* The block size with the most resident threads, asked block size by block size
+   (the callback for dynamic shared memory runs here, in the guest). */
+HV_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(
+    int *min_grid, int *block_size, CUfunction f, size_t (*smem_for)(int), size_t smem,
+    int limit, unsigned flags) {
+    if (!min_grid || !block_size || !f) return CUDA_ERROR_INVALID_VALUE;
+    int max_threads = 0, sms = 0, dev = hv_current() ? hv_current()->device : 0;
+    CUresult r = cuFuncGetAttribute(&max_threads, 0 /* MAX_THREADS_PER_BLOCK */, f);
+    if (!r) r = cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, dev);
+    if (r) return r;
+    if (limit > 0 && limit < max_threads) max_threads = limit;
+    int best_threads = 0, best_size = 0, best_blocks = 0;
+    for (int size = (max_threads / 32) * 32; size > 0; size -= 32) {
+        int blocks = 0;
+        r = cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
+            &blocks, f, size, smem_for ? smem_for(size) : smem, flags);
+        if (r) return r;
+        if (blocks * size > best_threads) {
+            best_threads = blocks * size;
+            best_size = size;
+            best_blocks = blocks;
+        }
+    }
+    *block_size = best_size;
+    *min_grid = best_blocks * sms;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuOccupancyMaxPotentialBlockSize(int *min_grid, int *block_size, CUfunction f,
+                                                    size_t (*smem_for)(int), size_t smem,
+                                                    int limit) {
+    return cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block_size, f, smem_for, smem,
+                                                     limit, 0);
 }

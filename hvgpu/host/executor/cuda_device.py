@@ -30,6 +30,33 @@ _MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
 _CU_STREAM_NON_BLOCKING = 1
 
 
+class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+_libcuda = None
+
+
+def _driver_library():
+    """libcuda itself, for the calls whose arguments are raw C structures from the guest
+    (launch attributes, tensor maps): passed through as bytes, not rebuilt field by field."""
+    global _libcuda
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+        _libcuda.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                                              ctypes.c_void_p, ctypes.c_void_p]
+        for name in ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize"):
+            getattr(_libcuda, name).argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                                                ctypes.POINTER(_LaunchConfig)]
+        _libcuda.cuTensorMapEncodeTiled.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_char_p,
+            ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
+            ctypes.c_int, ctypes.c_int]
+    return _libcuda
+
+
 def _status(err) -> int:
     return int(getattr(err, "value", err))
 
@@ -220,6 +247,49 @@ class CudaDevice:
                             shared_mem, stream, None, tls.extra_addr if n else 0)
         if _status(err) != 0:
             _raise(err, "cuLaunchKernel")
+
+    def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs) -> None:
+        n = len(params)
+        tls = self._tls
+        if n:
+            if n > _MAX_PARAMS:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
+            tls.view[:n] = params
+            tls.size.value = n
+        raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
+        cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
+                            int(stream), ctypes.addressof(raw), len(attrs) // 72)
+        err = _driver_library().cuLaunchKernelEx(ctypes.byref(cfg), int(function), None,
+                                                 tls.extra_addr if n else None)
+        if err:
+            _raise(err, "cuLaunchKernelEx")
+
+    def occupancy_clusters(self, which, function, grid, block, shared_mem, attrs) -> int:
+        raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
+        cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
+                            None, ctypes.addressof(raw), len(attrs) // 72)
+        name = ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize")[which]
+        value = ctypes.c_int()
+        err = getattr(_driver_library(), name)(ctypes.byref(value), int(function),
+                                               ctypes.byref(cfg))
+        if err:
+            _raise(err, name)
+        return value.value
+
+    def occupancy_available_smem(self, function, blocks: int, block_size: int) -> int:
+        return int(_ok(cu.cuOccupancyAvailableDynamicSMemPerBlock(function, blocks, block_size),
+                       "cuOccupancyAvailableDynamicSMemPerBlock"))
+
+    def tensor_map_encode_tiled(self, dtype, rank, address, dims, strides, box, element_strides,
+                                interleave, swizzle, l2, oob) -> bytes:
+        buf = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is 64-byte aligned
+        at = (ctypes.addressof(buf) + 63) & ~63
+        err = _driver_library().cuTensorMapEncodeTiled(
+            at, dtype, rank, address, bytes(dims), bytes(strides) or None, bytes(box),
+            bytes(element_strides), interleave, swizzle, l2, oob)
+        if err:
+            _raise(err, "cuTensorMapEncodeTiled")
+        return ctypes.string_at(at, 128)
 
     def compiler_id(self) -> str:
         major, minor = _ok(nvrtc.nvrtcVersion(), "nvrtcVersion")

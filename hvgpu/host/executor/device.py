@@ -54,6 +54,17 @@ class GpuDevice(Protocol):
     def launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int,
                stream: Any, params: memoryview) -> None:
         """``params`` is a view of the packed parameter buffer, valid during the call."""
+    def launch_ex(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: Any,
+                  params: bytes, attrs: bytes) -> None:
+        """cuLaunchKernelEx; ``attrs`` is a raw CUlaunchAttribute array."""
+    def occupancy_available_smem(self, function: Any, blocks: int, block_size: int) -> int: ...
+    def occupancy_clusters(self, which: int, function: Any, grid: tuple, block: tuple,
+                           shared_mem: int, attrs: bytes) -> int:
+        """0: cuOccupancyMaxActiveClusters, 1: cuOccupancyMaxPotentialClusterSize."""
+    def tensor_map_encode_tiled(self, dtype: int, rank: int, address: int, dims: bytes,
+                                strides: bytes, box: bytes, element_strides: bytes,
+                                interleave: int, swizzle: int, l2: int, oob: int) -> bytes:
+        """The 128-byte CUtensorMap cuTensorMapEncodeTiled writes."""
     def compiler_id(self) -> str:
         """Identifies compiler and target, for the compile cache's key."""
     def compile(self, source: bytes, name: str, options: list[str]) -> tuple[bytes, str]:

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+_LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
+_EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
 
 
 class Allocations:
@@ -479,6 +481,50 @@ class Session:
         fn = self.functions.get(function)[1]
         return (self.device.occupancy_max_blocks(fn, block_size, shared_mem, flags),)
 
+    def op_occupancy_available_smem(self, hdr, function, blocks, block_size):
+        fn = self.functions.get(function)[1]
+        return (self.device.occupancy_available_smem(fn, blocks, block_size),)
+
+    def op_launch_kernel_ex(self, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params,
+                            attrs):
+        fn, need = self._launchable(function)
+        if len(params) != need:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
+        if len(attrs) % _LAUNCH_ATTR_SIZE:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"{len(attrs)} bytes of launch attributes is not a whole number")
+        for i in range(0, len(attrs), _LAUNCH_ATTR_SIZE):
+            if int.from_bytes(attrs[i:i + 4], "little") in _EVENT_ATTRS:
+                raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "launch attributes naming events")
+        self.device.launch_ex(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream),
+                              params, attrs)
+        self.counts["launches"] += 1
+
+    def op_occupancy_clusters(self, hdr, which, function, gx, gy, gz, bx, by, bz, shared, attrs):
+        if which not in (0, 1) or len(attrs) % _LAUNCH_ATTR_SIZE:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "bad cluster occupancy query")
+        fn = self.functions.get(function)[1]
+        return (self.device.occupancy_clusters(which, fn, (gx, gy, gz), (bx, by, bz), shared,
+                                               attrs),)
+
+    def op_tensor_map_encode_tiled(self, hdr, dtype, rank, address, dims, strides, box,
+                                   element_strides, interleave, swizzle, l2, oob):
+        if not 1 <= rank <= 5 or len(dims) != 8 * rank or len(strides) != 8 * (rank - 1) \
+                or len(box) != 4 * rank or len(element_strides) != 4 * rank:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"tensor map arrays do not match rank {rank}")
+        return (self.device.tensor_map_encode_tiled(
+            dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2,
+            oob),)
+
+    def _launchable(self, function: int) -> tuple:
+        entry = self.launchable.get(function)
+        if entry is None:
+            layout = self._layout(function)
+            entry = self.launchable[function] = (
+                self.functions.get(function)[1], (layout[-1][0] + layout[-1][1]) if layout else 0)
+        return entry
+
     def _layout(self, function: int) -> list:
         layout = self.layouts.get(function)
         if layout is None:
@@ -500,11 +546,7 @@ class Session:
         if len(body) != size + n:
             raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
         entry = self.launchable.get(function)
-        if entry is None:
-            layout = self._layout(function)
-            entry = self.launchable[function] = (
-                self.functions.get(function)[1], (layout[-1][0] + layout[-1][1]) if layout else 0)
-        fn, need = entry
+        fn, need = entry if entry is not None else self._launchable(function)
         if n != need:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                             f"parameter buffer is {n} bytes, the kernel takes {need}")
