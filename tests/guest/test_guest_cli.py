@@ -68,6 +68,10 @@ def test_guest_install_pulls_no_host_dependency(tmp_path):
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert out.returncode == 1
     assert "hvgpu attach VM --mem SIZE" in out.stderr
+    shim = subprocess.run([str(env_dir / "bin" / "hvgpu-guest"), "coverage"], capture_output=True,
+                          text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert shim.returncode == 0, shim.stderr  # the wheel carries the built libcuda.so.1
+    assert "yes  cuLaunchKernel" in shim.stdout
     host = subprocess.run([str(env_dir / "bin" / "hvgpu"), "gpus"], capture_output=True,
                           text=True)
     assert host.returncode == 1 and "pip install 'hvgpu[host]'" in host.stderr

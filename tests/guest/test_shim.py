@@ -131,3 +131,19 @@ def test_a_compiled_program_runs_through_the_shim(programs, cudart, fake_agent):
     got, want = out.stdout.split("sum ")[1].split(" (expect ")
     assert got == want.rstrip(")\n")
     assert "not implemented" not in out.stderr  # every call the runtime made is built
+
+
+def test_an_agent_that_goes_away_is_a_cuda_error_for_the_program(fake_agent, tmp_path):
+    exe = tmp_path / "agent_loss"
+    subprocess.run(["gcc", "-o", str(exe), str(HERE / "cuda/agent_loss.c"),
+                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True)
+    env = dict(os.environ, HVGPU_AGENT=fake_agent.address,
+               LD_LIBRARY_PATH=str(library().parent))
+    proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline() == "first: 0\n"
+    fake_agent.stop()
+    out, err = proc.communicate("go\n", timeout=60)
+    assert proc.returncode == 0, err  # no signal: the program saw an error and went on
+    assert out == "second: 46 CUDA_ERROR_DEVICE_UNAVAILABLE\n"
+    assert "lost the connection to the hvgpu agent" in err

@@ -5,7 +5,7 @@
 Each line of the output, ``HVGPU_API(api, symbol)``, names one driver entry
 point as the runtime asks for it (``api``, the name given to
 cuGetProcAddress) and as the library exports it (``symbol``, after cuda.h's
-versioning macros). The shim defines every one of them: the implemented ones
+versioning macros; the unversioned name is exported as well). The shim defines every one of them: the implemented ones
 in its sources, the rest as a weak fallback that returns
 CUDA_ERROR_NOT_SUPPORTED. Only names are read; nothing of cuda.h is copied.
 """
@@ -15,7 +15,7 @@ import sys
 
 
 def entry_points(header: str) -> list[tuple[str, str]]:
-    declared = re.findall(r"CUresult CUDAAPI (cu\w+)\s*\(", header)
+    declared = re.findall(r"CUresult\s+CUDAAPI\s+(cu\w+)\s*\(", header)
     versioned = dict(re.findall(r"#define\s+(cu\w+)\s+(cu\w+?_v\d+)\b", header))
     for name, symbol in re.findall(r"#define\s+(cu\w+)\s+__CUDA_API_PT[DS][SZ]\((cu\w+)\)",
                                    header):
@@ -28,6 +28,12 @@ def entry_points(header: str) -> list[tuple[str, str]]:
         if symbol not in seen:
             seen.add(symbol)
             pairs.append((api, symbol))
+    # The unversioned names stay exported by NVIDIA's library for old binaries, and some
+    # libraries (cuBLASLt) look them up with dlsym: they must exist too.
+    for api, _ in list(pairs):
+        if api not in seen:
+            seen.add(api)
+            pairs.append((api, api))
     return pairs
 
 

@@ -439,3 +439,14 @@ HV_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
 
 HV_EXPORT CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
 HV_EXPORT CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }
+
+/* Unversioned names with the same arguments as their _v2 (NVIDIA's library keeps
+   exporting them, and libraries such as cuBLASLt look them up by name). */
+HV_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
+HV_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
+HV_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
+HV_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
+HV_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags) {
+    return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
+}
+HV_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }

@@ -319,3 +319,8 @@ HV_EXPORT CUresult cuMemsetD2D32_v2(CUdeviceptr d, size_t p, unsigned v, size_t 
 HV_EXPORT CUresult cuMemsetD2D8Async(CUdeviceptr d, size_t p, unsigned char v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 1, w, h, s); }
 HV_EXPORT CUresult cuMemsetD2D16Async(CUdeviceptr d, size_t p, unsigned short v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 2, w, h, s); }
 HV_EXPORT CUresult cuMemsetD2D32Async(CUdeviceptr d, size_t p, unsigned v, size_t w, size_t h, CUstream s) { return memset2d(d, p, v, 4, w, h, s); }
+
+/* Unversioned name with the same arguments as its _v2. */
+HV_EXPORT CUresult cuMemHostRegister(void *p, size_t size, unsigned flags) {
+    return cuMemHostRegister_v2(p, size, flags);
+}

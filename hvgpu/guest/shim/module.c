@@ -192,7 +192,16 @@ HV_EXPORT CUresult cuLibraryUnload(CUlibrary lib) {
 
 HV_EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary lib, const char *name) {
     if (!lib) return CUDA_ERROR_INVALID_HANDLE;
-    return get_function(kernel, lib->module, name);
+    CUresult r = get_function(kernel, lib->module, name);
+    if (!r) (*kernel)->library = lib;
+    return r;
+}
+
+HV_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel kernel) {
+    if (!lib || !kernel) return CUDA_ERROR_INVALID_VALUE;
+    if (!kernel->library) return CUDA_ERROR_INVALID_HANDLE;
+    *lib = kernel->library;
+    return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuLibraryGetModule(CUmodule *module, CUlibrary lib) {

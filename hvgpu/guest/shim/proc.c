@@ -15,6 +15,8 @@ typedef int CUresult;
 #define HV_EXPORT __attribute__((visibility("default")))
 enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_FOUND = 500 };
 const char *hv_agent_address(void);
+int hv_trace_enabled(void);
+void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 struct hv_known { const char *api, *symbol; void *fn; };
 const struct hv_known *hv_known(size_t *n);
@@ -45,6 +47,9 @@ CUresult hv_lookup(const char *symbol, void **pfn, int version, int *status) {
             (best < 0 || IMPLEMENTED[i].version > IMPLEMENTED[best].version))
             best = (int)i;
     }
+    if (hv_trace_enabled() > 1)
+        hv_log("cuGetProcAddress(%s, %d): %s", symbol, version,
+               best >= 0 ? IMPLEMENTED[best].symbol : known ? "only for newer versions" : "-");
     if (best >= 0) {
         *pfn = IMPLEMENTED[best].fn;
         if (status) *status = SYMBOL_SUCCESS;
@@ -52,6 +57,7 @@ CUresult hv_lookup(const char *symbol, void **pfn, int version, int *status) {
     }
     size_t n;
     const struct hv_known *k = hv_known(&n);
+    if (hv_trace_enabled()) hv_log("cuGetProcAddress(%s, %d): not implemented", symbol, version);
     for (size_t i = 0; i < n; i++) {
         if (!strcmp(k[i].api, symbol)) {
             /* Known to CUDA but not built here (or only for newer versions). */

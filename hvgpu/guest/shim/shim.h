@@ -61,6 +61,7 @@ struct hv_func {
     int nparams;              /* -1 until the layout has been fetched */
     uint32_t *offsets, *sizes;
     uint32_t params_size;     /* bytes of the packed parameter buffer */
+    struct hv_library *library; /* set when found through cuLibraryGetKernel */
 };
 
 struct hv_library {

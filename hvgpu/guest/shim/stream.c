@@ -217,3 +217,15 @@ HV_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
 HV_EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
     return cuEventElapsedTime(ms, start, end);
 }
+
+/* Unversioned names with the same arguments as their _v2. */
+HV_EXPORT CUresult cuStreamDestroy(CUstream stream) { return cuStreamDestroy_v2(stream); }
+HV_EXPORT CUresult cuEventDestroy(CUevent event) { return cuEventDestroy_v2(event); }
+
+/* Green contexts are not built: no stream belongs to one. */
+HV_EXPORT CUresult cuStreamGetGreenCtx(CUstream stream, void **green) {
+    (void)stream;
+    if (!green) return CUDA_ERROR_INVALID_VALUE;
+    *green = NULL;
+    return CUDA_SUCCESS;
+}

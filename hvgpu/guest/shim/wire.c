@@ -50,7 +50,7 @@ static struct {
 int hv_trace_enabled(void) {
     if (W.trace < 0) {
         const char *t = getenv("HVGPU_SHIM_TRACE");
-        W.trace = t && *t && strcmp(t, "0") != 0;
+        W.trace = t && *t && strcmp(t, "0") ? (atoi(t) > 1 ? atoi(t) : 1) : 0; /* 2: lookups too */
     }
     return W.trace;
 }
