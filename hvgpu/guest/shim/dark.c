@@ -80,7 +80,69 @@ static void hooks_buffer_2(void **ptr, size_t *size) {
 
 static fnptr tools_hooks[7] = { SLOTS(7), NULL, (fnptr)hooks_buffer_1, NULL, NULL, NULL,
                                 (fnptr)hooks_buffer_2 };
-static fnptr tools_tls[4] = { SLOTS(4), NULL, NULL, NULL };
+
+/* cuBLASLt asks slot 2 for the calling thread's context (its per-context cache key). */
+static CUresult tls_current_context(CUcontext *ctx) {
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = hv_current();
+    return CUDA_SUCCESS;
+}
+
+static fnptr tools_tls[4] = { SLOTS(4), NULL, (fnptr)tls_current_context, NULL };
+
+/* -- the context table: what a context is, for libraries that cache per context --
+ * Slot 4 gives a context's number, slots 39 and 51 streams' identities; the other
+ * slots were not seen called: they say so once and return CUDA_ERROR_NOT_SUPPORTED. */
+
+/* Slots 51 and 39, as cuBLAS uses them to key its per-stream state: a stream
+   handle made concrete (the default stream stands as CU_STREAM_LEGACY), then
+   that stream's identity. */
+static CUresult context_stream(CUcontext ctx, CUstream stream, CUstream *out) {
+    (void)ctx;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if ((uintptr_t)stream == UINTPTR_MAX) return CUDA_ERROR_INVALID_HANDLE;
+    *out = stream ? stream : (CUstream)(uintptr_t)1;
+    return CUDA_SUCCESS;
+}
+
+static CUresult context_stream_id(CUcontext ctx, CUstream stream, unsigned long long *id) {
+    (void)ctx;
+    if (!id || !stream) return CUDA_ERROR_INVALID_VALUE;
+    *id = (unsigned long long)(uintptr_t)stream;
+    return CUDA_SUCCESS;
+}
+
+static CUresult context_number(CUcontext ctx, unsigned long long *number) {
+    if (!number) return CUDA_ERROR_INVALID_VALUE;
+    *number = ctx ? (unsigned long long)ctx->device + 1 : 0;
+    return CUDA_SUCCESS;
+}
+
+#define CONTEXT_SLOTS 95
+#define SLOT_FN(n)                                                                    \
+    static CUresult context_slot_##n(void) {                                          \
+        static int once;                                                              \
+        return hv_unsupported("slot " #n " of the driver's private context table",   \
+                              &once);                                                 \
+    }
+#define TEN(t) SLOT_FN(t##0) SLOT_FN(t##1) SLOT_FN(t##2) SLOT_FN(t##3) SLOT_FN(t##4) \
+               SLOT_FN(t##5) SLOT_FN(t##6) SLOT_FN(t##7) SLOT_FN(t##8) SLOT_FN(t##9)
+SLOT_FN(1) SLOT_FN(2) SLOT_FN(3) SLOT_FN(5) SLOT_FN(6) SLOT_FN(7) SLOT_FN(8) SLOT_FN(9)
+TEN(1) TEN(2) TEN(3) TEN(4) TEN(5) TEN(6) TEN(7) TEN(8)
+SLOT_FN(90) SLOT_FN(91) SLOT_FN(92) SLOT_FN(93) SLOT_FN(94)
+#define S(n) (fnptr)context_slot_##n
+#define STEN(t) S(t##0), S(t##1), S(t##2), S(t##3), S(t##4), S(t##5), S(t##6), S(t##7), \
+                S(t##8), S(t##9)
+static fnptr context_table[CONTEXT_SLOTS] = {
+    SLOTS(CONTEXT_SLOTS), S(1), S(2), S(3), (fnptr)context_number, S(5), S(6), S(7), S(8), S(9),
+    STEN(1), STEN(2), STEN(3), STEN(4), STEN(5), STEN(6), STEN(7), STEN(8),
+    S(90), S(91), S(92), S(93), S(94),
+};
+
+static void context_table_init(void) {
+    context_table[39] = (fnptr)context_stream_id;
+    context_table[51] = (fnptr)context_stream;
+}
 
 /* -- context-local storage: the runtime's per-context state -------------------- */
 
@@ -310,11 +372,15 @@ static const struct { unsigned char id[16]; const void *table; const char *name;
       context_storage, "context-local storage" },
     { { 0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e },
       context_checks, "context checks" },
+    { { 0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2 },
+      context_table, "context table" },
     { { 0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2 },
       integrity_table, "integrity check" },
 };
 
 HV_EXPORT CUresult cuGetExportTable(const void **table, const unsigned char *id) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, context_table_init);
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
         if (!memcmp(TABLES[i].id, id, 16)) {
