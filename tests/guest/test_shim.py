@@ -34,7 +34,8 @@ def test_the_shim_is_built_with_every_entry_point_it_lists(lib):
                    for line in (HERE.parents[1] / "hvgpu/guest/shim/implemented.def").open()
                    if line.startswith("E(")]
     assert len(implemented) > 100
-    for symbol in implemented + ["cuArrayCreate_v2", "cuGraphLaunch", "cuGetExportTable"]:
+    for symbol in implemented + ["cuArrayCreate_v2", "cuGraphLaunch", "cuGetExportTable",
+                                 "cuStreamWaitValue32", "cuLinkComplete", "cuMemcpyHtoD"]:
         assert hasattr(lib, symbol), symbol
 
 
@@ -142,6 +143,8 @@ def test_an_agent_that_goes_away_is_a_cuda_error_for_the_program(fake_agent, tmp
     proc = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout.readline() == "first: 0\n"
+    mapped = {line.split()[-1] for line in open(f"/proc/{proc.pid}/maps") if "libcuda" in line}
+    assert mapped == {str(library())}  # no other driver library in the process
     fake_agent.stop()
     out, err = proc.communicate("go\n", timeout=60)
     assert proc.returncode == 0, err  # no signal: the program saw an error and went on
