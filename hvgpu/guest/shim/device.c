@@ -17,6 +17,31 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 static int driver_version;
 
+/* Features of the real GPU that the shim does not carry across: a program or library
+   that asks must see the device without them, not try them and fail (cuBLAS, for one,
+   takes its workspace from a memory pool when the device says it has them). */
+static const int NOT_CARRIED[] = {
+    19,  /* CAN_MAP_HOST_MEMORY */
+    83,  /* MANAGED_MEMORY */
+    86,  /* HOST_NATIVE_ATOMIC_SUPPORTED */
+    88,  /* PAGEABLE_MEMORY_ACCESS */
+    89,  /* CONCURRENT_MANAGED_ACCESS */
+    91,  /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+    100, /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
+    101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
+    102, /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    103, /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    107, /* GENERIC_COMPRESSION_SUPPORTED */
+    115, /* MEMORY_POOLS_SUPPORTED */
+    116, /* GPU_DIRECT_RDMA_SUPPORTED */
+    119, /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
+    125, /* IPC_EVENT_SUPPORTED */
+    128, /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    132, /* MULTICAST_SUPPORTED */
+    141, 142, 144, 145, /* HOST(_NUMA) memory pools and virtual memory management */
+    147, /* ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED */
+};
+
 static void initialise(void) {
     CUresult r = hv_ensure();
     if (r) { init_result = r; return; }
@@ -39,6 +64,8 @@ static void initialise(void) {
         memcpy(&len, rep, 4);
         if (len > n - 4) len = n - 4;
         memcpy(&hv_attrs[d][1], rep + 4, len);
+        for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
+            hv_attrs[d][NOT_CARRIED[i]] = 0;
         hvgpu_device_get_uuid_req_t u = { d };
         unsigned char urep[4 + 16];
         r = hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep, &n,
@@ -100,6 +127,8 @@ HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
         *pi = hv_attrs[dev][attrib];
         return CUDA_SUCCESS;
     }
+    for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
+        if (NOT_CARRIED[i] == attrib) { *pi = 0; return CUDA_SUCCESS; }
     hvgpu_device_get_attribute_req_t q = { attrib, dev };
     hvgpu_device_get_attribute_rep_t v;
     r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);

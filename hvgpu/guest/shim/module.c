@@ -413,6 +413,9 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
         return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params,
                       extra);
     if (!f || !c->attrs || c->nattrs > MAX_ATTRS) return CUDA_ERROR_INVALID_VALUE;
+    if (hv_trace_enabled() > 1)
+        for (unsigned i = 0; i < c->nattrs; i++)
+            hv_log("cuLaunchKernelEx(%s): attribute %d", f->name, c->attrs[i].id);
     for (unsigned i = 0; i < c->nattrs; i++) {
         int id = c->attrs[i].id;
         if (id == 7 || id == 12) /* they name events, which are the executor's */

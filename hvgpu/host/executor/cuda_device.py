@@ -45,6 +45,8 @@ def _driver_library():
     global _libcuda
     if _libcuda is None:
         _libcuda = ctypes.CDLL("libcuda.so.1")
+        _libcuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         _libcuda.cuLaunchKernelEx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                                               ctypes.c_void_p, ctypes.c_void_p]
         for name in ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize"):
@@ -105,7 +107,9 @@ class CudaDevice:
         self.bind_thread()
         self._specials = {0: cu.CUstream(0), STREAM_LEGACY: cu.CUstream(STREAM_LEGACY),
                           STREAM_PER_THREAD: cu.CUstream(STREAM_PER_THREAD)}
-        self._launch = cu.cuLaunchKernel
+        # Launches go to libcuda directly: cuda-bindings' argument conversion was the
+        # largest part of a launch's cost in the executor (bench/data_lane.py).
+        self._launch = _driver_library().cuLaunchKernel
         major = self.attribute(75)
         minor = self.attribute(76)
         self.arch = f"sm_{major}{minor}"
@@ -243,9 +247,10 @@ class CudaDevice:
                 raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
             tls.view[:n] = params
             tls.size.value = n
-        err, = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2],
-                            shared_mem, stream, None, tls.extra_addr if n else 0)
-        if _status(err) != 0:
+        err = self._launch(int(function), grid[0], grid[1], grid[2], block[0], block[1],
+                           block[2], shared_mem, int(stream), None,
+                           tls.extra_addr if n else None)
+        if err:
             _raise(err, "cuLaunchKernel")
 
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs) -> None:
