@@ -116,11 +116,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               help="Let GROUP use the control socket too (default: root only).")
 @click.option("--no-mps", is_flag=True,
               help="Do not start MPS: memory is enforced by accounting, compute time-shared.")
+@click.option("--placement", default="best-fit", show_default=True,
+              type=click.Choice(["best-fit", "pack", "spread"]),
+              help="How attach chooses a GPU: best-fit (least memory left over), pack (lowest "
+                   "index first), spread (most free memory).")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          log_level):
+          placement, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -144,7 +148,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     config = AgentConfig(listen=list(listen), vsock_port=None if no_vsock else vsock_port,
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
-                         log_level=log_level.upper(), connect=ctx.obj["connect"])
+                         log_level=log_level.upper(), connect=ctx.obj["connect"],
+                         placement=placement)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
@@ -188,13 +193,16 @@ def gpus(ctx, as_json):
 @click.option("--mem", required=True, metavar="SIZE", help="Memory quota: 4G, 4096M, 4GiB, 0.5G.")
 @click.option("--compute", default=None, metavar="SHARE",
               help="Share of the GPU's SMs: 25% or 0.25 [default: none reserved, time-shared].")
-@click.option("--gpu", default=None, metavar="N|UUID", help="Place on this GPU [default: best fit].")
+@click.option("--gpu", default=None, metavar="N|UUID",
+              help="Place on this GPU [default: the agent's placement policy].")
+@click.option("--placement", default=None, type=click.Choice(["best-fit", "pack", "spread"]),
+              help="Choose the GPU by this policy instead of the agent's (see hvgpu agent --help).")
 @click.option("--cid", type=int, default=None, metavar="N",
               help="The VM's vsock CID, for VMs that libvirt does not manage "
                    "(Firecracker, Cloud Hypervisor, plain QEMU).")
 @_json_option
 @click.pass_context
-def attach(ctx, vm, mem, compute, gpu, cid, as_json):
+def attach(ctx, vm, mem, compute, gpu, cid, placement, as_json):
     """Give VM a GPU slice; it applies to the VM's next CUDA connection.
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
@@ -207,7 +215,8 @@ def attach(ctx, vm, mem, compute, gpu, cid, as_json):
       hvgpu attach vm2 --mem 8G --compute 25% --gpu 1
       hvgpu attach fc-vm --mem 2G --cid 3
     """
-    s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid)
+    s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid,
+              placement=placement)
 
     def text(s):
         line = (f"attached {s['vm']}: {format_size(s['mem'])}, compute {_share(s['compute'])}, "

@@ -56,6 +56,7 @@ class AgentConfig:
     log_level: str = "INFO"
     env: dict = field(default_factory=dict)  # extra environment for executors
     connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
+    placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
 
 
 @dataclass
@@ -104,7 +105,7 @@ class Agent:
         if config.state_dir:
             if gpus is None:
                 from hvgpu.host.inventory import read_gpus as gpus
-            self.slices = SliceManager(StateStore(config.state_dir), gpus)
+            self.slices = SliceManager(StateStore(config.state_dir), gpus, config.placement)
             for s in self.slices.list():
                 self.ledgers[s.vm] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers

@@ -47,7 +47,8 @@ class ControlAPI:
         reason = self.agent.mps.reason or g.mps_reason or "MPS is not running"
         return f"memory enforced by accounting; compute time-shared ({reason})"
 
-    def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None) -> dict:
+    def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
+               placement: str | None = None) -> dict:
         """Reserve a slice for ``vm``; a libvirt domain also gets a vsock device
         (hot-plugged, live and in its config, when missing) and the slice in
         its metadata. Every step is undone if a later one fails."""
@@ -63,7 +64,7 @@ class ControlAPI:
         with Transaction() as tx:
             if by_libvirt:
                 vm = vms.prepare(vm, tx)
-            s = self.slices.attach(vm, size, share, gpu, cid)
+            s = self.slices.attach(vm, size, share, gpu, cid, placement)
             tx.on_undo(lambda: self.slices.detach(vm), "slice record")
             if by_libvirt:
                 vms.record(s, tx)

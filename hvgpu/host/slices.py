@@ -1,8 +1,9 @@
 """The slice manager: which VM gets how much of which GPU.
 
-Placement (best fit unless a GPU is named), over-commit refusal, resize
-rules and persistence go through here; the control API calls it, and the agent
-asks it which slice a connecting peer belongs to. It never talks to CUDA,
+Placement (a policy, best fit by default, unless a GPU is named),
+over-commit refusal, resize rules and persistence go through here; the
+control API calls it, and the agent asks it which slice a connecting peer
+belongs to. It never talks to CUDA,
 NVML or libvirt directly: GPUs come from an inventory callable.
 """
 
@@ -49,8 +50,34 @@ class GpuRoom:
                 f"free, {self.compute_free}% compute free")
 
 
+# How a slice's GPU is chosen among those with room for it.
+PLACEMENTS = {
+    "best-fit": "the GPU left with the least free memory (keeps large holes for large slices)",
+    "pack": "the first GPU by index (fills GPU 0 before GPU 1; idle GPUs stay idle)",
+    "spread": "the GPU with the most free memory, then compute (tenants share less)",
+}
+DEFAULT_PLACEMENT = "best-fit"
+
+
+def _choose(fits: list[GpuRoom], mem: int, placement: str) -> GpuRoom:
+    if placement == "pack":
+        return min(fits, key=lambda r: r.gpu.index)
+    if placement == "spread":
+        return min(fits, key=lambda r: (-r.mem_free, -r.compute_free, r.gpu.index))
+    return min(fits, key=lambda r: (r.mem_free - mem, r.gpu.index))
+
+
+def check_placement(placement: str) -> None:
+    if placement not in PLACEMENTS:
+        raise SliceError(f"no placement policy {placement!r}; choose one of: "
+                         + ", ".join(PLACEMENTS))
+
+
 class SliceManager:
-    def __init__(self, store: StateStore, gpus: Callable[[], list[Gpu]]):
+    def __init__(self, store: StateStore, gpus: Callable[[], list[Gpu]],
+                 placement: str = DEFAULT_PLACEMENT):
+        check_placement(placement)
+        self.placement = placement
         self.store = store
         self._gpus = gpus
         self._lock = threading.RLock()
@@ -83,7 +110,7 @@ class SliceManager:
     # -- changes -------------------------------------------------------------
 
     def attach(self, vm: str, mem: int, compute: int = 0, gpu: str | int | None = None,
-               cid: int | None = None) -> Slice:
+               cid: int | None = None, placement: str | None = None) -> Slice:
         with self._lock:
             if vm in self._slices:
                 raise SliceError(f"{vm!r} already has a slice; use hvgpu resize to change it")
@@ -91,7 +118,7 @@ class SliceManager:
                 other = self.by_cid(cid)
                 if other is not None:
                     raise SliceError(f"CID {cid} already belongs to {other.vm!r}")
-            room = self._place(mem, compute, gpu)
+            room = self._place(mem, compute, gpu, placement or self.placement)
             s = Slice(vm=vm, gpu_uuid=room.gpu.uuid, gpu_index=room.gpu.index, mem=mem,
                       compute=compute, cid=cid)
             self.store.put(s)
@@ -105,7 +132,9 @@ class SliceManager:
             self._slices[s.vm] = s
             return s
 
-    def _place(self, mem: int, compute: int, gpu: str | int | None) -> GpuRoom:
+    def _place(self, mem: int, compute: int, gpu: str | int | None,
+               placement: str = DEFAULT_PLACEMENT) -> GpuRoom:
+        check_placement(placement)
         rooms = self.rooms()
         if not rooms:
             raise NoRoom("this host has no GPU to place a slice on")
@@ -120,7 +149,7 @@ class SliceManager:
             want = format_size(mem) + (f" and {compute}% compute" if compute else "")
             raise NoRoom(f"no GPU has room for {want}: "
                          + "; ".join(r.describe() for r in rooms))
-        return min(fits, key=lambda r: (r.mem_free - mem, r.gpu.index))  # best fit
+        return _choose(fits, mem, placement)
 
     def resize(self, vm: str, mem: int | None = None, compute: int | None = None,
                in_use: int = 0) -> Slice:

@@ -109,3 +109,44 @@ def test_an_unreadable_state_file_is_reported_and_kept(tmp_path):
     with pytest.raises(StateError, match="left as it is"):
         StateStore(tmp_path)
     assert (tmp_path / "slices.db").read_bytes().startswith(b"this is not")
+
+
+def _recorded_host(tmp_path, placement):
+    """Two H200s as NVML reported them on the GPU machine (recorded answers)."""
+    from hvgpu.host.inventory import read_gpus
+    from tests.fake_nvml import H200, FakeNvml
+
+    nvml = FakeNvml([dict(H200, uuid="GPU-aaaa"), dict(H200, uuid="GPU-bbbb")])
+    return SliceManager(StateStore(tmp_path), lambda: read_gpus(nvml), placement)
+
+
+@pytest.mark.parametrize("placement, expected", [
+    ("best-fit", [0, 0, 0]),   # the tighter GPU each time: keep filling GPU 0
+    ("pack", [0, 0, 0]),       # lowest index first
+    ("spread", [0, 1, 0]),     # the emptier GPU each time
+])
+def test_placement_policies_on_a_two_gpu_host(tmp_path, placement, expected):
+    m = _recorded_host(tmp_path, placement)
+    placed = [m.attach(f"vm{i}", 20 * G).gpu_index for i in range(3)]
+    assert placed == expected
+
+
+def test_best_fit_and_pack_differ_where_a_later_gpu_is_tighter(tmp_path):
+    m = SliceManager(StateStore(tmp_path), gpus(80, 40), "pack")
+    assert m.attach("vm1", 30 * G).gpu_index == 0  # pack: GPU 0 first, though GPU 1 is tighter
+    assert m.attach("vm2", 30 * G, placement="best-fit").gpu_index == 1  # per-attach override
+    assert m.attach("vm3", 5 * G, placement="spread").gpu_index == 0  # 50 GiB free vs 10
+
+
+def test_a_full_gpu_sends_the_next_vm_to_the_other(tmp_path):
+    m = _recorded_host(tmp_path, "best-fit")
+    assert m.attach("big", 130 * G).gpu_index == 0
+    assert m.attach("next", 20 * G).gpu_index == 1  # GPU 0 has < 20 GiB left
+
+
+def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):
+    with pytest.raises(SliceError, match="best-fit, pack, spread"):
+        SliceManager(StateStore(tmp_path), gpus(80), "random")
+    m = SliceManager(StateStore(tmp_path), gpus(80))
+    with pytest.raises(SliceError, match="no placement policy 'first'"):
+        m.attach("vm1", G, placement="first")
