@@ -129,6 +129,7 @@ static CUresult get_function(struct hv_func **out, uint64_t module, const char *
     f->handle = v.function;
     f->nparams = -1;
     snprintf(f->name, sizeof f->name, "%s", name);
+    if (hv_trace_enabled() > 1) hv_log("kernel %s (module %llu)", name, (unsigned long long)module);
     *out = f;
     return CUDA_SUCCESS;
 }
