@@ -150,3 +150,15 @@ def test_an_agent_that_goes_away_is_a_cuda_error_for_the_program(fake_agent, tmp
     assert proc.returncode == 0, err  # no signal: the program saw an error and went on
     assert out == "second: 46 CUDA_ERROR_DEVICE_UNAVAILABLE\n"
     assert "lost the connection to the hvgpu agent" in err
+
+
+def test_ldconfig_prints_the_snippet_that_makes_the_shim_the_default():
+    out = _guest("ldconfig")
+    assert out.returncode == 0
+    assert "/etc/ld.so.conf.d/00-hvgpu.conf" in out.stdout
+    assert str(library().parent) in out.stdout.splitlines()
+
+
+def test_run_without_a_command_says_how():
+    out = _guest("run")
+    assert out.returncode == 2 and "hvgpu-guest run -- python3 train.py" in out.stderr

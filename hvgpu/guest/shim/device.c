@@ -335,7 +335,8 @@ HV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
 
 HV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned flags,
                                   CUdevice dev) {
-    if (n > 0 && params) return hv_unsupported("cuCtxCreate with execution affinity", &(int){0});
+    static int once;
+    if (n > 0 && params) return hv_unsupported("cuCtxCreate with execution affinity", &once);
     return create(pctx, flags, dev);
 }
 

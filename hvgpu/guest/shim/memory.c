@@ -180,12 +180,14 @@ HV_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUs
 }
 HV_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
                                 size_t n) {
-    if (dctx != sctx) return hv_unsupported("cuMemcpyPeer between two vGPUs", &(int){1});
+    static int once;
+    if (dctx != sctx) return hv_unsupported("cuMemcpyPeer between two vGPUs", &once);
     return dtod(dst, src, n, NULL);
 }
 HV_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
                                      CUcontext sctx, size_t n, CUstream s) {
-    if (dctx != sctx) return hv_unsupported("cuMemcpyPeerAsync between two vGPUs", &(int){1});
+    static int once;
+    if (dctx != sctx) return hv_unsupported("cuMemcpyPeerAsync between two vGPUs", &once);
     return dtod(dst, src, n, s);
 }
 
