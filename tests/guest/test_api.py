@@ -182,3 +182,27 @@ def test_ops_the_driver_shim_needs(conn):
     stream = conn.call("STREAM_CREATE_PRIORITY", 1, greatest)[0]
     conn.call("STREAM_SYNCHRONIZE", stream)
     conn.call("STREAM_DESTROY", stream)
+
+
+def test_launch_attributes_and_tensor_maps_are_checked_before_the_driver(conn):
+    module = ObjectCode.from_ptx(".visible .entry noop(\n", connection=conn)
+    fn = module.get_kernel("noop").function
+    attr = (4).to_bytes(4, "little") + bytes(68)  # a cluster-dimension attribute, 72 bytes
+    conn.post("LAUNCH_KERNEL_EX", fn, 1, 1, 1, 32, 1, 1, 0, 0, b"", attr)
+    conn.call("CTX_SYNCHRONIZE")  # accepted and run
+    conn.post("LAUNCH_KERNEL_EX", fn, 1, 1, 1, 32, 1, 1, 0, 0, b"", attr[:50])
+    with pytest.raises(CudaError, match="not a whole number") as info:
+        conn.call("CTX_SYNCHRONIZE")
+    assert info.value.status == 1
+    event_attr = (12).to_bytes(4, "little") + bytes(68)  # names an event: the executor's
+    conn.post("LAUNCH_KERNEL_EX", fn, 1, 1, 1, 32, 1, 1, 0, 0, b"", event_attr)
+    with pytest.raises(CudaError) as info:
+        conn.call("CTX_SYNCHRONIZE")
+    assert info.value.status == 801
+    with pytest.raises(CudaError, match="do not match rank 2"):
+        conn.call("TENSOR_MAP_ENCODE_TILED", 7, 2, 0x1000, bytes(16), bytes(16), bytes(8),
+                  bytes(8), 0, 0, 0, 0)
+    tmap = conn.call("TENSOR_MAP_ENCODE_TILED", 7, 2, 0x1000, bytes(16), bytes(8), bytes(8),
+                     bytes(8), 0, 0, 0, 0)[0]
+    assert len(tmap) == 128
+    assert conn.call("OCCUPANCY_CLUSTERS", 0, fn, 1, 1, 1, 32, 1, 1, 0, attr) == (16,)

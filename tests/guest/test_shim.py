@@ -162,3 +162,14 @@ def test_ldconfig_prints_the_snippet_that_makes_the_shim_the_default():
 def test_run_without_a_command_says_how():
     out = _guest("run")
     assert out.returncode == 2 and "hvgpu-guest run -- python3 train.py" in out.stderr
+
+
+def test_threads_of_one_program_share_the_connection_safely(fake_agent, tmp_path):
+    exe = tmp_path / "threads"
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(exe), str(HERE / "cuda/threads.c"),
+                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, HVGPU_AGENT=fake_agent.address,
+                                  LD_LIBRARY_PATH=str(library().parent)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == "threads=4 rounds=50 wrong=0\n"
