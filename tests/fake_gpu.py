@@ -99,6 +99,10 @@ class FakeDevice:
     def attribute(self, attrib):
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
                   8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152}
+        if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
+            values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
+                           81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
+                           127: 1, 41: 1, 33: 1, 14: 512, 9: 65536, 15: 1, 31: 1})
         if attrib not in values:
             raise CudaError(1, f"fake: unknown attribute {attrib}")
         return values[attrib]
@@ -111,6 +115,12 @@ class FakeDevice:
 
     def total_mem(self):
         return TOTAL
+
+    def ctx_limit(self, limit):
+        values = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
+        if limit not in values:
+            raise CudaError(1, f"fake: unknown limit {limit}")
+        return values[limit]
 
     def mem_info(self):
         used = sum(len(b) for b in self.mem.values())

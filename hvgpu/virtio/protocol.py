@@ -101,6 +101,8 @@ OPS: tuple[Op, ...] = (
            "the shim's cache, filled in one round trip."),
     Op(0x20, "CTX_SYNCHRONIZE", SYNC),
     Op(0x21, "MEM_GET_INFO", SYNC, (), _f("u64 free, u64 total")),
+    Op(0x28, "CTX_GET_LIMIT", SYNC, _f("i32 limit"), _f("u64 value"),
+       doc="cuCtxGetLimit of the executor's context; limit is CUlimit's number."),
     Op(0x22, "MEM_ALLOC", SYNC, _f("u64 size"), _f("u64 dptr"),
        doc="Returns the real device address in the executor's context."),
     Op(0x23, "MEM_FREE", SYNC, _f("u64 dptr")),

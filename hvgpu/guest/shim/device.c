@@ -401,12 +401,25 @@ HV_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
 }
 
 HV_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
-    /* A fresh context's values, as CUDA documents them; cuCtxSetLimit is not
-       built, so they are also the context's. */
-    static const size_t defaults[] = { 1024, 1 << 20, 8 << 20, 2, 2048, 0, 0 };
-    if (!value || limit < 0 || limit >= (int)(sizeof defaults / sizeof *defaults))
-        return CUDA_ERROR_INVALID_VALUE;
-    *value = defaults[limit];
+    /* The executor context's own answer, once per limit (cuCtxSetLimit is not built,
+       so they do not change). Libraries choose kernels by them: cuBLAS asks whether
+       the context is a CIG context and how much shared memory it may use. */
+    static size_t cached[32];
+    static unsigned char have[32];
+    if (!value || limit < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (limit < 32 && __atomic_load_n(&have[limit], __ATOMIC_ACQUIRE)) {
+        *value = cached[limit];
+        return CUDA_SUCCESS;
+    }
+    hvgpu_ctx_get_limit_req_t q = { limit };
+    hvgpu_ctx_get_limit_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_CTX_GET_LIMIT, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (r) return r;
+    *value = (size_t)v.value;
+    if (limit < 32) {
+        cached[limit] = (size_t)v.value;
+        __atomic_store_n(&have[limit], 1, __ATOMIC_RELEASE);
+    }
     return CUDA_SUCCESS;
 }
 

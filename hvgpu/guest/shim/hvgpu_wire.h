@@ -53,6 +53,7 @@ enum hvgpu_op {
     HVGPU_OP_DEVICE_GET_ATTRIBUTES = 0x17,  /* Attributes 1..count at once as i32 each (0 where the driver has none): the shim's cache, filled in one round trip. */
     HVGPU_OP_CTX_SYNCHRONIZE = 0x20,
     HVGPU_OP_MEM_GET_INFO = 0x21,
+    HVGPU_OP_CTX_GET_LIMIT = 0x28,  /* cuCtxGetLimit of the executor's context; limit is CUlimit's number. */
     HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
     HVGPU_OP_MEM_FREE = 0x23,
     HVGPU_OP_MEMCPY_HTOD = 0x24,  /* The payload is the source bytes; ordered on the stream (0: legacy default). */
@@ -182,6 +183,14 @@ typedef struct __attribute__((packed)) hvgpu_mem_get_info_rep {
     uint64_t free;
     uint64_t total;
 } hvgpu_mem_get_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_ctx_get_limit_req {
+    int32_t limit;
+} hvgpu_ctx_get_limit_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_ctx_get_limit_rep {
+    uint64_t value;
+} hvgpu_ctx_get_limit_rep_t;
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_req {
     uint64_t size;

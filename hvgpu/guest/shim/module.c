@@ -61,6 +61,7 @@ static CUresult load(uint64_t *module, const void *image) {
     CUresult r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, start, n, &v, sizeof v, NULL, NULL, 0);
     if (!r) *module = v.module;
     if (r && hv_trace_enabled()) hv_log("module load of %zu bytes failed: %d", n, r);
+    if (!r && hv_trace_enabled() > 1) hv_log("module %llu: %zu bytes", (unsigned long long)v.module, n);
     return r;
 }
 

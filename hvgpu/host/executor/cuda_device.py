@@ -157,6 +157,13 @@ class CudaDevice:
         free, total = _ok(cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
+    def ctx_limit(self, limit: int) -> int:
+        try:
+            which = cu.CUlimit(limit)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown context limit {limit}") from None
+        return int(_ok(cu.cuCtxGetLimit(which), "cuCtxGetLimit"))
+
     def synchronize(self) -> None:
         _ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 

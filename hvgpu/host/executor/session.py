@@ -360,6 +360,9 @@ class Session:
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()
 
+    def op_ctx_get_limit(self, hdr, limit):
+        return (self.device.ctx_limit(limit),)
+
     def op_mem_get_info(self, hdr):
         free, total = self.device.mem_info()
         if self.quota is not None:
