@@ -128,21 +128,26 @@ static CUresult context_number(CUcontext ctx, unsigned long long *number) {
 #define TEN(t) SLOT_FN(t##0) SLOT_FN(t##1) SLOT_FN(t##2) SLOT_FN(t##3) SLOT_FN(t##4) \
                SLOT_FN(t##5) SLOT_FN(t##6) SLOT_FN(t##7) SLOT_FN(t##8) SLOT_FN(t##9)
 SLOT_FN(1) SLOT_FN(2) SLOT_FN(3) SLOT_FN(5) SLOT_FN(6) SLOT_FN(7) SLOT_FN(8) SLOT_FN(9)
-TEN(1) TEN(2) TEN(3) TEN(4) TEN(5) TEN(6) TEN(7) TEN(8)
+TEN(1) TEN(2)
+SLOT_FN(30) SLOT_FN(31) SLOT_FN(32) SLOT_FN(33) SLOT_FN(34) SLOT_FN(35) SLOT_FN(36) SLOT_FN(37)
+SLOT_FN(38)
+TEN(4)
+SLOT_FN(50) SLOT_FN(52) SLOT_FN(53) SLOT_FN(54) SLOT_FN(55) SLOT_FN(56) SLOT_FN(57) SLOT_FN(58)
+SLOT_FN(59)
+TEN(6) TEN(7) TEN(8)
 SLOT_FN(90) SLOT_FN(91) SLOT_FN(92) SLOT_FN(93) SLOT_FN(94)
 #define S(n) (fnptr)context_slot_##n
 #define STEN(t) S(t##0), S(t##1), S(t##2), S(t##3), S(t##4), S(t##5), S(t##6), S(t##7), \
                 S(t##8), S(t##9)
 static fnptr context_table[CONTEXT_SLOTS] = {
     SLOTS(CONTEXT_SLOTS), S(1), S(2), S(3), (fnptr)context_number, S(5), S(6), S(7), S(8), S(9),
-    STEN(1), STEN(2), STEN(3), STEN(4), STEN(5), STEN(6), STEN(7), STEN(8),
+    STEN(1), STEN(2),
+    S(30), S(31), S(32), S(33), S(34), S(35), S(36), S(37), S(38), (fnptr)context_stream_id,
+    STEN(4),
+    S(50), (fnptr)context_stream, S(52), S(53), S(54), S(55), S(56), S(57), S(58), S(59),
+    STEN(6), STEN(7), STEN(8),
     S(90), S(91), S(92), S(93), S(94),
 };
-
-static void context_table_init(void) {
-    context_table[39] = (fnptr)context_stream_id;
-    context_table[51] = (fnptr)context_stream;
-}
 
 /* -- context-local storage: the runtime's per-context state -------------------- */
 
@@ -151,7 +156,7 @@ static struct { CUcontext ctx; void *key, *value; cls_dtor dtor; } cls[256];
 static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static CUcontext ctx_or_current(CUcontext ctx) {
-    return ctx ? ctx : (hv_current() ? hv_current() : hv_primary(0));
+    return ctx ? ctx : hv_current_or_primary();
 }
 
 static CUresult cls_put(CUcontext ctx, void *key, void *value, cls_dtor dtor) {
@@ -379,8 +384,6 @@ static const struct { unsigned char id[16]; const void *table; const char *name;
 };
 
 HV_EXPORT CUresult cuGetExportTable(const void **table, const unsigned char *id) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, context_table_init);
     if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < sizeof TABLES / sizeof *TABLES; i++) {
         if (!memcmp(TABLES[i].id, id, 16)) {

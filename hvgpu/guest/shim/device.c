@@ -127,8 +127,6 @@ HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
         *pi = hv_attrs[dev][attrib];
         return CUDA_SUCCESS;
     }
-    for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
-        if (NOT_CARRIED[i] == attrib) { *pi = 0; return CUDA_SUCCESS; }
     hvgpu_device_get_attribute_req_t q = { attrib, dev };
     hvgpu_device_get_attribute_rep_t v;
     r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
@@ -230,6 +228,8 @@ static __thread struct hv_ctx *ctx_stack[STACK_MAX];
 static __thread int ctx_depth;
 
 struct hv_ctx *hv_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+struct hv_ctx *hv_current_or_primary(void) { return hv_current() ? hv_current() : hv_primary(0); }
 
 static struct hv_ctx *valid_ctx(CUcontext ctx) {
     if (!ctx) return hv_current();

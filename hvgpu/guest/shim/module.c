@@ -113,17 +113,28 @@ HV_EXPORT CUresult cuModuleUnload(CUmodule module) {
     return hv_call(HVGPU_OP_MODULE_UNLOAD, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
 }
 
-static CUresult get_function(struct hv_func **out, uint64_t module, const char *name) {
-    if (!out || !name) return CUDA_ERROR_INVALID_VALUE;
+#define MAX_NAME 4096
+
+/* MODULE_GET_FUNCTION and MODULE_GET_GLOBAL both ask by (module, name). */
+_Static_assert(sizeof(hvgpu_module_get_function_req_t) == sizeof(hvgpu_module_get_global_req_t),
+               "the by-name requests share one layout");
+
+static CUresult call_by_name(uint16_t op, uint64_t module, const char *name, void *reply,
+                             uint32_t reply_size) {
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
     size_t len = strlen(name);
-    if (len > 4096) return CUDA_ERROR_INVALID_VALUE;
-    unsigned char body[sizeof(hvgpu_module_get_function_req_t) + 4096];
+    if (len > MAX_NAME) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char body[sizeof(hvgpu_module_get_function_req_t) + MAX_NAME];
     hvgpu_module_get_function_req_t q = { module, (uint32_t)len };
     memcpy(body, &q, sizeof q);
     memcpy(body + sizeof q, name, len);
+    return hv_call(op, body, (uint32_t)(sizeof q + len), NULL, 0, reply, reply_size, NULL, NULL, 0);
+}
+
+static CUresult get_function(struct hv_func **out, uint64_t module, const char *name) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_module_get_function_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_MODULE_GET_FUNCTION, body, (uint32_t)(sizeof q + len), NULL, 0,
-                         &v, sizeof v, NULL, NULL, 0);
+    CUresult r = call_by_name(HVGPU_OP_MODULE_GET_FUNCTION, module, name, &v, sizeof v);
     if (r) return r;
     struct hv_func *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -140,16 +151,8 @@ HV_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const cha
 }
 
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, uint64_t module, const char *name) {
-    if (!name) return CUDA_ERROR_INVALID_VALUE;
-    size_t len = strlen(name);
-    if (len > 4096) return CUDA_ERROR_INVALID_VALUE;
-    unsigned char body[sizeof(hvgpu_module_get_global_req_t) + 4096];
-    hvgpu_module_get_global_req_t q = { module, (uint32_t)len };
-    memcpy(body, &q, sizeof q);
-    memcpy(body + sizeof q, name, len);
     hvgpu_module_get_global_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_MODULE_GET_GLOBAL, body, (uint32_t)(sizeof q + len), NULL, 0,
-                         &v, sizeof v, NULL, NULL, 0);
+    CUresult r = call_by_name(HVGPU_OP_MODULE_GET_GLOBAL, module, name, &v, sizeof v);
     if (r) return r;
     if (!hv_alloc_find(v.dptr, NULL, NULL)) hv_alloc_add(v.dptr, v.size, 1);
     if (dptr) *dptr = v.dptr;
@@ -510,7 +513,7 @@ HV_EXPORT CUresult cuOccupancyMaxPotentialBlockSizeWithFlags(
     int *min_grid, int *block_size, CUfunction f, size_t (*smem_for)(int), size_t smem,
     int limit, unsigned flags) {
     if (!min_grid || !block_size || !f) return CUDA_ERROR_INVALID_VALUE;
-    int max_threads = 0, sms = 0, dev = hv_current() ? hv_current()->device : 0;
+    int max_threads = 0, sms = 0, dev = hv_current_or_primary()->device;
     CUresult r = cuFuncGetAttribute(&max_threads, 0 /* MAX_THREADS_PER_BLOCK */, f);
     if (!r) r = cuDeviceGetAttribute(&sms, 16 /* MULTIPROCESSOR_COUNT */, dev);
     if (r) return r;

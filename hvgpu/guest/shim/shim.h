@@ -87,6 +87,7 @@ extern int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];
 extern unsigned char hv_uuids[HV_MAX_DEVICES][16];
 struct hv_ctx *hv_primary(int device);
 struct hv_ctx *hv_current(void);
+struct hv_ctx *hv_current_or_primary(void); /* what a NULL context argument stands for */
 void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global);
 int hv_alloc_remove(CUdeviceptr ptr);
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);

@@ -100,14 +100,14 @@ HV_EXPORT CUresult cuStreamGetId(CUstream stream, unsigned long long *id) {
 HV_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
     (void)stream;
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = hv_current() ? hv_current() : hv_primary(0);
+    *ctx = hv_current_or_primary();
     return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) {
     (void)stream;
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
-    *dev = hv_current() ? hv_current()->device : 0;
+    *dev = hv_current_or_primary()->device;
     return CUDA_SUCCESS;
 }
 

@@ -72,8 +72,11 @@ void hv_log(const char *fmt, ...) {
 const char *hv_agent_address(void) {
     if (!W.address[0]) {
         const char *env = getenv("HVGPU_AGENT");
-        snprintf(W.address, sizeof W.address, "%s",
-                 env && *env ? env : "vsock://host:" "5170");
+        if (env && *env)
+            snprintf(W.address, sizeof W.address, "%s", env);
+        else /* the host seen from a VM, at the protocol table's port */
+            snprintf(W.address, sizeof W.address, "vsock://%d:%d", HVGPU_HOST_CID,
+                     HVGPU_DEFAULT_PORT);
     }
     return W.address;
 }
