@@ -1,9 +1,15 @@
-"""Builds the guest's libcuda.so.1 shim as part of every install of hvgpu.
+"""Builds hvgpu's two C libraries as part of every install.
 
-Everything else is declared in pyproject.toml. The shim is plain C (no
-Python API), compiled by setuptools' build_ext because that is what pip runs
-on every install, so a user never compiles it by hand. Without a C compiler
-the install still succeeds; `hvgpu-guest run` then says the shim is missing.
+Everything else is declared in pyproject.toml. Both are plain C (no Python
+API), compiled by setuptools' build_ext because that is what pip runs on
+every install, so a user never compiles them by hand:
+
+- the guest's ``libcuda.so.1`` shim;
+- the host executor's launch loop (``liblaunch_burst.so``, loaded with ctypes).
+
+Without a C compiler the install still succeeds: ``hvgpu-guest run`` then says
+the shim is missing, and the executor launches through its Python path (and
+logs that it does).
 """
 
 import os
@@ -15,37 +21,53 @@ SHIM = "hvgpu.guest.shim.libcuda"
 SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
 SOURCES = ["wire.c", "state.c", "device.c", "memory.c", "module.c", "stream.c", "dark.c",
            "proc.c", "stubs.c"]
+BURST = "hvgpu.host.executor.liblaunch_burst"
+# extension name -> file name: C libraries, not CPython modules
+PLAIN_C = {SHIM: "libcuda.so.1", BURST: "liblaunch_burst.so"}
 
 
-class BuildShim(build_ext):
-    """Names the shim libcuda.so.1 (not a Python extension's name) and links it as one."""
+class BuildPlainC(build_ext):
+    """Names each library as its loader expects (not a Python extension's name) and
+    links it without Python."""
+
+    def _plain(self, fullname):
+        return next((n for n in PLAIN_C if n == fullname or n.endswith("." + fullname)), None)
 
     def get_ext_filename(self, fullname):
         name = super().get_ext_filename(fullname)
-        if fullname.split(".")[-1] == SHIM.split(".")[-1]:  # asked with and without the package
-            return os.path.join(os.path.dirname(name), "libcuda.so.1")
-        return name
+        plain = self._plain(fullname)  # asked with and without the package
+        return os.path.join(os.path.dirname(name), PLAIN_C[plain]) if plain else name
 
     def get_export_symbols(self, ext):
-        return [] if ext.name == SHIM else super().get_export_symbols(ext)
+        return [] if ext.name in PLAIN_C else super().get_export_symbols(ext)
 
     def build_extension(self, ext):
-        if ext.name == SHIM:
-            # A driver library, not a CPython module: no Python headers or libpython.
+        if ext.name in PLAIN_C:
+            # No Python headers or libpython.
             self.compiler.include_dirs = []
             self.compiler.library_dirs = []
         super().build_extension(ext)
 
 
+FLAGS = ["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall"]
+
 setup(
-    ext_modules=[Extension(
-        SHIM,
-        sources=[os.path.join(SHIM_DIR, s) for s in SOURCES],
-        depends=[os.path.join(SHIM_DIR, h) for h in
-                 ("shim.h", "hvgpu_wire.h", "driver_api.def", "implemented.def")],
-        extra_compile_args=["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall"],
-        extra_link_args=["-Wl,-soname,libcuda.so.1", "-pthread"],
-        optional=True,
-    )],
-    cmdclass={"build_ext": BuildShim},
+    ext_modules=[
+        Extension(
+            SHIM,
+            sources=[os.path.join(SHIM_DIR, s) for s in SOURCES],
+            depends=[os.path.join(SHIM_DIR, h) for h in
+                     ("shim.h", "hvgpu_wire.h", "driver_api.def", "implemented.def")],
+            extra_compile_args=FLAGS,
+            extra_link_args=["-Wl,-soname,libcuda.so.1", "-pthread"],
+            optional=True,
+        ),
+        Extension(
+            BURST,
+            sources=[os.path.join("hvgpu", "host", "executor", "launch_burst.c")],
+            extra_compile_args=FLAGS,
+            optional=True,
+        ),
+    ],
+    cmdclass={"build_ext": BuildPlainC},
 )

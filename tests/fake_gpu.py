@@ -57,6 +57,11 @@ KERNELS = {
 }
 
 
+# cuLaunchKernel's C signature, for the session's C launch loop (launch_burst.c).
+_LAUNCH_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
+                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+
+
 class FakeDevice:
     caps = 3
 
@@ -70,6 +75,10 @@ class FakeDevice:
         self.allocated = 0
         self.freed = 0
         self.launches = 0
+        self.c_launches = 0  # of those, launched by the session's C loop
+        self._entry = None
+        self._values: dict = {}  # handle -> its C value, and back
+        self._handles: dict = {}
 
     # -- helpers for kernels -------------------------------------------------
 
@@ -228,6 +237,32 @@ class FakeDevice:
         args = struct.unpack(fmt, params) if fmt else ()
         body(self, *args)
 
+    def launch_entry(self):
+        if os.environ.get("HVGPU_FAKE_PYTHON_LAUNCH"):
+            return None
+        if self._entry is None:
+            def entry(fn, gx, gy, gz, bx, by, bz, shared, stream, kernel_params, extra):
+                try:
+                    params = b""
+                    if extra:  # {BUFFER_POINTER, ptr, BUFFER_SIZE, &size, END}
+                        size = ctypes.c_size_t.from_address(extra[3]).value
+                        params = ctypes.string_at(extra[1], size)
+                    self.launch(self._handles[fn], (gx, gy, gz), (bx, by, bz), shared,
+                                self._handles[stream], params)
+                except CudaError as exc:
+                    return exc.status
+                self.c_launches += 1
+                return 0
+            self._entry = _LAUNCH_ENTRY(entry)
+        return ctypes.cast(self._entry, ctypes.c_void_p).value
+
+    def handle_value(self, handle):
+        value = self._values.get(handle)
+        if value is None:
+            value = self._values[handle] = len(self._values) + 1
+            self._handles[value] = handle
+        return value
+
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs):
         self.launch(function, grid, block, shared_mem, stream, params)
 
@@ -294,7 +329,8 @@ class FakeDevice:
             os.makedirs(report, exist_ok=True)
             with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
                 json.dump({"allocated": self.allocated, "freed": self.freed,
-                           "left": len(self.mem), "launches": self.launches}, f)
+                           "left": len(self.mem), "launches": self.launches,
+                           "c_launches": self.c_launches}, f)
 
 
 class NoDriver:

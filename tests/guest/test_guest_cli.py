@@ -72,6 +72,11 @@ def test_guest_install_pulls_no_host_dependency(tmp_path):
                           text=True, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert shim.returncode == 0, shim.stderr  # the wheel carries the built libcuda.so.1
     assert "yes  cuLaunchKernel" in shim.stdout
+    burst = subprocess.run([str(py), "-c", "from hvgpu.host.executor import launch_burst; "
+                            "print(launch_burst.unavailable_reason() or 'built')"],
+                           capture_output=True, text=True, check=True, cwd=tmp_path,
+                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert burst.stdout.strip() == "built"  # and the executor's C launch loop
     host = subprocess.run([str(env_dir / "bin" / "hvgpu"), "gpus"], capture_output=True,
                           text=True)
     assert host.returncode == 1 and "pip install 'hvgpu[host]'" in host.stderr

@@ -203,7 +203,7 @@ def test_guest_vanishing_mid_copy_frees_everything_and_others_go_on(fake_agent):
     sock.sendall(pack_header(0x24, P.FLAG_ONEWAY, 3, 0, len(body), 1 << 20) + body + b"z" * 1000)
     sock.close()
     report, = reports(fake_agent, 1)
-    assert report == {"allocated": 3, "freed": 3, "left": 0, "launches": 0}
+    assert report == {"allocated": 3, "freed": 3, "left": 0, "launches": 0, "c_launches": 0}
     assert saxpy_works(fake_agent)
 
 
@@ -309,6 +309,46 @@ def test_coalesced_launches_keep_their_order_with_copies(fake_agent):
         out = np.empty(4, dtype=np.float32)
         y.copy_to(out)
         assert list(out) == [sum(range(1000))] * 4
+
+
+def saxpy_on(conn, x_values):
+    """(device, saxpy kernel, x holding x_values, y zeroed), four floats each."""
+    dev = Device(connection=conn)
+    kernel = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
+    x, y = dev.allocate(16), dev.allocate(16)
+    x.copy_from(np.asarray(x_values, dtype=np.float32))
+    y.fill(0)
+    return dev, kernel, x, y
+
+
+def test_runs_of_launches_are_launched_by_the_c_loop_with_the_same_results(fake_agent):
+    with Connection(fake_agent.address) as conn:
+        dev, kernel, x, y = saxpy_on(conn, range(4))
+        for _ in range(1000):
+            launch(kernel, LaunchConfig(), np.float32(2), x, y, 4)
+        out = np.empty(4, dtype=np.float32)
+        y.copy_to(out)
+        assert list(out) == [0, 2000, 4000, 6000]
+    report, = reports(fake_agent, 1)
+    assert report["launches"] == 1000
+    assert report["c_launches"] >= 990  # the first is judged by Python: its layout is new
+
+
+def test_a_failed_launch_in_a_run_surfaces_at_the_next_sync_and_later_work_still_runs(
+        fake_agent):
+    with Connection(fake_agent.address) as conn:
+        dev, kernel, x, y = saxpy_on(conn, [1] * 4)
+        for i in range(401):
+            bad = i == 200  # a pointer that is not GPU memory, in the middle of the run
+            launch(kernel, LaunchConfig(), np.float32(1), x, y.ptr + (1 << 40) * bad, 4)
+        with pytest.raises(CudaError) as caught:
+            dev.sync()
+        assert caught.value.deferred and caught.value.status == 700
+        out = np.empty(4, dtype=np.float32)
+        y.copy_to(out)
+        assert list(out) == [400] * 4
+    report, = reports(fake_agent, 1)
+    assert report["launches"] == 401 and report["c_launches"] >= 300
 
 
 def test_malformed_launch_is_reported_at_the_next_sync(fake_agent):

@@ -246,33 +246,39 @@ class CudaDevice:
             layout.append((int(offset), int(size)))
         return layout
 
-    def launch(self, function, grid, block, shared_mem, stream, params) -> None:
+    def _extra(self, params):
+        """CUDA's `extra` array for this thread's launch buffer, holding ``params``
+        (None when the kernel takes none)."""
         n = len(params)
+        if not n:
+            return None
+        if n > _MAX_PARAMS:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
         tls = self._tls
-        if n:
-            if n > _MAX_PARAMS:
-                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
-            tls.view[:n] = params
-            tls.size.value = n
+        tls.view[:n] = params
+        tls.size.value = n
+        return tls.extra_addr
+
+    def launch(self, function, grid, block, shared_mem, stream, params) -> None:
         err = self._launch(int(function), grid[0], grid[1], grid[2], block[0], block[1],
-                           block[2], shared_mem, int(stream), None,
-                           tls.extra_addr if n else None)
+                           block[2], shared_mem, int(stream), None, self._extra(params))
         if err:
             _raise(err, "cuLaunchKernel")
 
+    def launch_entry(self) -> int:
+        """cuLaunchKernel's address, for the session's C launch loop (launch_burst)."""
+        return ctypes.cast(self._launch, ctypes.c_void_p).value
+
+    def handle_value(self, handle) -> int:
+        """The CUfunction or CUstream pointer behind a handle this device returned."""
+        return int(handle)
+
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs) -> None:
-        n = len(params)
-        tls = self._tls
-        if n:
-            if n > _MAX_PARAMS:
-                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
-            tls.view[:n] = params
-            tls.size.value = n
+        extra = self._extra(params)
         raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
         cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
                             int(stream), ctypes.addressof(raw), len(attrs) // 72)
-        err = _driver_library().cuLaunchKernelEx(ctypes.byref(cfg), int(function), None,
-                                                 tls.extra_addr if n else None)
+        err = _driver_library().cuLaunchKernelEx(ctypes.byref(cfg), int(function), None, extra)
         if err:
             _raise(err, "cuLaunchKernelEx")
 

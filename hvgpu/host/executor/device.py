@@ -56,6 +56,13 @@ class GpuDevice(Protocol):
     def launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int,
                stream: Any, params: memoryview) -> None:
         """``params`` is a view of the packed parameter buffer, valid during the call."""
+    def launch_entry(self) -> int | None:
+        """Address of a C function with cuLaunchKernel's signature that launches on
+        this device for the calling thread, for the session's C launch loop; None:
+        launches go through :meth:`launch` only."""
+    def handle_value(self, handle: Any) -> int:
+        """The C value (CUfunction, CUstream) that :meth:`launch_entry`'s function takes
+        for a function or stream handle of this device."""
     def launch_ex(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: Any,
                   params: bytes, attrs: bytes) -> None:
         """cuLaunchKernelEx; ``attrs`` is a raw CUlaunchAttribute array."""

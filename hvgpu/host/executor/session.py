@@ -23,6 +23,7 @@ from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
+from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.staging import StagingRing
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+_HEADER_SIZE = P.HEADER.size
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
 
@@ -133,6 +135,21 @@ class Session:
         self.handlers: dict[int, Callable] = {
             code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
         self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+        self.burst = self._launch_burst()
+
+    def _launch_burst(self) -> LaunchBurst | None:
+        """The C loop for runs of launches, or None: every launch takes the Python path."""
+        entry = self.device.launch_entry() if self.device is not None else None
+        if not entry:
+            return None
+        if unavailable_reason():
+            log.warning("%s: launches go through the Python path (slower): %s", self.peer,
+                        unavailable_reason())
+            return None
+        burst = LaunchBurst(entry)
+        for special in (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD):
+            burst.set_stream(special, self.device.handle_value(self.device.stream(special)))
+        return burst
 
     # -- the loop ---------------------------------------------------------
 
@@ -151,10 +168,15 @@ class Session:
     def _serve(self) -> None:
         if not self._handshake():
             return
-        read_frame = self.reader.read_frame
+        reader = self.reader
+        read_frame = reader.read_frame
         handlers = self.handlers
         request = codec.REQUEST
+        burst = self.burst
         while True:
+            if burst is not None and reader.end - reader.start >= _HEADER_SIZE \
+                    and not reader.payload_left:
+                self._run_burst(burst)
             try:
                 hdr, body = read_frame()
             except ProtocolError as exc:
@@ -198,6 +220,21 @@ class Session:
             if not oneway and result is not _ALREADY_REPLIED:
                 send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0,
                            codec.REPLY[hdr.op].encode(result or ()))
+
+    def _run_burst(self, burst: LaunchBurst) -> None:
+        """Launch the buffered run of launches in C; the frame it stops at is read next."""
+        reader = self.reader
+        consumed, launched, status, seq = burst.run(reader.buf, reader.start, reader.end,
+                                                    self.version, reader.max_body)
+        reader.start += consumed
+        if consumed:
+            self.counts["frames"] += launched + (status != 0)
+            self.counts["launches"] += launched
+        if status:
+            err = CudaError(status, "cuLaunchKernel")
+            log.debug("%s: LAUNCH_KERNEL seq %d failed: %s", self.peer, seq, err)
+            if self.deferred is None:
+                self.deferred = (err, _LAUNCH, seq)
 
     def _handshake(self) -> bool:
         try:
@@ -274,6 +311,9 @@ class Session:
         if self.quota is not None and self.allocs.total:
             _quietly(self.quota.release, self.allocs.total)
         self.allocs = Allocations()
+        if self.burst is not None:
+            self.burst.close()
+            self.burst = None
         if self.owns_device:
             _quietly(self.device.close)
         self.device = None
@@ -462,6 +502,8 @@ class Session:
             self.functions.pop(fid)
             self.layouts.pop(fid, None)
             self.launchable.pop(fid, None)
+            if self.burst is not None:
+                self.burst.drop_function(fid)
 
     def op_module_get_function(self, hdr, module, name):
         fn = self.device.module_function(self.modules.get(module), name)
@@ -490,10 +532,7 @@ class Session:
 
     def op_launch_kernel_ex(self, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params,
                             attrs):
-        fn, need = self._launchable(function)
-        if len(params) != need:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
+        fn = self._launch_params(function, params)
         if len(attrs) % _LAUNCH_ATTR_SIZE:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                             f"{len(attrs)} bytes of launch attributes is not a whole number")
@@ -526,7 +565,18 @@ class Session:
             layout = self._layout(function)
             entry = self.launchable[function] = (
                 self.functions.get(function)[1], (layout[-1][0] + layout[-1][1]) if layout else 0)
+            if self.burst is not None:
+                self.burst.set_function(function, self.device.handle_value(entry[0]), entry[1])
         return entry
+
+    def _launch_params(self, function: int, params) -> Any:
+        """The function to launch, once the parameter buffer has the kernel's size."""
+        entry = self.launchable.get(function)
+        fn, need = entry if entry is not None else self._launchable(function)
+        if len(params) != need:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
+        return fn
 
     def _layout(self, function: int) -> list:
         layout = self.layouts.get(function)
@@ -548,23 +598,25 @@ class Session:
         function, gx, gy, gz, bx, by, bz, shared, stream, n = _LAUNCH_FIXED.unpack_from(body)
         if len(body) != size + n:
             raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
-        entry = self.launchable.get(function)
-        fn, need = entry if entry is not None else self._launchable(function)
-        if n != need:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"parameter buffer is {n} bytes, the kernel takes {need}")
-        self.device.launch(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream),
-                           body[size:])
+        params = body[size:]
+        self.device.launch(self._launch_params(function, params), (gx, gy, gz), (bx, by, bz),
+                           shared, self._stream(stream), params)
         self.counts["launches"] += 1
 
     def op_launch_kernel(self, hdr, *values):
         raise AssertionError("LAUNCH_KERNEL is served by Session.launch")
 
     def op_stream_create(self, hdr, flags):
-        return (self.streams.add(self.device.stream_create(flags)),)
+        return (self._add_stream(self.device.stream_create(flags)),)
 
     def op_stream_create_priority(self, hdr, flags, priority):
-        return (self.streams.add(self.device.stream_create(flags, priority)),)
+        return (self._add_stream(self.device.stream_create(flags, priority)),)
+
+    def _add_stream(self, stream) -> int:
+        handle = self.streams.add(stream)
+        if self.burst is not None:
+            self.burst.set_stream(handle, self.device.handle_value(stream))
+        return handle
 
     def op_stream_priority_range(self, hdr):
         return self.device.stream_priority_range()
@@ -572,6 +624,8 @@ class Session:
     def op_stream_destroy(self, hdr, stream):
         self.device.stream_destroy(self.streams.get(stream))
         self.streams.pop(stream)
+        if self.burst is not None:
+            self.burst.drop_stream(stream)
 
     def op_stream_synchronize(self, hdr, stream):
         self.device.stream_synchronize(self._stream(stream))
