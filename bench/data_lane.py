@@ -167,12 +167,15 @@ class Hvgpu:
         self.scratch = self.dev.allocate(1024)
 
     def launches(self, n):
-        conn, fn = self.conn, self.noop.function
-        params = self.noop.pack((self.scratch, 0))
-        grid, block = (1, 1, 1), (32, 1, 1)
+        # The public call, packing its arguments every time, as CuPy's kernel call does.
+        import numpy as np
+
+        from hvgpu.guest import LaunchConfig, launch
+
+        k, x, zero, config = self.noop, self.scratch, np.int32(0), LaunchConfig(1, 32)
         t0 = time.perf_counter()
         for _ in range(n):
-            conn.launch(fn, grid, block, 0, 0, params)
+            launch(k, config, x, zero)
         self.dev.sync()
         return n / (time.perf_counter() - t0)
 
