@@ -19,8 +19,16 @@ int main() {
     int hw[1024];
     CHECK(cudaMemcpyAsync(hw, w, sizeof hw, cudaMemcpyDeviceToHost, 0));
     CHECK(cudaStreamSynchronize(0));
-    printf("copies_memset: bytes=%zu 0x5a=%zu 0x11=%zu ints_all_minus1=%d\n", n, c5a, c11,
-           hw[0] == -1 && hw[1023] == -1);
-    CHECK(cudaFree(a)); CHECK(cudaFree(b)); CHECK(cudaFree(w));
-    return !(c11 == 5100 && c5a == n - 5100);
+    // a pitched 300 x 16 byte matrix, there and back by 2D copies
+    unsigned char *m, src[16][300], back[16][300];
+    size_t pitch;
+    CHECK(cudaMallocPitch((void **)&m, &pitch, 300, 16));
+    for (int r = 0; r < 16; r++) for (int c = 0; c < 300; c++) src[r][c] = (unsigned char)(r * 7 + c);
+    CHECK(cudaMemcpy2D(m, pitch, src, 300, 300, 16, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy2D(back, 300, m, pitch, 300, 16, cudaMemcpyDeviceToHost));
+    int pitched_ok = !memcmp(src, back, sizeof src) && pitch >= 300;
+    printf("copies_memset: bytes=%zu 0x5a=%zu 0x11=%zu ints_all_minus1=%d pitch=%zu pitched_ok=%d\n",
+           n, c5a, c11, hw[0] == -1 && hw[1023] == -1, pitch, pitched_ok);
+    CHECK(cudaFree(a)); CHECK(cudaFree(b)); CHECK(cudaFree(w)); CHECK(cudaFree(m));
+    return !(c11 == 5100 && c5a == n - 5100 && pitched_ok);
 }
