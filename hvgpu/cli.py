@@ -86,10 +86,11 @@ def _share(pct: int) -> str:
 
 
 def _slice_rows(slices, extra=()):
-    rows = [["VM", "GPU", "MEMORY", "COMPUTE", "CID", *[h for h, _ in extra]]]
+    rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "CID", *[h for h, _ in extra]]]
     for s in slices:
-        rows.append([s["vm"], str(s["gpu_index"]), format_size(s["mem"]), _share(s["compute"]),
-                     "-" if s["cid"] is None else str(s["cid"]), *[f(s) for _, f in extra]])
+        rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
+                     _share(s["compute"]), "-" if s["cid"] is None else str(s["cid"]),
+                     *[f(s) for _, f in extra]])
     return rows
 
 
@@ -200,27 +201,40 @@ def gpus(ctx, as_json):
 @click.option("--cid", type=int, default=None, metavar="N",
               help="The VM's vsock CID, for VMs that libvirt does not manage "
                    "(Firecracker, Cloud Hypervisor, plain QEMU).")
+@click.option("--count", type=click.IntRange(1, 8), default=1, show_default=True,
+              help="How many vGPUs, each with --mem and --compute, on distinct GPUs "
+                   "(unless --gpu names one); the guest sees devices 0..COUNT-1.")
+@click.option("--add", is_flag=True,
+              help="VM already has vGPUs: attach more after them (its next device numbers).")
 @_json_option
 @click.pass_context
-def attach(ctx, vm, mem, compute, gpu, cid, placement, as_json):
-    """Give VM a GPU slice; it applies to the VM's next CUDA connection.
+def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
+    """Give VM a GPU slice (a vGPU); it applies to the VM's next CUDA connection.
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
     gets one (hot-plugged, live and in its config), and the slice is written
     into the domain's metadata (virsh dumpxml shows it).
 
+    A VM may have several vGPUs (--count, or --add later), each served by its
+    own executor on its GPU; the guest reaches vGPU N at the data lane's vsock
+    port + N, which hvgpu-guest does by itself.
+
     \b
     Examples:
       hvgpu attach vm1 --mem 4G
       hvgpu attach vm2 --mem 8G --compute 25% --gpu 1
+      hvgpu attach vm3 --mem 16G --count 2
+      hvgpu attach vm1 --mem 4G --add
       hvgpu attach fc-vm --mem 2G --cid 3
     """
     s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid,
-              placement=placement)
+              placement=placement, count=count if count != 1 else None, add=add or None)
 
     def text(s):
-        line = (f"attached {s['vm']}: {format_size(s['mem'])}, compute {_share(s['compute'])}, "
-                f"GPU {s['gpu_index']} ({s['gpu_uuid']})")
+        line = f"attached {s['vm']}: " + "; ".join(
+            (f"device {v['device']}: " if len(s["vgpus"]) > 1 or v["device"] else "")
+            + f"{format_size(v['mem'])}, compute {_share(v['compute'])}, "
+              f"GPU {v['gpu_index']} ({v['gpu_uuid']})" for v in s["vgpus"])
         if "vsock_cid" in s:
             line += (f", vsock CID {s['vsock_cid']}" if s["vsock_cid"] is not None
                      else ", vsock CID assigned when the domain starts")
@@ -231,27 +245,34 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, as_json):
 @cli.command()
 @click.argument("vm")
 @click.option("--unplug", is_flag=True, help="Also remove the domain's vsock device.")
+@click.option("--device", type=int, default=None, metavar="N",
+              help="Only the VM's vGPU N, which must be its last [default: all of them].")
 @_json_option
 @click.pass_context
-def detach(ctx, vm, unplug, as_json):
+def detach(ctx, vm, unplug, device, as_json):
     """Remove VM's slice (and its domain metadata); its CUDA connections are closed.
 
     \b
     Examples:
       hvgpu detach vm1
       hvgpu detach vm1 --unplug
+      hvgpu detach vm3 --device 1
     """
-    s = _call(ctx, "detach", vm=vm, unplug=unplug or None)
-    _emit(s, as_json, lambda s: f"detached {s['vm']} (released {format_size(s['mem'])})")
+    s = _call(ctx, "detach", vm=vm, unplug=unplug or None, device=device)
+    _emit(s, as_json, lambda s: f"detached {s['vm']}"
+          + (f" device {s['device']}" if device is not None else "")
+          + f" (released {format_size(sum(v['mem'] for v in s['vgpus']))})")
 
 
 @cli.command()
 @click.argument("vm")
 @click.option("--mem", default=None, metavar="SIZE", help="New memory quota.")
 @click.option("--compute", default=None, metavar="SHARE", help="New compute share.")
+@click.option("--device", type=int, default=0, show_default=True, metavar="N",
+              help="Which of the VM's vGPUs.")
 @_json_option
 @click.pass_context
-def resize(ctx, vm, mem, compute, as_json):
+def resize(ctx, vm, mem, compute, device, as_json):
     """Change a running VM's slice.
 
     The memory quota changes at once for every connection of the VM; shrinking
@@ -265,10 +286,11 @@ def resize(ctx, vm, mem, compute, as_json):
       hvgpu resize vm1 --mem 8G
       hvgpu resize vm1 --compute 50%
     """
-    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute)
+    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None)
 
     def text(s):
-        line = f"resized {s['vm']}: {format_size(s['mem'])}, compute {_share(s['compute'])}"
+        line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
+                + f": {format_size(s['mem'])}, compute {_share(s['compute'])}")
         if s.get("pending"):
             line += ("\nCUDA connections already open keep their MPS limits until they close; "
                      "new ones get the new limits")

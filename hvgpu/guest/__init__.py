@@ -12,8 +12,9 @@ from hvgpu.guest.client import Connection
 from hvgpu.guest.device import Buffer, Device, Event, Stream
 from hvgpu.guest.program import (Kernel, LaunchConfig, ObjectCode, Program, ProgramOptions,
                                  launch)
-from hvgpu.guest.runtime import connect, default_connection
+from hvgpu.guest.runtime import connect, default_connection, device_count
 
 __all__ = ["Buffer", "CompileError", "Connection", "ConnectionLost", "CudaError", "Device",
            "Event", "HvgpuError", "Kernel", "LaunchConfig", "ObjectCode", "Program",
-           "ProgramOptions", "Stream", "connect", "default_connection", "launch"]
+           "ProgramOptions", "Stream", "connect", "default_connection", "device_count",
+           "launch"]

@@ -15,13 +15,15 @@ Must not import ``hvgpu.host`` or anything the guest package does not ship.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import threading
 import time
 
 from hvgpu import __version__
-from hvgpu.errors import CompileError, ConnectionLost, CudaError, HvgpuError, ProtocolError
+from hvgpu.errors import (AddressError, CompileError, ConnectionLost, CudaError, HvgpuError,
+                          ProtocolError)
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import Address, parse_address
@@ -41,12 +43,24 @@ _HTOD_OP, _FREE_OP, _COMPILE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"], P.OP["M
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
 
 
-def default_address() -> Address:
-    """$HVGPU_AGENT, else the host's agent over vsock."""
+def default_address(device: int = 0) -> Address:
+    """Where this VM's vGPU ``device`` is served.
+
+    $HVGPU_AGENT: one address per device, comma-separated, or one address
+    whose port + N reaches device N (vsock, hvsock, tcp: the agent listens so);
+    without it, the host's agent over vsock at the data lane's port + N.
+    """
     text = os.environ.get(ENV_ADDRESS)
-    if text:
-        return parse_address(text)
-    return Address("vsock", cid=P.HOST_CID, port=P.DEFAULT_PORT)
+    if not text:
+        return Address("vsock", cid=P.HOST_CID, port=P.DEFAULT_PORT + device)
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if device < len(items):
+        return parse_address(items[device])
+    base = parse_address(items[0])
+    if len(items) == 1 and base.scheme != "unix":
+        return dataclasses.replace(base, port=base.port + device)
+    raise AddressError(f"{ENV_ADDRESS}={text!r} gives no address for device {device}: list "
+                       "one address per device, comma-separated")
 
 
 class Connection:

@@ -33,11 +33,12 @@ def _stream_handle(stream) -> int:
 
 
 class Device:
-    """The guest's vGPU (device 0 of its connection)."""
+    """One of the guest's vGPUs. Each is its own connection (to the executor of that
+    vGPU on its GPU), which serves it as its device 0."""
 
     def __init__(self, device_id: int = 0, *, connection: Connection | None = None):
         self.device_id = device_id
-        self.conn = connection or default_connection()
+        self.conn = connection or default_connection(device_id)
         self._cache: dict = {}
 
     def __repr__(self) -> str:
@@ -50,21 +51,21 @@ class Device:
 
     def attribute(self, attrib: int) -> int:
         return self._get(("attr", attrib), lambda: self.conn.call(
-            "DEVICE_GET_ATTRIBUTE", attrib, self.device_id)[0])
+            "DEVICE_GET_ATTRIBUTE", attrib, 0)[0])
 
     @property
     def name(self) -> str:
-        return self._get("name", lambda: self.conn.call("DEVICE_GET_NAME", self.device_id)[0])
+        return self._get("name", lambda: self.conn.call("DEVICE_GET_NAME", 0)[0])
 
     @property
     def uuid(self) -> str:
-        raw = self._get("uuid", lambda: self.conn.call("DEVICE_GET_UUID", self.device_id)[0])
+        raw = self._get("uuid", lambda: self.conn.call("DEVICE_GET_UUID", 0)[0])
         h = raw.hex()
         return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
     @property
     def total_memory(self) -> int:
-        return self._get("mem", lambda: self.conn.call("DEVICE_TOTAL_MEM", self.device_id)[0])
+        return self._get("mem", lambda: self.conn.call("DEVICE_TOTAL_MEM", 0)[0])
 
     @property
     def compute_capability(self) -> tuple[int, int]:
@@ -123,6 +124,11 @@ class Buffer:
         The source may be reused as soon as this returns: its bytes are on
         their way to the host.
         """
+        if isinstance(src, Buffer) and src.conn is not self.conn:
+            # Another vGPU's memory (cuMemcpyPeer): its executor is another process,
+            # perhaps on another GPU, so the bytes come through this guest.
+            self.copy_from(src.copy_to(), stream=stream, offset=offset)
+            return
         if isinstance(src, Buffer):
             n = src.size
             self._check(offset, n)

@@ -32,8 +32,8 @@ from typing import Callable
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.slices import SliceManager
-from hvgpu.host.state import StateStore
+from hvgpu.host.slices import MAX_VGPUS, SliceManager
+from hvgpu.host.state import StateStore, slice_key, split_key
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
 from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
@@ -68,9 +68,10 @@ class Executor:
 
 @dataclass(eq=False)
 class SliceExecutor:
-    """One executor process of a slice; a resize may start a newer generation."""
+    """One executor process of a vGPU (a VM's slice of one GPU); a resize may start a
+    newer generation."""
 
-    vm: str
+    key: str  # the vGPU: Slice.key
     process: subprocess.Popen
     ctrl: object  # the agent's end of the control channel
     generation: int
@@ -83,7 +84,8 @@ class SliceExecutor:
 
 
 def split_binding(text: str) -> tuple[str, str | None]:
-    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', 'vm1')."""
+    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', 'vm1'); a binding to
+    'vm1#1' serves that VM's vGPU 1."""
     address, eq, vm = text.rpartition("=")
     if eq and vm and "/" not in vm and ":" not in vm:
         return address, vm
@@ -94,11 +96,12 @@ class Agent:
     def __init__(self, config: AgentConfig, gpus: Callable | None = None):
         self.config = config
         self.listeners: list[Listener] = []
-        self.bindings: dict[Listener, str] = {}
+        self.bindings: dict[Listener, str] = {}  # -> the vGPU key it serves
+        self.device_ports: dict[Listener, int] = {}  # vsock listener -> the vGPU it reaches
         self.executors: dict[int, Executor] = {}
         self.slice_executors: list[SliceExecutor] = []
-        self.current: dict[str, SliceExecutor] = {}
-        self.ledgers: dict[str, QuotaLedger] = {}
+        self.current: dict[str, SliceExecutor] = {}  # by vGPU key
+        self.ledgers: dict[str, QuotaLedger] = {}  # by vGPU key
         self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
@@ -107,7 +110,7 @@ class Agent:
                 from hvgpu.host.inventory import read_gpus as gpus
             self.slices = SliceManager(StateStore(config.state_dir), gpus, config.placement)
             for s in self.slices.list():
-                self.ledgers[s.vm] = QuotaLedger(s.mem)
+                self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
         self.libvirt_reason = "no libvirt URI configured"
         self.mps = MpsDaemon(Path(config.state_dir or "/tmp/hvgpu") / "mps")
@@ -121,10 +124,14 @@ class Agent:
     def start(self) -> None:
         """Open every listener; raise if none could be opened."""
         addresses = list(self.config.listen)
+        devices = {}
         if self.config.vsock_port is not None:
             if vsock_available():
-                addresses.insert(0, str(Address("vsock", cid=VMADDR_CID_ANY,
-                                                port=self.config.vsock_port)))
+                # vGPU N of a VM is reached at the port + N (see hvgpu.guest.client)
+                vsock = [str(Address("vsock", cid=VMADDR_CID_ANY, port=self.config.vsock_port + d))
+                         for d in range(MAX_VGPUS if self.slices is not None else 1)]
+                devices = {a: d for d, a in enumerate(vsock)}
+                addresses[:0] = vsock
             else:
                 log.warning("vsock is not available on this host (load the vhost_vsock "
                             "module); guests in VMs cannot reach this agent")
@@ -140,6 +147,8 @@ class Agent:
             self.listeners.append(listener)
             if vm:
                 self.bindings[listener] = vm
+            if text in devices:
+                self.device_ports[listener] = devices[text]
             self._selector.register(listener, selectors.EVENT_READ, ("listen", listener))
             log.info("listening on %s%s", listener.address, f" for VM {vm}" if vm else "")
         if not self.listeners:
@@ -167,7 +176,7 @@ class Agent:
             for change in self.vms.reconcile(self.slices):
                 log.info("reconciled with libvirt: %s", change)
             with self.lock:
-                self.ledgers = {s.vm: self.ledgers.get(s.vm) or QuotaLedger(s.mem)
+                self.ledgers = {s.key: self.ledgers.get(s.key) or QuotaLedger(s.mem)
                                 for s in self.slices.list()}
             hypervisor.watch(self._on_vm_event)
         except HvgpuError as exc:
@@ -181,7 +190,8 @@ class Agent:
         """Lifecycle events, from libvirt's event loop thread."""
         if self.vms is not None:
             self.vms.forget_cids()
-        if vm not in self.ledgers:
+        keys = self._keys_of(vm)
+        if not keys:
             return
         if what == "stopped":
             log.info("%s stopped: releasing its slice's executors and GPU memory "
@@ -189,16 +199,18 @@ class Agent:
             self.release_vm(vm)
         elif what in ("started", "resumed"):
             with self.lock:
-                if vm not in self.current and self.slices is not None:
-                    log.info("%s started: restoring its slice's executor", vm)
-                    self._spawn_slice(vm)
+                for key in keys:
+                    if key not in self.current and self.slices is not None:
+                        log.info("%s started: restoring the executor of %s", vm, key)
+                        self._spawn_slice(key)
         elif what == "undefined":
             log.info("%s was undefined: its slice is removed", vm)
             try:
                 self.slices.detach(vm)
             except HvgpuError:
                 pass
-            self.slice_detached(vm)
+            for key in keys:
+                self.slice_detached(key)
         elif what == "migrating":
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
                       "slice; its slice stays on this host and its CUDA connections will end. "
@@ -259,24 +271,29 @@ class Agent:
         self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
         log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
 
+    def _keys_of(self, vm: str) -> list[str]:
+        with self.lock:
+            return sorted(k for k in self.ledgers if split_key(k)[0] == vm)
+
     def _route(self, listener: Listener, peer: str) -> tuple[str, str]:
-        """("slice", VM), ("whole", "") or ("refuse", why)."""
+        """("slice", vGPU key), ("whole", "") or ("refuse", why)."""
         if self.slices is None:
             return "whole", ""
-        vm = self.bindings.get(listener)
-        if vm is not None:
-            if vm not in self.ledgers:
-                return "refuse", (f"no GPU slice is attached to VM {vm!r}; on the host: "
-                                  f"hvgpu attach {vm} --mem SIZE")
-            return "slice", vm
+        key = self.bindings.get(listener)
+        if key is not None:
+            if key not in self.ledgers:
+                return "refuse", self._no_vgpu(*split_key(key))
+            return "slice", key
         if listener.address.scheme == "vsock":
+            device = self.device_ports.get(listener, 0)
             cid = int(peer.split(":")[1])
             s = self.slices.by_cid(cid)
-            if s is not None:
-                return "slice", s.vm
-            vm = self.vms.vm_for_cid(cid) if self.vms is not None else None
-            if vm is not None and vm in self.ledgers:
-                return "slice", vm
+            vm = s.vm if s is not None else (
+                self.vms.vm_for_cid(cid) if self.vms is not None else None)
+            if vm is not None and self._keys_of(vm):
+                if slice_key(vm, device) not in self.ledgers:
+                    return "refuse", self._no_vgpu(vm, device)
+                return "slice", slice_key(vm, device)
             named = f"VM {vm!r}" if vm else f"the VM with CID {cid}"
             fix = f"hvgpu attach {vm} --mem SIZE" if vm else \
                 f"hvgpu attach VM --mem SIZE --cid {cid}"
@@ -286,41 +303,48 @@ class Agent:
                               f"with --listen {listener.address}=VM")
         return "whole", ""
 
-    def _to_slice(self, vm: str, conn, peer: str) -> None:
+    def _no_vgpu(self, vm: str, device: int) -> str:
+        if device == 0 or not self._keys_of(vm):
+            return (f"no GPU slice is attached to VM {vm!r}; on the host: "
+                    f"hvgpu attach {vm} --mem SIZE")
+        return (f"VM {vm!r} has {len(self._keys_of(vm))} vGPU(s), not a device {device}; on "
+                f"the host: hvgpu attach {vm} --mem SIZE --add")
+
+    def _to_slice(self, key: str, conn, peer: str) -> None:
         for attempt in (1, 2):
-            ex = self.current.get(vm)
+            ex = self.current.get(key)
             if ex is None or ex.process.poll() is not None:
-                ex = self._spawn_slice(vm)
+                ex = self._spawn_slice(key)
             try:
                 send_message(ex.ctrl, json.dumps({"op": "conn", "peer": peer}).encode(),
                              [conn.fileno()])
             except OSError as exc:
-                log.warning("slice %s: executor pid %d did not take %s (%s)", vm,
+                log.warning("slice %s: executor pid %d did not take %s (%s)", key,
                             ex.process.pid, peer, exc)
-                self.current.pop(vm, None)
+                self.current.pop(key, None)
                 continue
             ex.connections += 1
-            log.info("%s connected: slice %s, executor pid %d", peer, vm, ex.process.pid)
+            log.info("%s connected: slice %s, executor pid %d", peer, key, ex.process.pid)
             break
         conn.close()
 
-    def _spawn_slice(self, vm: str) -> SliceExecutor:
-        s = self.slices.get(vm)
+    def _spawn_slice(self, key: str) -> SliceExecutor:
+        s = self.slices.by_key(key)
         ours, theirs = control_pair()
         env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
-                                                      "--slice", vm, "--compute", str(s.compute),
+                                                      "--slice", key, "--compute", str(s.compute),
                                                       "--gpu", "0"], env)
         theirs.close()
-        generation = 1 + max((e.generation for e in self.slice_executors if e.vm == vm),
+        generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
                              default=0)
-        ex = SliceExecutor(vm, proc, ours, generation, s.mem, s.compute, self.mps.running)
+        ex = SliceExecutor(key, proc, ours, generation, s.mem, s.compute, self.mps.running)
         self.slice_executors.append(ex)
-        self.current[vm] = ex
+        self.current[key] = ex
         self._selector.register(ours, selectors.EVENT_READ, ("ctrl", ex))
-        log.info("slice %s: executor pid %d (generation %d) on %s, %d MiB%s", vm, proc.pid,
+        log.info("slice %s: executor pid %d (generation %d) on %s, %d MiB%s", key, proc.pid,
                  generation, s.gpu_uuid, s.mem >> 20,
                  f", {s.compute}% of the SMs (MPS)" if self.mps.running and s.compute else "")
         return ex
@@ -334,23 +358,25 @@ class Agent:
             return
         msg = json.loads(data)
         op = msg.get("op")
-        ledger = self.ledgers.get(ex.vm)
+        ledger = self.ledgers.get(ex.key)
         if op == "reserve":
             try:
                 if ledger is None:
-                    raise CudaError(P.HV_NO_SLICE, f"the slice of {ex.vm!r} was detached")
+                    raise CudaError(P.HV_NO_SLICE, f"the slice {ex.key!r} was detached")
                 ledger.reserve(ex, int(msg["n"]))
                 reply = {"ok": True}
             except CudaError as exc:
                 reply = {"ok": False, "status": exc.status, "message": exc.detail}
         elif op == "usage":
             reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+        elif op == "vgpus":  # the guest's device count: every vGPU of the VM
+            reply = {"count": len(self._keys_of(split_key(ex.key)[0]))}
         else:
             if op == "release" and ledger is not None:
                 ledger.release(ex, int(msg["n"]))
             elif op == "closed":
                 ex.connections = max(0, ex.connections - 1)
-                log.info("%s disconnected from slice %s", msg.get("peer"), ex.vm)
+                log.info("%s disconnected from slice %s", msg.get("peer"), ex.key)
             return
         reply.update(op="reply", id=msg.get("id"))
         try:
@@ -368,60 +394,64 @@ class Agent:
             ex.ctrl.close()
             if ex in self.slice_executors:
                 self.slice_executors.remove(ex)
-            if self.current.get(ex.vm) is ex:
-                del self.current[ex.vm]
-            ledger = self.ledgers.get(ex.vm)
+            if self.current.get(ex.key) is ex:
+                del self.current[ex.key]
+            ledger = self.ledgers.get(ex.key)
             freed = ledger.drop(ex) if ledger else 0
             self.ending.append(ex)
         log.info("slice %s: executor pid %d left; %d MiB of its reservations released",
-                 ex.vm, ex.process.pid, freed >> 20)
+                 ex.key, ex.process.pid, freed >> 20)
 
     # -- slice changes (called by the control API) ---------------------------------
 
-    def slice_attached(self, vm: str, mem: int) -> None:
+    def slice_attached(self, key: str, mem: int) -> None:
         with self.lock:
-            self.ledgers[vm] = QuotaLedger(mem)
+            self.ledgers[key] = QuotaLedger(mem)
 
-    def slice_detached(self, vm: str) -> None:
-        """Disconnect the slice's guests and end its executors."""
+    def slice_detached(self, key: str) -> None:
+        """Disconnect the vGPU's guests and end its executors."""
         with self.lock:
-            self.ledgers.pop(vm, None)
-            self.release_vm(vm)
+            self.ledgers.pop(key, None)
+            self._release(lambda k: k == key)
 
     def release_vm(self, vm: str) -> None:
-        """End the executors of a VM's slice; the slice and its ledger stay."""
+        """End the executors of every vGPU of a VM; the slices and ledgers stay."""
+        self._release(lambda k: split_key(k)[0] == vm)
+
+    def _release(self, which) -> None:
         with self.lock:
-            self.current.pop(vm, None)
-            for ex in [e for e in self.slice_executors if e.vm == vm]:
+            for key in [k for k in self.current if which(k)]:
+                del self.current[key]
+            for ex in [e for e in self.slice_executors if which(e.key)]:
                 try:
                     ex.ctrl.shutdown(2)  # the executor sees the end of its channel
                 except OSError:
                     pass
 
-    def slice_resized(self, vm: str, mem: int, compute: int) -> bool:
+    def slice_resized(self, key: str, mem: int, compute: int) -> bool:
         """Apply new limits; True when running guests keep older MPS limits for now."""
         with self.lock:
-            ledger = self.ledgers.get(vm)
+            ledger = self.ledgers.get(key)
             if ledger is not None:
                 ledger.limit = mem  # accounting: at once, for every connection
-            ex = self.current.get(vm)
+            ex = self.current.get(key)
             if ex is None or not ex.mps or (ex.mem, ex.compute) == (mem, compute):
                 return False
             # MPS limits are fixed per client process: new connections get a new
             # executor with the new limits; this one ends with its last connection.
             ex.retiring = True
-            del self.current[vm]
+            del self.current[key]
             try:
                 send_message(ex.ctrl, json.dumps({"op": "retire"}).encode())
             except OSError:
                 pass
             return ex.connections > 0
 
-    def slice_usage(self, vm: str) -> tuple[int, list[SliceExecutor]]:
+    def slice_usage(self, key: str) -> tuple[int, list[SliceExecutor]]:
         with self.lock:
-            ledger = self.ledgers.get(vm)
+            ledger = self.ledgers.get(key)
             return (ledger.used if ledger else 0,
-                    [e for e in self.slice_executors if e.vm == vm])
+                    [e for e in self.slice_executors if e.key == key])
 
     def _spawn(self, fd: int, peer: str) -> subprocess.Popen:
         return self._start_executor(fd, ["--fd", str(fd), "--peer", peer,
@@ -445,7 +475,7 @@ class Agent:
                 continue
             self.ending.remove(sx)
             log.log(logging.INFO if code == 0 else logging.WARNING,
-                    "slice %s: executor pid %d ended with %s", sx.vm, sx.process.pid,
+                    "slice %s: executor pid %d ended with %s", sx.key, sx.process.pid,
                     _describe(code))
         for pid, ex in list(self.executors.items()):
             code = ex.process.poll()

@@ -48,10 +48,11 @@ class ControlAPI:
         return f"memory enforced by accounting; compute time-shared ({reason})"
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
-               placement: str | None = None) -> dict:
-        """Reserve a slice for ``vm``; a libvirt domain also gets a vsock device
-        (hot-plugged, live and in its config, when missing) and the slice in
-        its metadata. Every step is undone if a later one fails."""
+               placement: str | None = None, count: int = 1, add: bool = False) -> dict:
+        """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has); a
+        libvirt domain also gets a vsock device (hot-plugged, live and in its config,
+        when missing) and its vGPUs in its metadata. Every step is undone if a later
+        one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
         vms = self.agent.vms
         bound = vm in self.agent.bindings.values()
         by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
@@ -64,42 +65,59 @@ class ControlAPI:
         with Transaction() as tx:
             if by_libvirt:
                 vm = vms.prepare(vm, tx)
-            s = self.slices.attach(vm, size, share, gpu, cid, placement)
-            tx.on_undo(lambda: self.slices.detach(vm), "slice record")
+            new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
+            for s in reversed(new):
+                tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
             if by_libvirt:
-                vms.record(s, tx)
-            self.agent.slice_attached(vm, size)
-        d = s.as_dict()
+                vms.record(self.slices.of_vm(vm), tx)
+            for s in new:
+                self.agent.slice_attached(s.key, size)
+        d = new[0].as_dict()
+        d["vgpus"] = [s.as_dict() for s in new]
         if by_libvirt:
             d["vsock_cid"] = vms.hv.vsock_cid(vms.hv.domain(vm))
         return d
 
-    def detach(self, vm: str, unplug: bool = False) -> dict:
-        """Remove the slice; with ``unplug``, also the domain's vsock device.
+    def detach(self, vm: str, unplug: bool = False, device: int | None = None) -> dict:
+        """Remove the VM's vGPUs, or only its last one (``device``); with ``unplug``
+        (all of them only), also the domain's vsock device.
 
         The domain is changed first, so a failure there leaves everything as it was.
+        Returns the first removed vGPU, with all removed ones under "vgpus".
         """
-        s = self.slices.get(vm)
+        s = self.slices.get(vm, device or 0)
         vms = self.agent.vms
         if unplug and (vms is None or s.cid is not None):
             raise HvgpuError(f"{vm!r} is not a libvirt domain known to the agent: nothing "
                              "to unplug (run without --unplug to remove its slice)")
-        if vms is not None and s.cid is None:
+        if unplug and device is not None:
+            raise HvgpuError("--unplug removes the VM's vsock device, which all its vGPUs "
+                             "use: detach them all (no --device) to unplug it")
+        libvirt_vm = vms is not None and s.cid is None
+        if libvirt_vm and device is not None:
+            self.slices.get(vm, device)
+            rest = [x for x in self.slices.of_vm(vm) if x.device != device]
+            vms.record(rest) if rest else vms.forget(vm, False)
+        elif libvirt_vm:
             vms.forget(vm, unplug)
-        self.slices.detach(vm)
-        self.agent.slice_detached(vm)
-        return s.as_dict()
+        gone = self.slices.detach(vm, device)
+        for g in gone:
+            self.agent.slice_detached(g.key)
+        d = gone[0].as_dict()
+        d["vgpus"] = [g.as_dict() for g in gone]
+        return d
 
-    def resize(self, vm: str, mem=None, compute=None) -> dict:
+    def resize(self, vm: str, mem=None, compute=None, device: int = 0) -> dict:
         if mem in (None, "") and compute in (None, ""):
             raise HvgpuError("nothing to change: give --mem and/or --compute")
-        used, _ = self.agent.slice_usage(vm)
+        key = self.slices.get(vm, device).key
+        used, _ = self.agent.slice_usage(key)
         s = self.slices.resize(vm, parse_size(mem) if mem not in (None, "") else None,
                                parse_share(compute) if compute not in (None, "") else None,
-                               in_use=used)
-        pending = self.agent.slice_resized(vm, s.mem, s.compute)
+                               in_use=used, device=device)
+        pending = self.agent.slice_resized(key, s.mem, s.compute)
         if self.agent.vms is not None and s.cid is None and self.agent.vms.knows(vm):
-            self.agent.vms.record(s)
+            self.agent.vms.record(self.slices.of_vm(vm))
         d = s.as_dict()
         d["pending"] = pending
         return d
@@ -115,7 +133,7 @@ class ControlAPI:
             util = {}
         out = []
         for s in self.slices.list():
-            used, executors = self.agent.slice_usage(s.vm)
+            used, executors = self.agent.slice_usage(s.key)
             d = s.as_dict()
             d.update(mem_used=used, connections=sum(e.connections for e in executors),
                      gpu_utilization=util.get(s.gpu_uuid),

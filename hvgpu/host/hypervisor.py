@@ -84,6 +84,14 @@ class DomainSlice:
     gpu_index: int
     mem: int
     compute: int
+    device: int = 0
+
+
+def _recorded(vm: str, element, device: int) -> DomainSlice:
+    gpu = element.find("gpu")
+    return DomainSlice(vm=vm, gpu_uuid=gpu.get("uuid"), gpu_index=int(gpu.get("index")),
+                       mem=int(element.findtext("memory")),
+                       compute=int(element.findtext("compute") or 0), device=device)
 
 
 class Hypervisor:
@@ -181,8 +189,10 @@ class Hypervisor:
 
     # -- slice metadata ---------------------------------------------------------------
 
-    def write_slice(self, dom, gpu_uuid: str, gpu_index: int, mem: int, compute: int) -> None:
-        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute)
+    def write_slice(self, dom, gpu_uuid: str, gpu_index: int, mem: int, compute: int,
+                    more: list[dict] = ()) -> None:
+        """The VM's vGPU 0, and its others in ``more`` (see render.slice_metadata_xml)."""
+        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute, more)
         try:
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, PREFIX, NAMESPACE,
                             self._flags(dom))
@@ -199,30 +209,32 @@ class Hypervisor:
                             dom.name()) from None
 
     def read_slice(self, dom) -> DomainSlice | None:
+        """The VM's vGPU 0 as recorded, or None."""
+        vgpus = self.read_vgpus(dom)
+        return vgpus[0] if vgpus else None
+
+    def read_vgpus(self, dom) -> list[DomainSlice]:
+        """Every vGPU recorded in the domain, by device number."""
         flags = 0 if self.is_active(dom) else libvirt.VIR_DOMAIN_AFFECT_CONFIG
         try:
             xml = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, NAMESPACE, flags)
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
-                return None
+                return []
             raise translate(exc, f"reading {dom.name()}'s metadata", dom.name()) from None
         root = ET.fromstring(xml)
-        gpu = root.find("gpu")
         try:
-            return DomainSlice(vm=dom.name(), gpu_uuid=gpu.get("uuid"),
-                               gpu_index=int(gpu.get("index")),
-                               mem=int(root.findtext("memory")),
-                               compute=int(root.findtext("compute") or 0))
+            out = [_recorded(dom.name(), root, 0)]
+            out += [_recorded(dom.name(), v, int(v.get("device"))) for v in root.findall("vgpu")]
         except (AttributeError, TypeError, ValueError):
             log.warning("%s: hvgpu metadata is malformed, ignored: %s", dom.name(), xml)
-            return None
+            return []
+        return sorted(out, key=lambda d: d.device)
 
     def recorded_slices(self) -> list[DomainSlice]:
         out = []
         for dom in sorted(self.conn.listAllDomains(), key=lambda d: d.name()):
-            s = self.read_slice(dom)
-            if s is not None:
-                out.append(s)
+            out += self.read_vgpus(dom)
         return out
 
     # -- lifecycle events -----------------------------------------------------------------

@@ -35,9 +35,12 @@ def vsock_xml(cid: int | None = None) -> str:
     return render("libvirt/vsock.xml.j2", cid=cid)
 
 
-def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int) -> str:
+def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int,
+                       more: list[dict] = ()) -> str:
+    """A VM's vGPU 0 at the top (what the first release wrote and reads), the others in
+    ``more`` (dicts: device, gpu_uuid, gpu_index, mem, compute) as <vgpu> elements."""
     return render("libvirt/slice-metadata.xml.j2", namespace=NAMESPACE, gpu_uuid=gpu_uuid,
-                  gpu_index=gpu_index, mem=mem, compute=compute)
+                  gpu_index=gpu_index, mem=mem, compute=compute, more=list(more))
 
 
 def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: str = "qcow2",

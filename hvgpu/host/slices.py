@@ -15,7 +15,7 @@ from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
-from hvgpu.host.state import Slice, StateStore
+from hvgpu.host.state import Slice, StateStore, slice_key, split_key
 from hvgpu.units import format_size
 
 
@@ -73,7 +73,12 @@ def check_placement(placement: str) -> None:
                          + ", ".join(PLACEMENTS))
 
 
+MAX_VGPUS = 8  # per VM: the guest reaches vGPU N at the data lane's port + N
+
+
 class SliceManager:
+    """The vGPUs of every VM, by key (``Slice.key``: VM for device 0, VM#N for device N)."""
+
     def __init__(self, store: StateStore, gpus: Callable[[], list[Gpu]],
                  placement: str = DEFAULT_PLACEMENT):
         check_placement(placement)
@@ -81,69 +86,112 @@ class SliceManager:
         self.store = store
         self._gpus = gpus
         self._lock = threading.RLock()
-        self._slices = {s.vm: s for s in store.all()}
+        self._slices = {s.key: s for s in store.all()}
 
     # -- queries -------------------------------------------------------------
 
     def list(self) -> list[Slice]:
         with self._lock:
-            return sorted(self._slices.values(), key=lambda s: s.vm)
+            return sorted(self._slices.values(), key=lambda s: (s.vm, s.device))
 
-    def get(self, vm: str) -> Slice:
+    def of_vm(self, vm: str) -> list[Slice]:
+        """The VM's vGPUs by device number; [] if it has none."""
         with self._lock:
-            try:
-                return self._slices[vm]
-            except KeyError:
-                raise UnknownVm(f"no slice is attached to {vm!r} (hvgpu list shows them)") from None
+            return sorted((s for s in self._slices.values() if s.vm == vm),
+                          key=lambda s: s.device)
+
+    def get(self, vm: str, device: int = 0) -> Slice:
+        with self._lock:
+            s = self._slices.get(slice_key(vm, device))
+            if s is not None:
+                return s
+            mine = self.of_vm(vm)
+            if not mine:
+                raise UnknownVm(f"no slice is attached to {vm!r} (hvgpu list shows them)")
+            raise SliceError(f"{vm!r} has no vGPU {device}; its devices are "
+                             + ", ".join(str(m.device) for m in mine))
+
+    def by_key(self, key: str) -> Slice:
+        return self.get(*split_key(key))
 
     def by_cid(self, cid: int) -> Slice | None:
+        """The VM's device 0 (every vGPU of a VM carries its CID)."""
         with self._lock:
-            return next((s for s in self._slices.values() if s.cid == cid), None)
+            return next((s for s in self.list() if s.cid == cid), None)
 
     def rooms(self, exclude: str | None = None) -> list[GpuRoom]:
+        """Each GPU's reservations, leaving out the vGPU keyed ``exclude``."""
         rooms = []
         for gpu in self._gpus():
-            mine = [s for s in self._slices.values() if s.gpu_uuid == gpu.uuid and s.vm != exclude]
+            mine = [s for s in self._slices.values()
+                    if s.gpu_uuid == gpu.uuid and s.key != exclude]
             rooms.append(GpuRoom(gpu, sum(s.mem for s in mine), sum(s.compute for s in mine)))
         return rooms
 
     # -- changes -------------------------------------------------------------
 
     def attach(self, vm: str, mem: int, compute: int = 0, gpu: str | int | None = None,
-               cid: int | None = None, placement: str | None = None) -> Slice:
+               cid: int | None = None, placement: str | None = None, count: int = 1,
+               add: bool = False) -> list[Slice]:
+        """``count`` new vGPUs for ``vm``, each with ``mem`` and ``compute``; with ``add``,
+        after the ones it has. Unless ``gpu`` names one, each goes to a GPU this VM does
+        not use yet. All are placed, or none."""
         with self._lock:
-            if vm in self._slices:
-                raise SliceError(f"{vm!r} already has a slice; use hvgpu resize to change it")
-            if cid is not None:
+            mine = self.of_vm(vm)
+            if mine and not add:
+                raise SliceError(f"{vm!r} already has {len(mine)} vGPU(s); use hvgpu resize "
+                                 "to change one, or attach --add for another")
+            if not 1 <= count <= MAX_VGPUS - len(mine):
+                raise SliceError(f"a VM has at most {MAX_VGPUS} vGPUs; {vm!r} has "
+                                 f"{len(mine)}, {count} more asked for")
+            if mine:
+                if cid is not None and cid != mine[0].cid:
+                    raise SliceError(f"{vm!r} is known by CID {mine[0].cid}, not {cid}")
+                cid = mine[0].cid
+            elif cid is not None:
                 other = self.by_cid(cid)
                 if other is not None:
                     raise SliceError(f"CID {cid} already belongs to {other.vm!r}")
-            room = self._place(mem, compute, gpu, placement or self.placement)
-            s = Slice(vm=vm, gpu_uuid=room.gpu.uuid, gpu_index=room.gpu.index, mem=mem,
-                      compute=compute, cid=cid)
-            self.store.put(s)
-            self._slices[vm] = s
-            return s
+            policy = placement or self.placement
+            check_placement(policy)
+            new: list[Slice] = []
+            for device in range(len(mine), len(mine) + count):
+                room = self._place(mem, compute, gpu, policy, mine + new)
+                new.append(Slice(vm=vm, gpu_uuid=room.gpu.uuid, gpu_index=room.gpu.index,
+                                 mem=mem, compute=compute, cid=cid, device=device))
+            self.store.put(*new)
+            for s in new:
+                self._slices[s.key] = s
+            return new
 
     def adopt(self, s: Slice) -> Slice:
-        """Take a slice recorded elsewhere (a domain's metadata) as it is."""
+        """Take a vGPU recorded elsewhere (a domain's metadata) as it is."""
         with self._lock:
             self.store.put(s)
-            self._slices[s.vm] = s
+            self._slices[s.key] = s
             return s
 
     def _place(self, mem: int, compute: int, gpu: str | int | None,
-               placement: str = DEFAULT_PLACEMENT) -> GpuRoom:
-        check_placement(placement)
+               placement: str = DEFAULT_PLACEMENT, siblings: list[Slice] = ()) -> GpuRoom:
         rooms = self.rooms()
         if not rooms:
             raise NoRoom("this host has no GPU to place a slice on")
+        for r in rooms:  # count vGPUs placed earlier in the same attach
+            taken = [s for s in siblings if s.gpu_uuid == r.gpu.uuid and s.key not in self._slices]
+            r.mem_reserved += sum(s.mem for s in taken)
+            r.compute_reserved += sum(s.compute for s in taken)
         if gpu is not None:
             named = [r for r in rooms if str(r.gpu.index) == str(gpu) or r.gpu.uuid == str(gpu)]
             if not named:
                 raise SliceError(f"no GPU {gpu!r} on this host; GPUs: "
                                  + ", ".join(f"{r.gpu.index} ({r.gpu.uuid})" for r in rooms))
             rooms = named
+        elif siblings:  # a VM's vGPUs on distinct GPUs, unless one is named
+            used = {s.gpu_uuid for s in siblings}
+            rooms = [r for r in rooms if r.gpu.uuid not in used]
+            if not rooms:
+                raise NoRoom(f"every GPU of this host already holds a vGPU of this VM "
+                             f"({len(used)}); name one with --gpu to put a second there")
         fits = [r for r in rooms if r.mem_free >= mem and r.compute_free >= compute]
         if not fits:
             want = format_size(mem) + (f" and {compute}% compute" if compute else "")
@@ -152,28 +200,43 @@ class SliceManager:
         return _choose(fits, mem, placement)
 
     def resize(self, vm: str, mem: int | None = None, compute: int | None = None,
-               in_use: int = 0) -> Slice:
+               in_use: int = 0, device: int = 0) -> Slice:
         with self._lock:
-            s = self.get(vm)
+            s = self.get(vm, device)
+            name = vm if len(self.of_vm(vm)) == 1 else f"vGPU {device} of {vm!r}"
             new_mem = s.mem if mem is None else mem
             new_compute = s.compute if compute is None else compute
             if new_mem < in_use:
-                raise SliceError(f"cannot shrink {vm!r} to {format_size(new_mem)}: its guest "
+                raise SliceError(f"cannot shrink {name} to {format_size(new_mem)}: its guest "
                                  f"uses {format_size(in_use)} now")
-            room = next((r for r in self.rooms(exclude=vm) if r.gpu.uuid == s.gpu_uuid), None)
+            room = next((r for r in self.rooms(exclude=s.key) if r.gpu.uuid == s.gpu_uuid),
+                        None)
             if room is None:
-                raise SliceError(f"the GPU of {vm!r} ({s.gpu_uuid}) is no longer on this host")
+                raise SliceError(f"the GPU of {name} ({s.gpu_uuid}) is no longer on this host")
             if new_mem > room.mem_free or new_compute > room.compute_free:
-                raise NoRoom(f"cannot grow {vm!r} to {format_size(new_mem)}"
+                raise NoRoom(f"cannot grow {name} to {format_size(new_mem)}"
                              + (f", {new_compute}% compute" if new_compute else "")
                              + f": {room.describe()} besides this slice")
             s.mem, s.compute = new_mem, new_compute
             self.store.put(s)
             return s
 
-    def detach(self, vm: str) -> Slice:
+    def detach(self, vm: str, device: int | None = None) -> list[Slice]:
+        """All of the VM's vGPUs, or its last one (``device``): CUDA numbers a VM's
+        devices 0..N-1 without gaps."""
         with self._lock:
-            s = self.get(vm)
-            self.store.delete(vm)
-            del self._slices[vm]
-            return s
+            mine = self.of_vm(vm)
+            if not mine:
+                self.get(vm)  # raises UnknownVm
+            if device is None:
+                gone = mine
+            else:
+                s = self.get(vm, device)
+                if device != mine[-1].device:
+                    raise SliceError(f"detach vGPU {mine[-1].device} of {vm!r} first: the "
+                                     f"guest numbers its devices 0..{len(mine) - 1} without gaps")
+                gone = [s]
+            self.store.delete(vm, None if device is None else device)
+            for s in gone:
+                del self._slices[s.key]
+            return gone

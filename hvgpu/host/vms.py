@@ -62,11 +62,24 @@ class VmDirectory:
             tx.on_undo(lambda: self.hv.unplug_vsock(dom), "vsock hot-plug")
         return dom.name()
 
-    def record(self, s: Slice, tx: Transaction | None = None) -> None:
-        dom = self.hv.domain(s.vm)
-        self.hv.write_slice(dom, s.gpu_uuid, s.gpu_index, s.mem, s.compute)
+    def record(self, vgpus: list[Slice], tx: Transaction | None = None) -> None:
+        """Write all of one VM's vGPUs (device 0 first) into its domain."""
+        first, *more = sorted(vgpus, key=lambda s: s.device)
+        dom = self.hv.domain(first.vm)
+        before = self.hv.read_vgpus(dom) if tx is not None else []
+        self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
+                            [dict(device=s.device, gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index,
+                                  mem=s.mem, compute=s.compute) for s in more])
         if tx is not None:
-            tx.on_undo(lambda: self.hv.clear_slice(dom), "slice metadata")
+            tx.on_undo(lambda: self._restore(dom, before), "slice metadata")
+
+    def _restore(self, dom, before: list) -> None:
+        if not before:
+            self.hv.clear_slice(dom)
+            return
+        first, *more = before
+        self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
+                            [vars(d) for d in more])
 
     def forget(self, vm: str, unplug: bool) -> None:
         try:
@@ -85,20 +98,26 @@ class VmDirectory:
         longer exists (and that was not attached by CID) is removed.
         """
         changes = []
-        recorded = {d.vm: d for d in self.hv.recorded_slices()}
-        known = {s.vm: s for s in slices.list()}
-        for vm, d in recorded.items():
+        recorded: dict[str, list] = {}
+        for d in self.hv.recorded_slices():
+            recorded.setdefault(d.vm, []).append(d)
+        known: dict[str, list[Slice]] = {}
+        for s in slices.list():
+            known.setdefault(s.vm, []).append(s)
+        for vm, ds in recorded.items():
             if vm not in known:
-                slices.adopt(Slice(vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index,
-                                   mem=d.mem, compute=d.compute))
-                changes.append(f"{vm}: slice restored from the domain's metadata")
-        for vm, s in known.items():
-            if vm in recorded:
+                for d in ds:
+                    slices.adopt(Slice(vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index,
+                                       mem=d.mem, compute=d.compute, device=d.device))
+                changes.append(f"{vm}: slice restored from the domain's metadata"
+                               + (f" ({len(ds)} vGPUs)" if len(ds) > 1 else ""))
+        for vm, mine in known.items():
+            if vm in recorded and len(recorded[vm]) == len(mine):
                 continue
             if self.knows(vm):
-                self.record(s)
+                self.record(mine)
                 changes.append(f"{vm}: slice written into the domain's metadata")
-            elif s.cid is None:
+            elif mine[0].cid is None:
                 slices.detach(vm)
                 changes.append(f"{vm}: the domain no longer exists; its slice was removed")
         return changes

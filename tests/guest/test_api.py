@@ -159,7 +159,7 @@ def test_readme_example_runs_as_written(fake_agent, monkeypatch):
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     monkeypatch.setenv("HVGPU_AGENT", fake_agent.address)
-    monkeypatch.setattr(runtime, "_default", None)
+    monkeypatch.setattr(runtime, "_defaults", {})
     exec(compile(example, "README.md", "exec"), {})
 
 

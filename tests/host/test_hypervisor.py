@@ -67,6 +67,15 @@ def test_slice_metadata_round_trips_on_running_and_defined_domains(h):
     assert h.read_slice(running) is None
 
 
+def test_every_vgpu_of_a_vm_round_trips_through_its_metadata(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-f", devices=""))
+    h.write_slice(dom, "GPU-abc", 0, 4 << 30, 25,
+                  [dict(device=1, gpu_uuid="GPU-def", gpu_index=1, mem=2 << 30, compute=50)])
+    assert [(d.device, d.gpu_uuid, d.mem, d.compute) for d in h.read_vgpus(dom)] == [
+        (0, "GPU-abc", 4 << 30, 25), (1, "GPU-def", 2 << 30, 50)]
+    assert h.read_slice(dom).device == 0
+
+
 def test_lifecycle_events_arrive(h):
     seen = []
     got = threading.Event()

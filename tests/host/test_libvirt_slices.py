@@ -139,3 +139,17 @@ def test_a_restarted_agent_reconciles_with_the_domains(tmp_path):
         again.stop()
         keep.destroy()
         keep.undefine()
+
+
+def test_every_vgpu_of_a_domain_is_recorded_and_restored_from_its_metadata(agent):
+    dom = define(agent, vsock_domain("lv-v"))
+    agent.api.attach("lv-v", "64M", gpu=0, count=2)  # the test double has one GPU: named
+    assert '<vgpu device="1">' in dom.XMLDesc(0).replace("hvgpu:", "")
+    agent.agent.slices.detach("lv-v")  # the agent forgets; the domain remembers
+    assert agent.agent.vms.reconcile(agent.agent.slices) == [
+        "lv-v: slice restored from the domain's metadata (2 vGPUs)"]
+    assert [(x["vm"], x["device"]) for x in agent.api.list()] == [("lv-v", 0), ("lv-v", 1)]
+    agent.api.detach("lv-v", device=1)
+    assert "vgpu device=" not in dom.XMLDesc(0) and "urn:x-hvgpu:slice:1" in dom.XMLDesc(0)
+    agent.api.detach("lv-v")
+    assert "urn:x-hvgpu:slice:1" not in dom.XMLDesc(0)

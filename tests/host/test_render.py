@@ -43,6 +43,12 @@ def test_slice_metadata():
     check_golden("slice-metadata.xml", render.slice_metadata_xml("GPU-e711190c", 0, 4 << 30, 25))
 
 
+def test_slice_metadata_of_a_vm_with_two_vgpus():
+    check_golden("slice-metadata-2.xml", render.slice_metadata_xml(
+        "GPU-e711190c", 0, 4 << 30, 25,
+        [dict(device=1, gpu_uuid="GPU-5d1e3b7a", gpu_index=1, mem=2 << 30, compute=50)]))
+
+
 def test_domain_for_a_gpu_sharing_guest(tmp_path):
     xml = render.domain_xml("vm1", 8 << 30, 4, "/var/lib/libvirt/images/vm1.qcow2",
                             cloud_init="/var/lib/libvirt/images/vm1-seed.iso")

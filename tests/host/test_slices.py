@@ -24,9 +24,9 @@ def manager(tmp_path):
 
 
 def test_best_fit_picks_the_tightest_gpu(manager):
-    assert manager.attach("vm1", 30 * G).gpu_index == 1  # fits both; GPU 1 is tighter
-    assert manager.attach("vm2", 30 * G).gpu_index == 0  # GPU 1 has 10 GiB left
-    assert manager.attach("vm3", 10 * G).gpu_index == 1
+    assert manager.attach("vm1", 30 * G)[0].gpu_index == 1  # fits both; GPU 1 is tighter
+    assert manager.attach("vm2", 30 * G)[0].gpu_index == 0  # GPU 1 has 10 GiB left
+    assert manager.attach("vm3", 10 * G)[0].gpu_index == 1
 
 
 def test_over_commit_is_refused_with_what_is_free_where(manager):
@@ -41,12 +41,12 @@ def test_compute_shares_cannot_exceed_the_gpu(manager):
     manager.attach("a", G, compute=75, gpu=0)
     with pytest.raises(NoRoom, match="25% compute free"):
         manager.attach("b", G, compute=50, gpu=0)
-    assert manager.attach("b", G, compute=25, gpu=0).compute == 25
+    assert manager.attach("b", G, compute=25, gpu=0)[0].compute == 25
 
 
 def test_named_gpu_by_index_or_uuid(manager):
-    assert manager.attach("a", G, gpu="GPU-0").gpu_index == 0
-    assert manager.attach("b", G, gpu=1).gpu_index == 1
+    assert manager.attach("a", G, gpu="GPU-0")[0].gpu_index == 0
+    assert manager.attach("b", G, gpu=1)[0].gpu_index == 1
     with pytest.raises(SliceError, match="no GPU '7'"):
         manager.attach("c", G, gpu="7")
 
@@ -94,14 +94,58 @@ def test_a_write_torn_by_kill_9_leaves_the_previous_state(tmp_path):
 import os, sqlite3, signal
 db = sqlite3.connect({str(tmp_path / 'slices.db')!r}, isolation_level=None)
 db.execute("BEGIN IMMEDIATE")
-db.execute("UPDATE slices SET mem = 1 WHERE vm = 'vm1'")
-db.execute("INSERT INTO slices VALUES ('vm2','GPU-0',0,1,0,NULL,0,0)")
+db.execute("UPDATE vgpus SET mem = 1 WHERE vm = 'vm1'")
+db.execute("INSERT INTO vgpus VALUES ('vm2',0,'GPU-0',0,1,0,NULL,0,0)")
 os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", code])
     assert proc.returncode == -signal.SIGKILL
     again = SliceManager(StateStore(tmp_path), gpus(80))
     assert [(s.vm, s.mem) for s in again.list()] == [("vm1", 4 * G)]
+
+
+def test_state_of_the_one_slice_per_vm_release_is_kept_as_device_0(tmp_path):
+    db = sqlite3.connect(tmp_path / "slices.db")
+    db.execute("CREATE TABLE slices (vm TEXT PRIMARY KEY, gpu_uuid TEXT NOT NULL, gpu_index "
+               "INTEGER NOT NULL, mem INTEGER NOT NULL, compute INTEGER NOT NULL, cid INTEGER "
+               "UNIQUE, created REAL NOT NULL, updated REAL NOT NULL)")
+    db.execute("INSERT INTO slices VALUES ('vm1', 'GPU-1', 1, 4096, 25, 7, 1.0, 2.0)")
+    db.commit()
+    db.close()
+    m = SliceManager(StateStore(tmp_path), gpus(80, 40))
+    assert [(s.vm, s.device, s.gpu_index, s.mem, s.compute, s.cid) for s in m.list()] == [
+        ("vm1", 0, 1, 4096, 25, 7)]
+    assert m.attach("vm1", G, add=True)[0].gpu_index == 0  # its second vGPU: the other GPU
+
+
+def test_count_places_a_vms_vgpus_on_distinct_gpus_all_or_none(manager):
+    a, b = manager.attach("vm1", 30 * G, count=2, cid=4)
+    assert (a.device, b.device, {a.gpu_index, b.gpu_index}) == (0, 1, {0, 1})
+    assert b.cid == 4 and manager.by_cid(4) is a
+    with pytest.raises(NoRoom, match="every GPU of this host already holds a vGPU"):
+        manager.attach("vm2", G, count=3)
+    assert manager.of_vm("vm2") == []  # none of the three was kept
+    with pytest.raises(NoRoom, match="no GPU has room"):
+        manager.attach("vm3", 35 * G, count=2)  # GPU 1 has 10 GiB left
+    assert manager.of_vm("vm3") == []
+
+
+def test_add_attaches_another_vgpu_and_detach_takes_the_last_first(manager):
+    manager.attach("vm1", G)
+    with pytest.raises(SliceError, match="--add for another"):
+        manager.attach("vm1", G)
+    second, = manager.attach("vm1", 2 * G, add=True)
+    assert second.device == 1 and second.key == "vm1#1"
+    third, = manager.attach("vm1", G, add=True, gpu=second.gpu_index)  # named: may share a GPU
+    assert third.gpu_index == second.gpu_index
+    assert manager.resize("vm1", mem=3 * G, device=1).mem == 3 * G
+    with pytest.raises(SliceError, match="detach vGPU 2 of 'vm1' first"):
+        manager.detach("vm1", device=1)
+    with pytest.raises(SliceError, match="has no vGPU 5; its devices are 0, 1, 2"):
+        manager.get("vm1", 5)
+    assert [s.key for s in manager.detach("vm1", device=2)] == ["vm1#2"]
+    assert [s.key for s in manager.detach("vm1")] == ["vm1", "vm1#1"]
+    assert manager.list() == []
 
 
 def test_an_unreadable_state_file_is_reported_and_kept(tmp_path):
@@ -127,21 +171,21 @@ def _recorded_host(tmp_path, placement):
 ])
 def test_placement_policies_on_a_two_gpu_host(tmp_path, placement, expected):
     m = _recorded_host(tmp_path, placement)
-    placed = [m.attach(f"vm{i}", 20 * G).gpu_index for i in range(3)]
+    placed = [m.attach(f"vm{i}", 20 * G)[0].gpu_index for i in range(3)]
     assert placed == expected
 
 
 def test_best_fit_and_pack_differ_where_a_later_gpu_is_tighter(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80, 40), "pack")
-    assert m.attach("vm1", 30 * G).gpu_index == 0  # pack: GPU 0 first, though GPU 1 is tighter
-    assert m.attach("vm2", 30 * G, placement="best-fit").gpu_index == 1  # per-attach override
-    assert m.attach("vm3", 5 * G, placement="spread").gpu_index == 0  # 50 GiB free vs 10
+    assert m.attach("vm1", 30 * G)[0].gpu_index == 0  # pack: GPU 0 first, though GPU 1 is tighter
+    assert m.attach("vm2", 30 * G, placement="best-fit")[0].gpu_index == 1  # per-attach override
+    assert m.attach("vm3", 5 * G, placement="spread")[0].gpu_index == 0  # 50 GiB free vs 10
 
 
 def test_a_full_gpu_sends_the_next_vm_to_the_other(tmp_path):
     m = _recorded_host(tmp_path, "best-fit")
-    assert m.attach("big", 130 * G).gpu_index == 0
-    assert m.attach("next", 20 * G).gpu_index == 1  # GPU 0 has < 20 GiB left
+    assert m.attach("big", 130 * G)[0].gpu_index == 0
+    assert m.attach("next", 20 * G)[0].gpu_index == 1  # GPU 0 has < 20 GiB left
 
 
 def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):

@@ -11,15 +11,17 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from hvgpu.cli import cli
 from hvgpu.errors import ConnectionLost, CudaError, HvgpuError
-from hvgpu.guest import Connection, Device
+from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch, runtime
 from hvgpu.host.control_lane import ControlClient
 from hvgpu.virtio import protocol as P
 from tests.conftest import FAKE_DEVICE, RunningAgent
+from tests.host.test_agent import SAXPY
 
 M = 1 << 20
 
@@ -170,3 +172,92 @@ def _wait(predicate, timeout: float = 10.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not reached")
+
+
+def two_fake_gpus():
+    from hvgpu.host.inventory import Gpu
+
+    return [Gpu(i, f"GPU-0000000{i}-0405-0607-0809-0a0b0c0d0e0f", "hvgpu fake GPU", 1 << 30,
+                0, 0, False, False, "test double") for i in (0, 1)]
+
+
+@pytest.fixture
+def two_gpu_agent(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm1#1", "vm2"),
+                           gpus=two_fake_gpus)
+    yield running
+    running.stop()
+
+
+def test_a_vm_with_two_vgpus_sees_two_devices_and_copies_between_them(two_gpu_agent,
+                                                                       monkeypatch):
+    monkeypatch.setattr(runtime, "_defaults", {})
+    control = ControlClient(two_gpu_agent.control)
+    s = control.call("attach", vm="vm1", mem="64M", count=2)
+    assert [(v["device"], v["gpu_index"]) for v in s["vgpus"]] == [(0, 0), (1, 1)]
+    monkeypatch.setenv("HVGPU_AGENT", ",".join(two_gpu_agent.vm_address(v)
+                                               for v in ("vm1", "vm1#1")))
+    try:
+        assert runtime.device_count() == 2
+        d0, d1 = Device(0), Device(1)
+        assert d0.conn is not d1.conn and d1.total_memory == 64 * M
+        x0 = d0.allocate(16)
+        x0.copy_from(np.arange(4, dtype=np.float32))
+        x1, y1 = d1.allocate(16), d1.allocate(16)
+        x1.copy_from(x0)  # device 0 -> device 1 (cudaMemcpyPeer)
+        y1.fill(0)
+        saxpy = Program(SAXPY, connection=d1.conn).compile().get_kernel("saxpy")
+        launch(saxpy, LaunchConfig(), np.float32(3), x1, y1, 4)
+        out = np.empty(4, dtype=np.float32)
+        y1.copy_to(out)
+        assert list(out) == [0, 3, 6, 9]
+        st = {x["device"]: x for x in control.call("status")}
+        assert st[0]["mem_used"] == 16 and st[1]["mem_used"] == 32  # each its own quota
+        assert st[0]["executors"][0]["pid"] != st[1]["executors"][0]["pid"]
+    finally:
+        for conn in runtime._defaults.values():
+            conn.close()
+    control.close()
+
+
+def test_adding_and_detaching_vgpus_and_a_device_the_vm_lacks(two_gpu_agent):
+    control = ControlClient(two_gpu_agent.control)
+    control.call("attach", vm="vm1", mem="32M")
+    with pytest.raises(CudaError, match="has 1 vGPU.*hvgpu attach vm1 --mem SIZE --add"):
+        Connection(two_gpu_agent.vm_address("vm1#1"))
+    added = control.call("attach", vm="vm1", mem="16M", add=True)
+    assert (added["device"], added["gpu_index"]) == (1, 1)
+    with Connection(two_gpu_agent.vm_address("vm1#1")) as conn:
+        assert Device(connection=conn).total_memory == 16 * M
+        assert conn.call("DEVICE_GET_COUNT") == (2,)
+    with pytest.raises(HvgpuError, match="detach vGPU 1 of 'vm1' first"):
+        control.call("detach", vm="vm1", device=0)
+    gone = control.call("detach", vm="vm1", device=1)
+    assert [v["device"] for v in gone["vgpus"]] == [1]
+    with Connection(two_gpu_agent.vm_address("vm1")) as conn:
+        assert conn.call("DEVICE_GET_COUNT") == (1,)
+    out = CliRunner().invoke(cli, ["--control", two_gpu_agent.control, "attach", "vm2",
+                                   "--mem", "8M", "--count", "2"])
+    assert out.exit_code == 0, out.output
+    assert "device 0: 8 MiB" in out.output and "device 1: 8 MiB" in out.output
+    control.close()
+
+
+def test_vsock_port_plus_n_reaches_vgpu_n_of_the_connecting_vm(two_gpu_agent):
+    from hvgpu.virtio.address import Address
+
+    class VsockListener:  # what the agent opens at --vsock-port + N, as routing sees it
+        def __init__(self, port):
+            self.address = Address("vsock", cid=-1, port=port)
+
+    agent = two_gpu_agent.agent
+    ports = [VsockListener(P.DEFAULT_PORT + n) for n in range(3)]
+    for n, listener in enumerate(ports):
+        agent.device_ports[listener] = n
+    two_gpu_agent.api.attach("vm1", "8M", cid=7, count=2)
+    assert agent._route(ports[0], "vsock:7:1030") == ("slice", "vm1")
+    assert agent._route(ports[1], "vsock:7:1031") == ("slice", "vm1#1")
+    route, why = agent._route(ports[2], "vsock:7:1032")
+    assert route == "refuse" and "has 2 vGPU(s), not a device 2" in why
+    route, why = agent._route(ports[1], "vsock:8:1033")
+    assert route == "refuse" and "hvgpu attach VM --mem SIZE --cid 8" in why

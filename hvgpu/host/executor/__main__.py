@@ -79,7 +79,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             key = f"{msg['peer']}#{counter}"
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
                               device_error=error, quota=quota, owns_device=False,
-                              slice_name=name, compute=compute)
+                              slice_name=name, compute=compute, vgpus=quota.vgpus)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             with lock:
                 sessions[key] = (session, thread)

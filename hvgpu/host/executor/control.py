@@ -58,7 +58,7 @@ class AgentLink:
 
 
 class RemoteQuota:
-    """The slice's quota ledger, kept by the agent."""
+    """What the agent keeps for this slice: its quota ledger, and its VM's vGPU count."""
 
     def __init__(self, link: AgentLink):
         self.link = link
@@ -74,3 +74,7 @@ class RemoteQuota:
     def usage(self) -> tuple[int, int]:
         reply = self.link.request({"op": "usage"})
         return reply["used"], reply["limit"]
+
+    def vgpus(self) -> int:
+        """How many vGPUs the slice's VM has now."""
+        return int(self.link.request({"op": "vgpus"}).get("count", 1))

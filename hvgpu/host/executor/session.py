@@ -111,11 +111,13 @@ class Session:
     def __init__(self, sock: socket.socket, device: GpuDevice | None, *, peer: str,
                  cache: CompileCache | None = None, device_error: CudaError | None = None,
                  quota=None, owns_device: bool = True, slice_name: str = "",
-                 compute: int = 0):
+                 compute: int = 0, vgpus: Callable[[], int] | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.device = device
         self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
+        # How many vGPUs the guest's VM has (each its own connection): its device count.
+        self.vgpus = vgpus or (lambda: 1)
         self.owns_device = owns_device
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
@@ -355,7 +357,7 @@ class Session:
         return (self.device.driver_version(),)
 
     def op_device_get_count(self, hdr):
-        return (1,)
+        return (self.vgpus(),)
 
     def _check_device(self, ordinal: int) -> None:
         if ordinal != 0:
