@@ -173,3 +173,21 @@ def test_threads_of_one_program_share_the_connection_safely(fake_agent, tmp_path
                                   LD_LIBRARY_PATH=str(library().parent)))
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout == "threads=4 rounds=50 wrong=0\n"
+
+
+@needs_nvcc
+def test_on_a_vm_with_two_vgpus_the_shim_serves_device_0_and_says_so(programs, tmp_path):
+    from tests.conftest import FAKE_DEVICE, RunningAgent
+    from tests.host.test_slices_served import two_fake_gpus
+
+    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm1#1"),
+                         gpus=two_fake_gpus)
+    try:
+        agent.api.attach("vm1", "64M", count=2)
+        both = ",".join(agent.vm_address(v) for v in ("vm1", "vm1#1"))
+        out = _guest("run", "--", str(programs["static"]), env=_env(both))
+    finally:
+        agent.stop()
+    assert out.returncode == 0, out.stderr
+    assert "copy back: no error" in out.stdout
+    assert "this VM has 2 vGPUs; the libcuda shim serves device 0 only" in out.stderr

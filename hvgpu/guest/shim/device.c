@@ -52,7 +52,14 @@ static void initialise(void) {
     hvgpu_device_get_count_rep_t c;
     r = hv_call(HVGPU_OP_DEVICE_GET_COUNT, NULL, 0, NULL, 0, &c, sizeof c, NULL, NULL, 0);
     if (r) { init_result = r; return; }
-    hv_device_count = c.count < HV_MAX_DEVICES ? c.count : HV_MAX_DEVICES;
+    /* One connection is one vGPU. A VM with several (hvgpu attach --count) reaches the
+     * others on their own connections, which the shim does not open yet: it serves
+     * device 0 and says so, rather than failing. */
+    if (c.count > 1)
+        hv_log("this VM has %u vGPUs; the libcuda shim serves device 0 only (several "
+               "devices in one program are not built in the shim; the Python API has them)",
+               c.count);
+    hv_device_count = c.count ? 1 : 0;
     for (int d = 0; d < hv_device_count; d++) {
         hvgpu_device_get_attributes_req_t q = { d, HV_ATTR_COUNT };
         unsigned char rep[4 + 4 * HV_ATTR_COUNT];

@@ -72,8 +72,8 @@ void hv_log(const char *fmt, ...) {
 const char *hv_agent_address(void) {
     if (!W.address[0]) {
         const char *env = getenv("HVGPU_AGENT");
-        if (env && *env)
-            snprintf(W.address, sizeof W.address, "%s", env);
+        if (env && *env) /* device 0's: the first of a comma-separated list */
+            snprintf(W.address, sizeof W.address, "%.*s", (int)strcspn(env, ","), env);
         else /* the host seen from a VM, at the protocol table's port */
             snprintf(W.address, sizeof W.address, "vsock://%d:%d", HVGPU_HOST_CID,
                      HVGPU_DEFAULT_PORT);
