@@ -12,7 +12,8 @@ import pytest
 
 from hvgpu.demo import run_saxpy
 from hvgpu.errors import CudaError
-from hvgpu.guest import Connection, Device
+from hvgpu.guest import (Connection, Device, LaunchConfig, Program, device_count, launch,
+                         runtime)
 from hvgpu.virtio import protocol as P
 from tests.conftest import RunningAgent
 
@@ -25,8 +26,8 @@ G = 1 << 30
 def mps_agent(tmp_path):
     from hvgpu.host.inventory import read_gpus
 
-    running = RunningAgent(tmp_path, None, slices=True, vms=("vm1", "vm2"), gpus=read_gpus,
-                           mps=True)
+    running = RunningAgent(tmp_path, None, slices=True, vms=("vm1", "vm1#1", "vm2"),
+                           gpus=read_gpus, mps=True)
     yield running
     running.stop()
 
@@ -97,3 +98,49 @@ def test_resize_new_connections_get_new_limits_open_ones_keep_theirs(mps_agent):
     assert [e["pid"] for e in api.status()[0]["executors"]] != [first_pid]
     big.close()
     new.close()
+
+
+FILL = r"""extern "C" __global__ void fill(float* a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] = 0.5f * i;
+}"""
+SCALE = r"""extern "C" __global__ void scale(const float* x, float* y, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = 2.0f * x[i] + 1.0f;
+}"""
+
+
+def test_a_vm_with_two_vgpus_fills_on_0_copies_to_1_computes_there_and_reads_back(
+        mps_agent, monkeypatch):
+    import numpy as np
+
+    gpus = mps_agent.api.gpus()
+    # On a one-GPU host both vGPUs are named onto GPU 0; placement puts them on two GPUs.
+    vgpus = mps_agent.api.attach("vm1", "1G", "50%", gpu=0 if len(gpus) == 1 else None,
+                                 count=2)["vgpus"]
+    monkeypatch.setattr(runtime, "_defaults", {})
+    monkeypatch.setenv("HVGPU_AGENT", ",".join(mps_agent.vm_address(v) for v in ("vm1", "vm1#1")))
+    try:
+        n = 1 << 22
+        d0, d1 = Device(0), Device(1)
+        a = d0.allocate(4 * n)
+        launch(Program(FILL, connection=d0.conn).compile().get_kernel("fill"),
+               LaunchConfig((n + 255) // 256, 256), a, np.int32(n))
+        x, y = d1.allocate(4 * n), d1.allocate(4 * n)
+        x.copy_from(a)  # device 0 -> device 1
+        launch(Program(SCALE, connection=d1.conn).compile().get_kernel("scale"),
+               LaunchConfig((n + 255) // 256, 256), x, y, np.int32(n))
+        out = np.empty(n, dtype=np.float32)
+        y.copy_to(out)
+        want = 2.0 * (0.5 * np.arange(n, dtype=np.float32)) + 1.0
+        pids = [st["executors"][0]["pid"] for st in mps_agent.api.status() if st["vm"] == "vm1"]
+        print(f"\ndevices={device_count()} gpus={[v['gpu_index'] for v in vgpus]} "
+              f"executors={len(set(pids))} total_memory={d0.total_memory >> 20},"
+              f"{d1.total_memory >> 20} MiB out[1]={out[1]} out[-1]={out[-1]} "
+              f"mismatches={int((out != want).sum())}")
+        assert device_count() == 2 and len(set(pids)) == 2
+        assert d1.total_memory == G
+        assert (out == want).all()
+    finally:
+        for conn in runtime._defaults.values():
+            conn.close()
