@@ -39,10 +39,9 @@ HV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
                                       size_t height, unsigned elem) {
     if (!pitch || !width || !height || (elem != 4 && elem != 8 && elem != 16))
         return CUDA_ERROR_INVALID_VALUE;
-    /* CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT; 512 (current GPUs') before cuInit */
-    size_t align = (size_t)hv_attrs[hv_current_or_primary()->device][51];
-    if (align == 0 || (align & (align - 1))) align = 512;
-    size_t p = (width + align - 1) & ~(align - 1);
+    /* What the driver itself picks: on the H200 (driver 580) a 300-byte row gets a
+     * 512-byte pitch, while CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT says 32. */
+    size_t p = (width + 511) & ~(size_t)511;
     CUresult r = cuMemAlloc_v2(dptr, p * height);
     if (!r) *pitch = p;
     return r;
