@@ -176,18 +176,26 @@ def test_threads_of_one_program_share_the_connection_safely(fake_agent, tmp_path
 
 
 @needs_nvcc
-def test_on_a_vm_with_two_vgpus_the_shim_serves_device_0_and_says_so(programs, tmp_path):
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_one_program_uses_two_vgpus_switching_with_cudaSetDevice(cudart, tmp_path):
     from tests.conftest import FAKE_DEVICE, RunningAgent
     from tests.host.test_slices_served import two_fake_gpus
 
+    exe = tmp_path / "multi_device"
+    subprocess.run([NVCC, "-arch=sm_90", *(["-cudart=shared"] if cudart == "shared" else []),
+                    "-o", str(exe), str(HERE / "cuda/multi_device.cu")], check=True,
+                   capture_output=True, timeout=300)
     agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm1#1"),
                          gpus=two_fake_gpus)
     try:
         agent.api.attach("vm1", "64M", count=2)
         both = ",".join(agent.vm_address(v) for v in ("vm1", "vm1#1"))
-        out = _guest("run", "--", str(programs["static"]), env=_env(both))
+        out = _guest("run", "--", str(exe), env=_env(both))
+        status = {s["device"]: s for s in agent.api.status()}
     finally:
         agent.stop()
-    assert out.returncode == 0, out.stderr
-    assert "copy back: no error" in out.stdout
-    assert "this VM has 2 vGPUs; the libcuda shim serves device 0 only" in out.stderr
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "multi_device: devices=2 current=1 y0_on=0 out[1]=6.0 out[last]=393210.0 " \
+           "mismatches=0" in out.stdout
+    assert "not implemented" not in out.stderr
+    assert all(s["executors"] for s in status.values())  # each vGPU's own executor served it

@@ -114,3 +114,31 @@ def test_cupy_runs_unmodified_through_the_shim(gpu_agent):
     assert shimmed.stdout == native.stdout
     mapped = shimmed.stderr.strip().splitlines()[-1].split(": ", 1)[1].split()
     assert mapped == [str(library())], f"the real driver was mapped too: {mapped}"
+
+
+def test_one_program_uses_two_vgpus_through_the_shim(built, tmp_path):
+    """multi_device.cu on a VM with two vGPUs (on the one GPU here: named with gpu=0)."""
+    from hvgpu.host.inventory import read_gpus
+    from tests.conftest import RunningAgent
+
+    exe = tmp_path / "multi_device"
+    subprocess.run([NVCC, "-arch=sm_90", "-o", str(exe), str(HERE / "multi_device.cu")],
+                   check=True, timeout=300)
+    agent = RunningAgent(tmp_path, None, slices=True, vms=("vm1", "vm1#1"), gpus=read_gpus)
+    try:
+        agent.api.attach("vm1", "2G", gpu=0, count=2)
+        env = _native_env()
+        env["HVGPU_AGENT"] = ",".join(agent.vm_address(v) for v in ("vm1", "vm1#1"))
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(library().parent), env["LD_LIBRARY_PATH"]])
+        shimmed = _run([str(exe)], env)
+        pids = {s["device"]: [e["pid"] for e in s["executors"]] for s in agent.api.status()}
+    finally:
+        agent.stop()
+    _report("multi_device.txt", f"shim (rc {shimmed.returncode}):\n{shimmed.stdout}"
+            f"{shimmed.stderr}\nexecutors by device: {pids}")
+    print(f"multi_device: shim: {shimmed.stdout.strip()} | executors {pids} | "
+          f"{shimmed.stderr.strip()[-400:]}")
+    assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
+    assert "devices=2 current=1 y0_on=0 out[1]=6.0 out[last]=393210.0 mismatches=0" \
+        in shimmed.stdout
+    assert pids[0] and pids[1] and pids[0] != pids[1]

@@ -52,20 +52,15 @@ static void initialise(void) {
     hvgpu_device_get_count_rep_t c;
     r = hv_call(HVGPU_OP_DEVICE_GET_COUNT, NULL, 0, NULL, 0, &c, sizeof c, NULL, NULL, 0);
     if (r) { init_result = r; return; }
-    /* One connection is one vGPU. A VM with several (hvgpu attach --count) reaches the
-     * others on their own connections, which the shim does not open yet: it serves
-     * device 0 and says so, rather than failing. */
-    if (c.count > 1)
-        hv_log("this VM has %u vGPUs; the libcuda shim serves device 0 only (several "
-               "devices in one program are not built in the shim; the Python API has them)",
-               c.count);
-    hv_device_count = c.count ? 1 : 0;
+    /* One connection is one vGPU (hvgpu attach --count): device d's executor serves
+     * it as its device 0, on connection d. */
+    hv_device_count = c.count < HV_MAX_DEVICES ? c.count : HV_MAX_DEVICES;
     for (int d = 0; d < hv_device_count; d++) {
-        hvgpu_device_get_attributes_req_t q = { d, HV_ATTR_COUNT };
+        hvgpu_device_get_attributes_req_t q = { 0, HV_ATTR_COUNT };
         unsigned char rep[4 + 4 * HV_ATTR_COUNT];
         uint32_t n = 0;
-        r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep, sizeof rep, &n,
-                    NULL, 0);
+        r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep,
+                             sizeof rep, &n, NULL, 0));
         if (r) { init_result = r; return; }
         uint32_t len;
         memcpy(&len, rep, 4);
@@ -73,10 +68,10 @@ static void initialise(void) {
         memcpy(&hv_attrs[d][1], rep + 4, len);
         for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
             hv_attrs[d][NOT_CARRIED[i]] = 0;
-        hvgpu_device_get_uuid_req_t u = { d };
+        hvgpu_device_get_uuid_req_t u = { 0 };
         unsigned char urep[4 + 16];
-        r = hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep, &n,
-                    NULL, 0);
+        r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep,
+                             &n, NULL, 0));
         if (r) { init_result = r; return; }
         memcpy(hv_uuids[d], urep + 4, 16);
     }
@@ -134,9 +129,10 @@ HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
         *pi = hv_attrs[dev][attrib];
         return CUDA_SUCCESS;
     }
-    hvgpu_device_get_attribute_req_t q = { attrib, dev };
+    hvgpu_device_get_attribute_req_t q = { attrib, 0 };
     hvgpu_device_get_attribute_rep_t v;
-    r = hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v,
+                           NULL, NULL, 0));
     if (!r) *pi = v.value;
     return r;
 }
@@ -145,10 +141,11 @@ HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_device(dev);
     if (r) return r;
-    hvgpu_device_get_name_req_t q = { dev };
+    hvgpu_device_get_name_req_t q = { 0 };
     char rep[4 + 256];
     uint32_t n = 0;
-    r = hv_call(HVGPU_OP_DEVICE_GET_NAME, &q, sizeof q, NULL, 0, rep, sizeof rep - 1, &n, NULL, 0);
+    r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_GET_NAME, &q, sizeof q, NULL, 0, rep, sizeof rep - 1,
+                           &n, NULL, 0));
     if (r) return r;
     uint32_t sl;
     memcpy(&sl, rep, 4);
@@ -174,9 +171,10 @@ HV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_device(dev);
     if (r) return r;
-    hvgpu_device_total_mem_req_t q = { dev };
+    hvgpu_device_total_mem_req_t q = { 0 };
     hvgpu_device_total_mem_rep_t v;
-    r = hv_call(HVGPU_OP_DEVICE_TOTAL_MEM, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_TOTAL_MEM, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
+                           NULL, 0));
     if (!r) *bytes = (size_t)v.bytes;
     return r;
 }
@@ -284,7 +282,7 @@ HV_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     static int once;
     CUresult r = check_device(dev);
     if (r) return r;
-    r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+    r = HV_ON(dev, hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0));
     struct hv_ctx *c = hv_primary(dev);
     hv_cls_reset(c);
     c->retained = 0;
@@ -380,8 +378,9 @@ HV_EXPORT CUresult cuCtxSynchronize(void) {
 }
 
 HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
-    (void)ctx;
-    return cuCtxSynchronize();
+    struct hv_ctx *c = valid_ctx(ctx);
+    if (!c) return ctx ? CUDA_ERROR_INVALID_CONTEXT : cuCtxSynchronize();
+    return HV_ON(c->device, cuCtxSynchronize());
 }
 
 HV_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version) {

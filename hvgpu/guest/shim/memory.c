@@ -49,9 +49,10 @@ HV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
 
 HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (!dptr) return CUDA_SUCCESS;
-    if (!hv_alloc_remove(dptr)) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_alloc_owner(dptr);
+    if (device < 0 || !HV_ON(device, hv_alloc_remove(dptr))) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_free_req_t q = { dptr };
-    return hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return HV_ON(device, hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
 }
 
 HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
@@ -110,13 +111,19 @@ HV_EXPORT CUresult cuMemHostUnregister(void *p) {
 
 /* -- copies ------------------------------------------------------------------ */
 
-static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
-    if (!n) return CUDA_SUCCESS;
-    if (!src) return CUDA_ERROR_INVALID_VALUE;
+/* Which vGPU a copy or memset runs on: its stream's, else the device pointer's owner,
+   else the current context's. */
+static int device_for(CUstream stream, CUdeviceptr ptr) {
+    if (hv_untag(stream) >= 16) return hv_tag_device(stream);
+    int owner = hv_alloc_owner(ptr);
+    return owner >= 0 ? owner : hv_routed_device();
+}
+
+static CUresult htod_on(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     const char *p = src;
     while (n) {
         size_t k = n < CHUNK ? n : CHUNK;
-        hvgpu_memcpy_htod_req_t q = { dst, (uint64_t)(uintptr_t)stream };
+        hvgpu_memcpy_htod_req_t q = { dst, hv_untag(stream) };
         CUresult r = hv_oneway(HVGPU_OP_MEMCPY_HTOD, &q, sizeof q, p, k);
         if (r) return r;
         dst += k; p += k; n -= k;
@@ -124,13 +131,17 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream
     return CUDA_SUCCESS;
 }
 
-static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
-    if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (!src) return CUDA_ERROR_INVALID_VALUE;
+    return HV_ON(device_for(stream, dst), htod_on(dst, src, n, stream));
+}
+
+static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     char *p = dst;
     while (n) {
         size_t k = n < CHUNK ? n : CHUNK;
-        hvgpu_memcpy_dtoh_req_t q = { src, k, (uint64_t)(uintptr_t)stream };
+        hvgpu_memcpy_dtoh_req_t q = { src, k, hv_untag(stream) };
         CUresult r = hv_call(HVGPU_OP_MEMCPY_DTOH, &q, sizeof q, NULL, 0, NULL, 0, NULL, p, k);
         if (r) return r;
         src += k; p += k; n -= k;
@@ -138,10 +149,38 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     return CUDA_SUCCESS;
 }
 
+static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+    if (!n) return CUDA_SUCCESS;
+    if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    return HV_ON(device_for(stream, src), dtoh_on(dst, src, n, stream));
+}
+
+/* Between two vGPUs: their executors are separate processes, so the bytes come
+   through this process, a chunk at a time (the read waits for the source's work). */
+static CUresult peer(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev, size_t n,
+                     CUstream stream) {
+    size_t cap = n < CHUNK ? n : CHUNK;
+    char *buf = malloc(cap);
+    if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUstream on_dst = hv_untag(stream) >= 16 && hv_tag_device(stream) == dst_dev ? stream : NULL;
+    CUresult r = CUDA_SUCCESS;
+    for (size_t done = 0; done < n && !r; done += cap) {
+        size_t k = n - done < cap ? n - done : cap;
+        r = HV_ON(src_dev, dtoh_on(buf, src + done, k, NULL));
+        if (!r) r = HV_ON(dst_dev, htod_on(dst + done, buf, k, on_dst));
+    }
+    if (!r) r = HV_ON(dst_dev, hv_flush()); /* start it now, not at the next call */
+    free(buf);
+    return r;
+}
+
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
-    hvgpu_memcpy_dtod_req_t q = { dst, src, n, (uint64_t)(uintptr_t)stream };
-    return hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0);
+    int dst_dev = hv_alloc_owner(dst), src_dev = hv_alloc_owner(src);
+    if (dst_dev >= 0 && src_dev >= 0 && dst_dev != src_dev)
+        return peer(dst, dst_dev, src, src_dev, n, stream);
+    hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(stream) };
+    return HV_ON(device_for(stream, dst), hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -180,25 +219,30 @@ HV_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 HV_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     return any_copy(dst, src, n, s);
 }
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
+                          size_t n, CUstream s) {
+    if (!dctx || !sctx) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!n) return CUDA_SUCCESS;
+    if (dctx->device != sctx->device) return peer(dst, dctx->device, src, sctx->device, n, s);
+    hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(s) };
+    return HV_ON(dctx->device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
+}
+
 HV_EXPORT CUresult cuMemcpyPeer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
                                 size_t n) {
-    static int once;
-    if (dctx != sctx) return hv_unsupported("cuMemcpyPeer between two vGPUs", &once);
-    return dtod(dst, src, n, NULL);
+    return copy_peer(dst, dctx, src, sctx, n, NULL);
 }
 HV_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src,
                                      CUcontext sctx, size_t n, CUstream s) {
-    static int once;
-    if (dctx != sctx) return hv_unsupported("cuMemcpyPeerAsync between two vGPUs", &once);
-    return dtod(dst, src, n, s);
+    return copy_peer(dst, dctx, src, sctx, n, s);
 }
 
 /* -- memset ------------------------------------------------------------------ */
 
 static CUresult memset_(CUdeviceptr dst, uint32_t value, uint32_t width, size_t count, CUstream s) {
     if (!count) return CUDA_SUCCESS;
-    hvgpu_memset_req_t q = { dst, count, value, width, (uint64_t)(uintptr_t)s };
-    return hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0);
+    hvgpu_memset_req_t q = { dst, count, value, width, hv_untag(s) };
+    return HV_ON(device_for(s, dst), hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return memset_(d, v, 1, n, NULL); }
@@ -220,11 +264,11 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     CUdeviceptr dbase = 0;
     size_t size = 0;
     void *hbase = NULL;
-    int is_dev = hv_alloc_find(ptr, &dbase, &size);
+    int is_dev = hv_alloc_find(ptr, &dbase, &size), owner = is_dev ? hv_alloc_owner(ptr) : 0;
     int is_host = !is_dev && hv_host_find((void *)(uintptr_t)ptr, &hbase, &size);
     if (!is_dev && !is_host && !lenient) return CUDA_ERROR_INVALID_VALUE;
     switch (attrib) {
-    case PA_CONTEXT: *(CUcontext *)data = (is_dev || is_host) ? hv_primary(0) : NULL; break;
+    case PA_CONTEXT: *(CUcontext *)data = (is_dev || is_host) ? hv_primary(owner) : NULL; break;
     case PA_MEMORY_TYPE: *(unsigned *)data = is_dev ? 2 : is_host ? 1 : 0; break;
     case PA_DEVICE_POINTER:
         if (!is_dev) return lenient ? (*(CUdeviceptr *)data = 0, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
@@ -237,7 +281,7 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
         *(unsigned char *)data = 0; break;
     case PA_MAPPED: *(unsigned char *)data = (unsigned char)(is_dev || is_host); break;
     case PA_BUFFER_ID: *(unsigned long long *)data = is_dev ? dbase : (uintptr_t)hbase; break;
-    case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? 0 : -2; break;
+    case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? owner : -2; break;
     case PA_RANGE_START_ADDR: case PA_MAPPING_BASE_ADDR:
         *(CUdeviceptr *)data = is_dev ? dbase : (uintptr_t)hbase; break;
     case PA_RANGE_SIZE: case PA_MAPPING_SIZE: *(size_t *)data = size; break;

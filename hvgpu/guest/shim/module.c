@@ -6,6 +6,10 @@
  * the real function) at the first launch, so a launch is one one-way frame
  * built from kernelParams or from the `extra` buffer. Must not guess a
  * layout: a kernel whose layout cannot be had is not launched.
+ *
+ * With several vGPUs, a module (and its functions) belongs to the vGPU it was
+ * loaded on; a library is loaded on each vGPU the first time it is used there,
+ * and its kernels are looked up there by name.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -52,24 +56,30 @@ static size_t image_size(const void *image, const void **start) {
     return strlen((const char *)image) + 1; /* PTX text */
 }
 
+static CUresult load_bytes(uint64_t *module, const void *start, size_t n) {
+    hvgpu_module_load_data_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, start, n, &v, sizeof v, NULL, NULL, 0);
+    if (!r) *module = v.module;
+    if (r && hv_trace_enabled()) hv_log("module load of %zu bytes failed: %d", n, r);
+    if (!r && hv_trace_enabled() > 1)
+        hv_log("module %llu: %zu bytes (device %d)", (unsigned long long)v.module, n,
+               hv_routed_device());
+    return r;
+}
+
 static CUresult load(uint64_t *module, const void *image) {
     if (!image) return CUDA_ERROR_INVALID_VALUE;
     const void *start;
     size_t n = image_size(image, &start);
     if (!n) return CUDA_ERROR_INVALID_IMAGE;
-    hvgpu_module_load_data_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, start, n, &v, sizeof v, NULL, NULL, 0);
-    if (!r) *module = v.module;
-    if (r && hv_trace_enabled()) hv_log("module load of %zu bytes failed: %d", n, r);
-    if (!r && hv_trace_enabled() > 1) hv_log("module %llu: %zu bytes", (unsigned long long)v.module, n);
-    return r;
+    return load_bytes(module, start, n);
 }
 
 HV_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!module) return CUDA_ERROR_INVALID_VALUE;
     uint64_t m;
     CUresult r = load(&m, image);
-    if (!r) *module = (CUmodule)(uintptr_t)m;
+    if (!r) *module = hv_tag(hv_routed_device(), m);
     return r;
 }
 
@@ -104,13 +114,17 @@ HV_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path) {
     CUresult r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, buf, len + 1, &v, sizeof v, NULL,
                          NULL, 0);
     free(buf);
-    if (!r) *module = (CUmodule)(uintptr_t)v.module;
+    if (!r) *module = hv_tag(hv_routed_device(), v.module);
     return r;
 }
 
-HV_EXPORT CUresult cuModuleUnload(CUmodule module) {
-    hvgpu_module_unload_req_t q = { (uint64_t)(uintptr_t)module };
+static CUresult unload(uint64_t module) {
+    hvgpu_module_unload_req_t q = { module };
     return hv_call(HVGPU_OP_MODULE_UNLOAD, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
+HV_EXPORT CUresult cuModuleUnload(CUmodule module) {
+    return HV_ON(hv_tag_device(module), unload(hv_untag(module)));
 }
 
 #define MAX_NAME 4096
@@ -139,6 +153,7 @@ static CUresult get_function(struct hv_func **out, uint64_t module, const char *
     struct hv_func *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->handle = v.function;
+    f->device = hv_routed_device();
     f->nparams = -1;
     snprintf(f->name, sizeof f->name, "%s", name);
     if (hv_trace_enabled() > 1) hv_log("kernel %s (module %llu)", name, (unsigned long long)module);
@@ -147,7 +162,7 @@ static CUresult get_function(struct hv_func **out, uint64_t module, const char *
 }
 
 HV_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const char *name) {
-    return get_function(f, (uint64_t)(uintptr_t)module, name);
+    return HV_ON(hv_tag_device(module), get_function(f, hv_untag(module), name));
 }
 
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, uint64_t module, const char *name) {
@@ -162,7 +177,7 @@ static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, uint64_t module, co
 
 HV_EXPORT CUresult cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule module,
                                         const char *name) {
-    return get_global(dptr, bytes, (uint64_t)(uintptr_t)module, name);
+    return HV_ON(hv_tag_device(module), get_global(dptr, bytes, hv_untag(module), name));
 }
 
 HV_EXPORT CUresult cuModuleGetLoadingMode(int *mode) {
@@ -176,30 +191,91 @@ HV_EXPORT CUresult cuModuleGetLoadingMode(int *mode) {
 
 /* -- libraries (CUDA 12's context-independent modules) ------------------------- */
 
+static pthread_mutex_t library_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The library's module on the routed vGPU, loaded there on first use. */
+static CUresult library_module(struct hv_library *lib, uint64_t *module) {
+    int d = hv_routed_device();
+    pthread_mutex_lock(&library_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (!lib->module[d])
+        r = lib->image ? load_bytes(&lib->module[d], lib->image, lib->size)
+                       : CUDA_ERROR_INVALID_HANDLE;
+    *module = lib->module[d];
+    pthread_mutex_unlock(&library_lock);
+    return r;
+}
+
 HV_EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv,
                                      unsigned njo, void *lo, void **lv, unsigned nlo) {
     (void)jo; (void)jv; (void)njo; (void)lo; (void)lv; (void)nlo;
-    if (!lib) return CUDA_ERROR_INVALID_VALUE;
+    if (!lib || !code) return CUDA_ERROR_INVALID_VALUE;
     struct hv_library *l = calloc(1, sizeof *l);
     if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = load(&l->module, code);
+    const void *start;
+    l->size = image_size(code, &start);
+    l->image = start;
+    if (!l->size) { free(l); return CUDA_ERROR_INVALID_IMAGE; }
+    uint64_t m;
+    CUresult r = library_module(l, &m);
     if (r) { free(l); return r; }
+    if (hv_device_count > 1) { /* for the other vGPUs: the caller may free its image */
+        void *copy = malloc(l->size);
+        if (copy) memcpy(copy, start, l->size);
+        l->image = copy;
+        l->owned = 1;
+    } else {
+        l->image = NULL;
+    }
     *lib = l;
     return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuLibraryUnload(CUlibrary lib) {
     if (!lib) return CUDA_ERROR_INVALID_HANDLE;
-    CUresult r = cuModuleUnload((CUmodule)(uintptr_t)lib->module);
+    CUresult r = CUDA_SUCCESS;
+    for (int d = 0; d < HV_MAX_DEVICES; d++) {
+        CUresult rd = lib->module[d] ? HV_ON(d, unload(lib->module[d])) : CUDA_SUCCESS;
+        if (!r) r = rd;
+    }
+    if (lib->owned) free((void *)lib->image);
     free(lib);
     return r;
 }
 
 HV_EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary lib, const char *name) {
     if (!lib) return CUDA_ERROR_INVALID_HANDLE;
-    CUresult r = get_function(kernel, lib->module, name);
-    if (!r) (*kernel)->library = lib;
+    uint64_t m;
+    CUresult r = library_module(lib, &m);
+    if (!r) r = get_function(kernel, m, name);
+    if (!r) {
+        (*kernel)->library = lib;
+        (*kernel)->on[(*kernel)->device] = (*kernel)->handle;
+    }
     return r;
+}
+
+/* Where a function runs and its handle there: a module's function on its module's
+   vGPU; a library kernel on the routed vGPU (looked up there the first time). */
+static CUresult resolve(struct hv_func *f, int *device, uint64_t *handle) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (!f->library) {
+        *device = f->device;
+        *handle = f->handle;
+        return CUDA_SUCCESS;
+    }
+    int d = hv_routed_device();
+    if (!__atomic_load_n(&f->on[d], __ATOMIC_ACQUIRE)) {
+        uint64_t m;
+        CUresult r = library_module(f->library, &m);
+        hvgpu_module_get_function_rep_t v;
+        if (!r) r = call_by_name(HVGPU_OP_MODULE_GET_FUNCTION, m, f->name, &v, sizeof v);
+        if (r) return r;
+        __atomic_store_n(&f->on[d], v.function, __ATOMIC_RELEASE);
+    }
+    *device = d;
+    *handle = f->on[d];
+    return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel kernel) {
@@ -211,14 +287,18 @@ HV_EXPORT CUresult cuKernelGetLibrary(CUlibrary *lib, CUkernel kernel) {
 
 HV_EXPORT CUresult cuLibraryGetModule(CUmodule *module, CUlibrary lib) {
     if (!module || !lib) return CUDA_ERROR_INVALID_VALUE;
-    *module = (CUmodule)(uintptr_t)lib->module;
-    return CUDA_SUCCESS;
+    uint64_t m;
+    CUresult r = library_module(lib, &m);
+    if (!r) *module = hv_tag(hv_routed_device(), m);
+    return r;
 }
 
 HV_EXPORT CUresult cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
                                       const char *name) {
     if (!lib) return CUDA_ERROR_INVALID_HANDLE;
-    return get_global(dptr, bytes, lib->module, name);
+    uint64_t m;
+    CUresult r = library_module(lib, &m);
+    return r ? r : get_global(dptr, bytes, m, name);
 }
 
 HV_EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel kernel) {
@@ -237,30 +317,33 @@ HV_EXPORT CUresult cuKernelGetName(const char **name, CUkernel k) { return cuFun
 
 /* -- attributes and occupancy ---------------------------------------------------- */
 
+/* A call about one function, on its vGPU, with its handle there as the first field. */
+#define ABOUT_FUNCTION(f, q, call) ({ int dev_; uint64_t h_; CUresult r_ = resolve(f, &dev_, &h_); \
+    if (!r_) { (q).function = h_; r_ = HV_ON(dev_, call); } r_; })
+
 HV_EXPORT CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f) {
     if (!value || !f) return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_func_get_attribute_req_t q = { f->handle, attrib };
+    hvgpu_func_get_attribute_req_t q = { 0, attrib };
     hvgpu_func_get_attribute_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_FUNC_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
-                         NULL, 0);
+    CUresult r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_GET_ATTRIBUTE, &q, sizeof q, NULL, 0,
+                                              &v, sizeof v, NULL, NULL, 0));
     if (!r) *value = v.value;
     return r;
 }
 
 HV_EXPORT CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value) {
     if (!f) return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_func_set_attribute_req_t q = { f->handle, attrib, value };
-    return hv_call(HVGPU_OP_FUNC_SET_ATTRIBUTE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    hvgpu_func_set_attribute_req_t q = { 0, attrib, value };
+    return ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_SET_ATTRIBUTE, &q, sizeof q, NULL, 0, NULL,
+                                        0, NULL, NULL, 0));
 }
 
 HV_EXPORT CUresult cuKernelGetAttribute(int *value, int attrib, CUkernel k, CUdevice dev) {
-    (void)dev;
-    return cuFuncGetAttribute(value, attrib, k);
+    return HV_ON(dev, cuFuncGetAttribute(value, attrib, k));
 }
 
 HV_EXPORT CUresult cuKernelSetAttribute(int attrib, int value, CUkernel k, CUdevice dev) {
-    (void)dev;
-    return cuFuncSetAttribute(k, attrib, value);
+    return HV_ON(dev, cuFuncSetAttribute(k, attrib, value));
 }
 
 HV_EXPORT CUresult cuFuncSetCacheConfig(CUfunction f, int config) {
@@ -276,10 +359,10 @@ HV_EXPORT CUresult cuKernelSetCacheConfig(CUkernel k, int config, CUdevice dev) 
 HV_EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
     int *blocks, CUfunction f, int block_size, size_t smem, unsigned flags) {
     if (!blocks || !f) return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_occupancy_max_blocks_req_t q = { f->handle, block_size, smem, flags };
+    hvgpu_occupancy_max_blocks_req_t q = { 0, block_size, smem, flags };
     hvgpu_occupancy_max_blocks_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_OCCUPANCY_MAX_BLOCKS, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
-                         NULL, 0);
+    CUresult r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_OCCUPANCY_MAX_BLOCKS, &q, sizeof q, NULL, 0,
+                                              &v, sizeof v, NULL, NULL, 0));
     if (!r) *blocks = v.blocks;
     return r;
 }
@@ -298,10 +381,11 @@ static CUresult layout(struct hv_func *f) {
     pthread_mutex_lock(&layout_lock);
     CUresult r = CUDA_SUCCESS;
     if (f->nparams < 0) {
-        hvgpu_func_get_param_info_req_t q = { f->handle };
+        hvgpu_func_get_param_info_req_t q = { 0 };
         static unsigned char rep[4 + MAX_PARAMS * 2];
         uint32_t n = 0;
-        r = hv_call(HVGPU_OP_FUNC_GET_PARAM_INFO, &q, sizeof q, NULL, 0, rep, sizeof rep, &n, NULL, 0);
+        r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_GET_PARAM_INFO, &q, sizeof q, NULL, 0, rep,
+                                         sizeof rep, &n, NULL, 0));
         if (!r) {
             uint32_t len;
             memcpy(&len, rep, 4);
@@ -375,18 +459,30 @@ static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned ch
     return CUDA_SUCCESS;
 }
 
+/* A launch runs where its function lives; a stream of another vGPU is CUDA's
+   invalid handle (it belongs to another context). */
+static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, uint64_t *handle) {
+    CUresult r = resolve(f, device, handle);
+    if (!r && hv_untag(stream) >= 16 && hv_tag_device(stream) != *device)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    return r;
+}
+
 static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
                        void **extra) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + MAX_PARAMS];
     uint32_t need = 0;
-    CUresult r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
+    int device;
+    uint64_t handle;
+    CUresult r = launch_target(f, stream, &device, &handle);
+    if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
     if (r) return r;
-    hvgpu_launch_kernel_req_t q = { f->handle, gx, gy, gz, bx, by, bz, smem,
-                                    (uint64_t)(uintptr_t)stream, need };
+    hvgpu_launch_kernel_req_t q = { handle, gx, gy, gz, bx, by, bz, smem, hv_untag(stream), need };
     memcpy(body, &q, sizeof q);
-    return hv_oneway(HVGPU_OP_LAUNCH_KERNEL, body, (uint32_t)(sizeof q + need), NULL, 0);
+    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL, body, (uint32_t)(sizeof q + need),
+                                   NULL, 0));
 }
 
 HV_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -429,24 +525,27 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
     static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + MAX_PARAMS +
                                        MAX_ATTRS * sizeof(hv_launch_attribute)];
     uint32_t need = 0;
-    CUresult r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
+    int device;
+    uint64_t handle;
+    CUresult r = launch_target(f, c->stream, &device, &handle);
+    if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
     if (r) return r;
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
     memcpy(body + sizeof(hvgpu_launch_kernel_ex_req_t) + need, c->attrs, attrs_len);
-    hvgpu_launch_kernel_ex_req_t q = { f->handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz,
-                                       c->smem, (uint64_t)(uintptr_t)c->stream, need, attrs_len };
+    hvgpu_launch_kernel_ex_req_t q = { handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz,
+                                       c->smem, hv_untag(c->stream), need, attrs_len };
     memcpy(body, &q, sizeof q);
-    return hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body, (uint32_t)(sizeof q + need + attrs_len),
-                     NULL, 0);
+    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body,
+                                   (uint32_t)(sizeof q + need + attrs_len), NULL, 0));
 }
 
 HV_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunction f,
                                                            int blocks, int block_size) {
     if (!bytes || !f) return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_occupancy_available_smem_req_t q = { f->handle, blocks, block_size };
+    hvgpu_occupancy_available_smem_req_t q = { 0, blocks, block_size };
     hvgpu_occupancy_available_smem_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM, &q, sizeof q, NULL, 0, &v, sizeof v,
-                         NULL, NULL, 0);
+    CUresult r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM, &q, sizeof q, NULL,
+                                              0, &v, sizeof v, NULL, NULL, 0));
     if (!r) *bytes = (size_t)v.bytes;
     return r;
 }
@@ -486,13 +585,18 @@ static CUresult clusters(int which, int *value, CUfunction f, const hv_launch_co
     unsigned char body[sizeof(hvgpu_occupancy_clusters_req_t) +
                        MAX_ATTRS * sizeof(hv_launch_attribute)];
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
-    hvgpu_occupancy_clusters_req_t q = { (uint32_t)which, f->handle, c->gx, c->gy, c->gz,
+    hvgpu_occupancy_clusters_req_t q = { (uint32_t)which, 0, c->gx, c->gy, c->gz,
                                          c->bx, c->by, c->bz, c->smem, attrs_len };
+    int device;
+    uint64_t handle;
+    CUresult r = resolve(f, &device, &handle);
+    if (r) return r;
+    q.function = handle;
     memcpy(body, &q, sizeof q);
     if (attrs_len) memcpy(body + sizeof q, c->attrs, attrs_len);
     hvgpu_occupancy_clusters_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_OCCUPANCY_CLUSTERS, body, (uint32_t)(sizeof q + attrs_len),
-                         NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    r = HV_ON(device, hv_call(HVGPU_OP_OCCUPANCY_CLUSTERS, body, (uint32_t)(sizeof q + attrs_len),
+                              NULL, 0, &v, sizeof v, NULL, NULL, 0));
     if (!r) *value = v.value;
     return r;
 }

@@ -56,20 +56,29 @@ struct hv_ctx {
 };
 
 struct hv_func {
-    uint64_t handle;          /* the executor's function handle */
+    uint64_t handle;          /* the executor's function handle, on `device` */
+    int device;               /* the vGPU whose executor holds it */
     char name[128];
     int nparams;              /* -1 until the layout has been fetched */
     uint32_t *offsets, *sizes;
     uint32_t params_size;     /* bytes of the packed parameter buffer */
     struct hv_library *library; /* set when found through cuLibraryGetKernel */
+    uint64_t on[HV_MAX_DEVICES]; /* a library kernel's function on each vGPU; 0: not yet */
 };
 
+/* CUDA's libraries belong to no context: loaded on each vGPU where they are used. */
 struct hv_library {
-    uint64_t module;
+    uint64_t module[HV_MAX_DEVICES]; /* the executor's module on each vGPU; 0: not yet */
+    const void *image;               /* kept (copied) to load it on another vGPU */
+    size_t size;
+    int owned;                       /* image is our copy */
 };
 
-/* wire.c: the one connection of this process to the agent. */
+/* wire.c: this process's connections to the agent, one per vGPU. Calls go to the
+   device of the thread's current context, or to the one hv_route() names. */
 CUresult hv_ensure(void);                 /* connect and handshake once */
+int hv_route(int device);                 /* -1: the current context's again; returns the old */
+int hv_routed_device(void);               /* where the next call goes */
 CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *payload,
                  uint64_t payload_len, void *reply, uint32_t reply_cap, uint32_t *reply_len,
                  void *rpayload, uint64_t rpayload_len);
@@ -88,13 +97,34 @@ extern unsigned char hv_uuids[HV_MAX_DEVICES][16];
 struct hv_ctx *hv_primary(int device);
 struct hv_ctx *hv_current(void);
 struct hv_ctx *hv_current_or_primary(void); /* what a NULL context argument stands for */
-void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global);
+void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global); /* on hv_routed_device() */
 int hv_alloc_remove(CUdeviceptr ptr);
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
+/* The device whose allocation holds ptr (the routed device's first: each vGPU's
+   executor is its own process, so two devices' addresses may coincide), or -1. */
+int hv_alloc_owner(CUdeviceptr ptr);
 int hv_host_find(const void *ptr, void **base, size_t *size);
 void hv_host_add(void *ptr, size_t size, unsigned flags);
 int hv_host_remove(void *ptr);
 unsigned hv_host_flags(const void *ptr);
+
+/* Run one call on another vGPU's connection. */
+#define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \
+                               hv_route(hv_prev_); hv_r_; })
+
+/* Streams, events and modules handed to the program carry their vGPU in bits 48+
+   (device 0's are the executor's handles unchanged); handles below 16 are CUDA's
+   special streams, which mean the current context's. */
+#define HV_TAG_SHIFT 48
+static inline void *hv_tag(int device, uint64_t handle) {
+    return (void *)(uintptr_t)(handle | ((uint64_t)device << HV_TAG_SHIFT));
+}
+static inline uint64_t hv_untag(const void *v) {
+    return (uint64_t)(uintptr_t)v & ((1ull << HV_TAG_SHIFT) - 1);
+}
+static inline int hv_tag_device(const void *v) {
+    return hv_untag(v) < 16 ? hv_routed_device() : (int)((uint64_t)(uintptr_t)v >> HV_TAG_SHIFT);
+}
 
 /* Driver calls the shim's other parts use internally. */
 CUresult cuInit(unsigned int flags);

@@ -36,7 +36,10 @@ struct ranges {
     size_t n, cap;
 };
 
-static struct ranges dev_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+/* Per vGPU: their executors are separate processes, so addresses may coincide. */
+static struct ranges dev_ranges[HV_MAX_DEVICES] = {
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
+};
 static struct ranges host_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
 
 /* Index of the first range whose base is > p. */
@@ -95,14 +98,36 @@ static int removed(struct ranges *r, uintptr_t base, int refuse_flag) {
 }
 
 void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global) {
-    add(&dev_ranges, (uintptr_t)ptr, size, is_global ? 1 : 0);
+    add(&dev_ranges[hv_routed_device()], (uintptr_t)ptr, size, is_global ? 1 : 0);
 }
 
-int hv_alloc_remove(CUdeviceptr ptr) { return removed(&dev_ranges, (uintptr_t)ptr, 1); }
+int hv_alloc_owner(CUdeviceptr ptr) {
+    static int warned;
+    int first = hv_routed_device(), owner = -1;
+    if (find(&dev_ranges[first], (uintptr_t)ptr, NULL, NULL, NULL)) owner = first;
+    for (int d = 0; d < hv_device_count && d < HV_MAX_DEVICES; d++) {
+        if (d == first || !find(&dev_ranges[d], (uintptr_t)ptr, NULL, NULL, NULL)) continue;
+        if (owner < 0) return d;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            hv_log("0x%llx is an address on device %d and on device %d (each vGPU's executor "
+                   "is its own process); it is taken as device %d's, the current one. Make a "
+                   "pointer's device current before copying to or from it, or use "
+                   "cudaMemcpyPeer, which names both (said once)",
+                   (unsigned long long)ptr, first, d, first);
+        break;
+    }
+    return owner;
+}
+
+int hv_alloc_remove(CUdeviceptr ptr) {
+    int d = hv_alloc_owner(ptr);
+    return d >= 0 && removed(&dev_ranges[d], (uintptr_t)ptr, 1);
+}
 
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size) {
+    int d = hv_alloc_owner(ptr);
     uintptr_t b;
-    int found = find(&dev_ranges, (uintptr_t)ptr, &b, size, NULL);
+    int found = d >= 0 && find(&dev_ranges[d], (uintptr_t)ptr, &b, size, NULL);
     if (found && base) *base = b;
     return found;
 }

@@ -1,7 +1,9 @@
 /* Driver entry points for streams and events.
  *
- * Stream and event handles are the executor's numbers, used as the opaque
- * pointers CUDA hands out. Host callbacks run on the calling thread once the
+ * Stream and event handles are the executor's numbers, tagged with their vGPU
+ * (shim.h), used as the opaque pointers CUDA hands out; each call goes to its
+ * object's vGPU. A stream waiting on another vGPU's event waits in this process
+ * (the executors are separate processes). Host callbacks run on the calling thread once the
  * stream's earlier work is done (so they still follow that work, but block
  * the caller). The shim never captures graphs: capture queries answer "not
  * capturing", and beginning a capture is not implemented.
@@ -41,8 +43,8 @@ HV_EXPORT CUresult cuStreamCreate(CUstream *stream, unsigned flags) {
     hvgpu_stream_create_rep_t v;
     CUresult r = hv_call(HVGPU_OP_STREAM_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
     if (r) return r;
-    remember(v.stream, flags, 0);
-    *stream = (CUstream)(uintptr_t)v.stream;
+    *stream = hv_tag(hv_routed_device(), v.stream);
+    remember((uint64_t)(uintptr_t)*stream, flags, 0);
     return CUDA_SUCCESS;
 }
 
@@ -53,30 +55,39 @@ HV_EXPORT CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, 
     CUresult r = hv_call(HVGPU_OP_STREAM_CREATE_PRIORITY, &q, sizeof q, NULL, 0, &v, sizeof v,
                          NULL, NULL, 0);
     if (r) return r;
-    remember(v.stream, flags, priority);
-    *stream = (CUstream)(uintptr_t)v.stream;
+    *stream = hv_tag(hv_routed_device(), v.stream);
+    remember((uint64_t)(uintptr_t)*stream, flags, priority);
     return CUDA_SUCCESS;
 }
 
+/* A call about one stream or event, on its vGPU's connection. */
+static CUresult about(const void *object, uint16_t op) {
+    uint64_t q = hv_untag(object); /* every such request is one u64 handle */
+    return HV_ON(hv_tag_device(object), hv_call(op, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
+}
+_Static_assert(sizeof(hvgpu_stream_synchronize_req_t) == 8 &&
+               sizeof(hvgpu_event_synchronize_req_t) == 8, "one-handle requests");
+
 HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
-    hvgpu_stream_destroy_req_t q = { (uint64_t)(uintptr_t)stream };
-    return hv_call(HVGPU_OP_STREAM_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(stream, HVGPU_OP_STREAM_DESTROY);
 }
 
 HV_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
-    hvgpu_stream_synchronize_req_t q = { (uint64_t)(uintptr_t)stream };
-    return hv_call(HVGPU_OP_STREAM_SYNCHRONIZE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(stream, HVGPU_OP_STREAM_SYNCHRONIZE);
 }
 
 HV_EXPORT CUresult cuStreamQuery(CUstream stream) {
-    hvgpu_stream_query_req_t q = { (uint64_t)(uintptr_t)stream };
-    return hv_call(HVGPU_OP_STREAM_QUERY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(stream, HVGPU_OP_STREAM_QUERY);
 }
 
+HV_EXPORT CUresult cuEventSynchronize(CUevent event);
+
 HV_EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent event, unsigned flags) {
-    hvgpu_stream_wait_event_req_t q = { (uint64_t)(uintptr_t)stream, (uint64_t)(uintptr_t)event,
-                                        flags };
-    return hv_oneway(HVGPU_OP_STREAM_WAIT_EVENT, &q, sizeof q, NULL, 0);
+    int device = hv_tag_device(stream);
+    if (hv_tag_device(event) != device) /* another vGPU's: wait for it here */
+        return cuEventSynchronize(event);
+    hvgpu_stream_wait_event_req_t q = { hv_untag(stream), hv_untag(event), flags };
+    return HV_ON(device, hv_oneway(HVGPU_OP_STREAM_WAIT_EVENT, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuStreamGetFlags(CUstream stream, unsigned *flags) {
@@ -98,16 +109,16 @@ HV_EXPORT CUresult cuStreamGetId(CUstream stream, unsigned long long *id) {
 }
 
 HV_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
-    (void)stream;
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = hv_current_or_primary();
+    *ctx = hv_untag(stream) >= 16 ? hv_primary(hv_tag_device(stream)) : hv_current_or_primary();
     return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) {
-    (void)stream;
     if (!dev) return CUDA_ERROR_INVALID_VALUE;
-    *dev = hv_current_or_primary()->device;
+    CUcontext ctx;
+    cuStreamGetCtx(stream, &ctx);
+    *dev = ctx->device;
     return CUDA_SUCCESS;
 }
 
@@ -174,18 +185,20 @@ HV_EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {
     hvgpu_event_create_req_t q = { flags };
     hvgpu_event_create_rep_t v;
     CUresult r = hv_call(HVGPU_OP_EVENT_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
-    if (!r) *event = (CUevent)(uintptr_t)v.event;
+    if (!r) *event = hv_tag(hv_routed_device(), v.event);
     return r;
 }
 
 HV_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
-    hvgpu_event_destroy_req_t q = { (uint64_t)(uintptr_t)event };
-    return hv_call(HVGPU_OP_EVENT_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(event, HVGPU_OP_EVENT_DESTROY);
 }
 
 HV_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
-    hvgpu_event_record_req_t q = { (uint64_t)(uintptr_t)event, (uint64_t)(uintptr_t)stream };
-    return hv_oneway(HVGPU_OP_EVENT_RECORD, &q, sizeof q, NULL, 0);
+    int device = hv_tag_device(event);
+    if (hv_untag(stream) >= 16 && hv_tag_device(stream) != device)
+        return CUDA_ERROR_INVALID_HANDLE; /* as CUDA: the stream of another context */
+    hvgpu_event_record_req_t q = { hv_untag(event), hv_untag(stream) };
+    return HV_ON(device, hv_oneway(HVGPU_OP_EVENT_RECORD, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned flags) {
@@ -195,21 +208,21 @@ HV_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsign
 }
 
 HV_EXPORT CUresult cuEventQuery(CUevent event) {
-    hvgpu_event_query_req_t q = { (uint64_t)(uintptr_t)event };
-    return hv_call(HVGPU_OP_EVENT_QUERY, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(event, HVGPU_OP_EVENT_QUERY);
 }
 
 HV_EXPORT CUresult cuEventSynchronize(CUevent event) {
-    hvgpu_event_synchronize_req_t q = { (uint64_t)(uintptr_t)event };
-    return hv_call(HVGPU_OP_EVENT_SYNCHRONIZE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0);
+    return about(event, HVGPU_OP_EVENT_SYNCHRONIZE);
 }
 
 HV_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {
     if (!ms) return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_event_elapsed_time_req_t q = { (uint64_t)(uintptr_t)start, (uint64_t)(uintptr_t)end };
+    int device = hv_tag_device(start);
+    if (hv_tag_device(end) != device) return CUDA_ERROR_INVALID_HANDLE;
+    hvgpu_event_elapsed_time_req_t q = { hv_untag(start), hv_untag(end) };
     hvgpu_event_elapsed_time_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_EVENT_ELAPSED_TIME, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
-                         NULL, 0);
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_EVENT_ELAPSED_TIME, &q, sizeof q, NULL, 0, &v,
+                                       sizeof v, NULL, NULL, 0));
     if (!r) *ms = v.ms;
     return r;
 }

@@ -1,10 +1,13 @@
-/* The shim's one connection to the hvgpu agent, and the frames on it.
+/* The shim's connections to the hvgpu agent, one per vGPU, and the frames on them.
  *
- * Owns the socket: connects to $HVGPU_AGENT (default: the host over vsock),
- * does the HELLO handshake, sends synchronous calls and pipelined one-way
- * frames (coalesced into one buffer until a call needs an answer), and reads
- * replies. It knows frames, not CUDA: it must not interpret op bodies.
- * Writes use MSG_NOSIGNAL so a vanished agent is an error, never SIGPIPE.
+ * Owns the sockets: connects to $HVGPU_AGENT (default: the host over vsock;
+ * vGPU N at the port + N, or the Nth of a comma-separated list), does the
+ * HELLO handshake, sends synchronous calls and pipelined one-way frames
+ * (coalesced into one buffer per connection until a call needs an answer), and
+ * reads replies. A call goes to the vGPU of the calling thread's current
+ * context unless hv_route() names another. It knows frames, not CUDA: it must
+ * not interpret op bodies. Writes use MSG_NOSIGNAL so a vanished agent is an
+ * error, never SIGPIPE.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,7 +38,7 @@ struct hv_sockaddr_vm { /* linux/vm_sockets.h, kept local so headers are not nee
 enum { ST_NEW, ST_READY, ST_FAILED, ST_LOST };
 #define BATCH_CAP (64u << 10)
 
-static struct {
+struct wire {
     pthread_mutex_t lock;
     int state;
     CUresult error;          /* what every call returns once FAILED or LOST */
@@ -44,15 +47,39 @@ static struct {
     unsigned char *batch;
     size_t batch_len;
     char address[512];
-    int trace;
-} W = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "", -1 };
+    int device;
+};
+
+static struct wire wires[HV_MAX_DEVICES] = {
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "", 0 }
+};
+static int trace_level = -1;
+static __thread int routed = -1; /* the device hv_route() named, or -1 */
+
+int hv_route(int device) {
+    int previous = routed;
+    routed = device;
+    return previous;
+}
+
+int hv_routed_device(void) {
+    if (routed >= 0) return routed;
+    struct hv_ctx *c = hv_current();
+    return c && c->device >= 0 && c->device < HV_MAX_DEVICES ? c->device : 0;
+}
+
+static struct wire *target(void) {
+    struct wire *w = &wires[hv_routed_device()];
+    w->device = (int)(w - wires);
+    return w;
+}
 
 int hv_trace_enabled(void) {
-    if (W.trace < 0) {
+    if (trace_level < 0) {
         const char *t = getenv("HVGPU_SHIM_TRACE");
-        W.trace = t && *t && strcmp(t, "0") ? (atoi(t) > 1 ? atoi(t) : 1) : 0; /* 2: lookups too */
+        trace_level = t && *t && strcmp(t, "0") ? (atoi(t) > 1 ? atoi(t) : 1) : 0; /* 2: lookups too */
     }
-    return W.trace;
+    return trace_level;
 }
 
 void hv_log(const char *fmt, ...) {
@@ -69,17 +96,38 @@ void hv_log(const char *fmt, ...) {
     (void)ignored;
 }
 
-const char *hv_agent_address(void) {
-    if (!W.address[0]) {
-        const char *env = getenv("HVGPU_AGENT");
-        if (env && *env) /* device 0's: the first of a comma-separated list */
-            snprintf(W.address, sizeof W.address, "%.*s", (int)strcspn(env, ","), env);
-        else /* the host seen from a VM, at the protocol table's port */
-            snprintf(W.address, sizeof W.address, "vsock://%d:%d", HVGPU_HOST_CID,
-                     HVGPU_DEFAULT_PORT);
+/* vGPU N: the Nth address of $HVGPU_AGENT, or its only (non-unix) one at port + N,
+   or the host seen from a VM at the protocol table's port + N. */
+static const char *address_of(struct wire *w) {
+    if (w->address[0]) return w->address;
+    const char *env = getenv("HVGPU_AGENT");
+    int d = w->device;
+    if (!env || !*env) {
+        snprintf(w->address, sizeof w->address, "vsock://%d:%d", HVGPU_HOST_CID,
+                 HVGPU_DEFAULT_PORT + d);
+        return w->address;
     }
-    return W.address;
+    const char *item = env;
+    for (int i = 0; i < d && item; i++) {
+        item = strchr(item, ',');
+        if (item) item++;
+    }
+    while (item && *item == ' ') item++;
+    if (item && *item) {
+        snprintf(w->address, sizeof w->address, "%.*s", (int)strcspn(item, ", "), item);
+    } else if (!strchr(env, ',') && strncmp(env, "unix://", 7)) {
+        const char *colon = strrchr(env, ':');
+        long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+        snprintf(w->address, sizeof w->address, "%.*s:%ld", (int)(colon ? colon - env : 0), env,
+                 port + d);
+    } else {
+        snprintf(w->address, sizeof w->address, "(HVGPU_AGENT lists no address for device %d)",
+                 d);
+    }
+    return w->address;
 }
+
+const char *hv_agent_address(void) { return address_of(&wires[0]); }
 
 static int send_all(int fd, struct iovec *iov, int n) {
     while (n > 0) {
@@ -130,17 +178,17 @@ static int discard(int fd, uint64_t n) {
 }
 
 /* The connection is gone: every later call fails the same clear way. */
-static CUresult lost(const char *what) {
-    if (W.state != ST_LOST) {
+static CUresult lost(struct wire *w, const char *what) {
+    if (w->state != ST_LOST) {
         hv_log("lost the connection to the hvgpu agent at %s (%s: %s); GPU work of this "
                "process is gone, calls now fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
-               hv_agent_address(), what, strerror(errno));
-        if (W.fd >= 0) close(W.fd);
-        W.fd = -1;
-        W.state = ST_LOST;
-        W.error = CUDA_ERROR_DEVICE_UNAVAILABLE;
+               address_of(w), what, strerror(errno));
+        if (w->fd >= 0) close(w->fd);
+        w->fd = -1;
+        w->state = ST_LOST;
+        w->error = CUDA_ERROR_DEVICE_UNAVAILABLE;
     }
-    return W.error;
+    return w->error;
 }
 
 static int connect_unix(const char *path) {
@@ -234,11 +282,11 @@ static void pack_header(hvgpu_header_t *h, uint16_t op, uint8_t flags, uint32_t 
     h->payload_len = payload_len;
 }
 
-static CUresult flush_locked(void) {
-    if (!W.batch_len) return CUDA_SUCCESS;
-    struct iovec iov = { W.batch, W.batch_len };
-    W.batch_len = 0;
-    if (send_all(W.fd, &iov, 1) < 0) return lost("sending");
+static CUresult flush_locked(struct wire *w) {
+    if (!w->batch_len) return CUDA_SUCCESS;
+    struct iovec iov = { w->batch, w->batch_len };
+    w->batch_len = 0;
+    if (send_all(w->fd, &iov, 1) < 0) return lost(w, "sending");
     return CUDA_SUCCESS;
 }
 
@@ -259,29 +307,29 @@ static CUresult to_cuda(int status, const char *message) {
     }
 }
 
-static CUresult call_locked(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint32_t body_len, const void *payload,
                             uint64_t payload_len, void *reply, uint32_t reply_cap,
                             uint32_t *reply_len, void *rpayload, uint64_t rpayload_len) {
-    CUresult r = flush_locked();
+    CUresult r = flush_locked(w);
     if (r) return r;
     hvgpu_header_t h;
-    uint32_t seq = ++W.seq;
+    uint32_t seq = ++w->seq;
     pack_header(&h, op, 0, seq, body_len, payload_len);
     struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
                             { (void *)payload, (size_t)payload_len } };
-    if (send_all(W.fd, iov, 3) < 0) return lost("sending");
-    if (recv_all(W.fd, &h, sizeof h) < 0) return lost("waiting for a reply");
+    if (send_all(w->fd, iov, 3) < 0) return lost(w, "sending");
+    if (recv_all(w->fd, &h, sizeof h) < 0) return lost(w, "waiting for a reply");
     if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_REPLY) || h.seq != seq || h.op != op) {
         errno = EPROTO;
-        return lost("reading a reply");
+        return lost(w, "reading a reply");
     }
     if (h.status != 0) {
         char msg[1024] = "";
         unsigned char eb[1024 + sizeof(hvgpu_error_rep_t)];
         uint32_t n = h.body_len < sizeof eb ? h.body_len : (uint32_t)sizeof eb;
-        if (recv_all(W.fd, eb, n) < 0 || discard(W.fd, h.body_len - n) < 0 ||
-            discard(W.fd, h.payload_len) < 0)
-            return lost("reading an error");
+        if (recv_all(w->fd, eb, n) < 0 || discard(w->fd, h.body_len - n) < 0 ||
+            discard(w->fd, h.payload_len) < 0)
+            return lost(w, "reading an error");
         if (n >= sizeof(hvgpu_error_rep_t)) {
             hvgpu_error_rep_t e;
             memcpy(&e, eb, sizeof e);
@@ -295,14 +343,14 @@ static CUresult call_locked(uint16_t op, const void *body, uint32_t body_len, co
         return to_cuda(h.status, msg);
     }
     uint32_t keep = h.body_len < reply_cap ? h.body_len : reply_cap;
-    if (recv_all(W.fd, reply, keep) < 0 || discard(W.fd, h.body_len - keep) < 0)
-        return lost("reading a reply");
+    if (recv_all(w->fd, reply, keep) < 0 || discard(w->fd, h.body_len - keep) < 0)
+        return lost(w, "reading a reply");
     if (reply_len) *reply_len = keep;
     if (h.payload_len) {
         if (rpayload && h.payload_len <= rpayload_len) {
-            if (recv_all(W.fd, rpayload, (size_t)h.payload_len) < 0) return lost("receiving data");
+            if (recv_all(w->fd, rpayload, (size_t)h.payload_len) < 0) return lost(w, "receiving data");
         } else {
-            if (discard(W.fd, h.payload_len) < 0) return lost("receiving data");
+            if (discard(w->fd, h.payload_len) < 0) return lost(w, "receiving data");
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
@@ -310,26 +358,32 @@ static CUresult call_locked(uint16_t op, const void *body, uint32_t body_len, co
 }
 
 static void child_after_fork(void) {
-    /* The parent's connection (and its GPU objects) stay the parent's. */
-    pthread_mutex_init(&W.lock, NULL);
-    if (W.fd >= 0) close(W.fd);
-    W.fd = -1;
-    W.batch_len = 0;
-    W.state = ST_NEW;
-}
-
-static void flush_at_exit(void) {
-    if (pthread_mutex_trylock(&W.lock) == 0) {
-        if (W.state == ST_READY) flush_locked();
-        pthread_mutex_unlock(&W.lock);
+    /* The parent's connections (and their GPU objects) stay the parent's. */
+    for (int d = 0; d < HV_MAX_DEVICES; d++) {
+        struct wire *w = &wires[d];
+        pthread_mutex_init(&w->lock, NULL);
+        if (w->fd >= 0) close(w->fd);
+        w->fd = -1;
+        w->batch_len = 0;
+        w->state = ST_NEW;
     }
 }
 
-static CUresult handshake_locked(void) {
+static void flush_at_exit(void) {
+    for (int d = 0; d < HV_MAX_DEVICES; d++) {
+        struct wire *w = &wires[d];
+        if (pthread_mutex_trylock(&w->lock) == 0) {
+            if (w->state == ST_READY) flush_locked(w);
+            pthread_mutex_unlock(&w->lock);
+        }
+    }
+}
+
+static CUresult handshake_locked(struct wire *w) {
     char why[256] = "";
-    const char *addr = hv_agent_address();
-    W.fd = open_socket(addr, why, sizeof why);
-    if (W.fd < 0) {
+    const char *addr = address_of(w);
+    w->fd = open_socket(addr, why, sizeof why);
+    if (w->fd < 0) {
         hv_log("cannot reach the hvgpu agent at %s: %s; is a GPU slice attached to this VM "
                "(hvgpu attach on the host)? Set HVGPU_AGENT to use another address",
                addr, why[0] ? why : strerror(errno));
@@ -343,14 +397,14 @@ static CUresult handshake_locked(void) {
     memcpy(body + sizeof req, client, sizeof client - 1);
     unsigned char rep[512];
     uint32_t n = 0;
-    W.state = ST_READY; /* call_locked needs it; undone below on failure */
-    CUresult r = call_locked(HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + sizeof client - 1),
+    w->state = ST_READY; /* call_locked needs it; undone below on failure */
+    CUresult r = call_locked(w, HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + sizeof client - 1),
                              NULL, 0, rep, sizeof rep, &n, NULL, 0);
     if (r != CUDA_SUCCESS) {
-        if (W.state == ST_READY) {
+        if (w->state == ST_READY) {
             hv_log("the hvgpu agent at %s refused the handshake (%d)", addr, r);
-            close(W.fd);
-            W.fd = -1;
+            close(w->fd);
+            w->fd = -1;
         }
         return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? CUDA_ERROR_NO_DEVICE : r;
     }
@@ -360,26 +414,26 @@ static CUresult handshake_locked(void) {
 
 CUresult hv_ensure(void) {
     static int atfork_done;
-    if (__atomic_load_n(&W.state, __ATOMIC_ACQUIRE) == ST_READY) return CUDA_SUCCESS;
-    pthread_mutex_lock(&W.lock);
+    struct wire *w = target();
+    if (__atomic_load_n(&w->state, __ATOMIC_ACQUIRE) == ST_READY) return CUDA_SUCCESS;
+    pthread_mutex_lock(&w->lock);
     CUresult r;
-    if (W.state == ST_NEW) {
-        if (!atfork_done) {
+    if (w->state == ST_NEW) {
+        if (!__atomic_exchange_n(&atfork_done, 1, __ATOMIC_ACQ_REL)) {
             pthread_atfork(NULL, NULL, child_after_fork);
             atexit(flush_at_exit);
-            atfork_done = 1;
         }
-        if (!W.batch) W.batch = malloc(BATCH_CAP);
-        r = W.batch ? handshake_locked() : CUDA_ERROR_OUT_OF_MEMORY;
+        if (!w->batch) w->batch = malloc(BATCH_CAP);
+        r = w->batch ? handshake_locked(w) : CUDA_ERROR_OUT_OF_MEMORY;
         if (r == CUDA_SUCCESS) {
-            __atomic_store_n(&W.state, ST_READY, __ATOMIC_RELEASE);
-        } else if (W.state != ST_LOST) {
-            W.state = ST_FAILED;
-            W.error = r;
+            __atomic_store_n(&w->state, ST_READY, __ATOMIC_RELEASE);
+        } else if (w->state != ST_LOST) {
+            w->state = ST_FAILED;
+            w->error = r;
         }
     }
-    r = W.state == ST_READY ? CUDA_SUCCESS : W.error;
-    pthread_mutex_unlock(&W.lock);
+    r = w->state == ST_READY ? CUDA_SUCCESS : w->error;
+    pthread_mutex_unlock(&w->lock);
     return r;
 }
 
@@ -388,11 +442,12 @@ CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *p
                  void *rpayload, uint64_t rpayload_len) {
     CUresult r = hv_ensure();
     if (r) return r;
-    pthread_mutex_lock(&W.lock);
-    r = W.state == ST_READY ? call_locked(op, body, body_len, payload, payload_len, reply,
+    struct wire *w = target();
+    pthread_mutex_lock(&w->lock);
+    r = w->state == ST_READY ? call_locked(w, op, body, body_len, payload, payload_len, reply,
                                           reply_cap, reply_len, rpayload, rpayload_len)
-                            : W.error;
-    pthread_mutex_unlock(&W.lock);
+                            : w->error;
+    pthread_mutex_unlock(&w->lock);
     return r;
 }
 
@@ -400,37 +455,39 @@ CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void 
                    uint64_t payload_len) {
     CUresult r = hv_ensure();
     if (r) return r;
-    pthread_mutex_lock(&W.lock);
-    if (W.state != ST_READY) {
-        r = W.error;
+    struct wire *w = target();
+    pthread_mutex_lock(&w->lock);
+    if (w->state != ST_READY) {
+        r = w->error;
         goto out;
     }
     hvgpu_header_t h;
-    pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++W.seq, body_len, payload_len);
+    pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++w->seq, body_len, payload_len);
     uint64_t total = sizeof h + body_len + payload_len;
-    if (W.batch_len + total > BATCH_CAP && (r = flush_locked()) != CUDA_SUCCESS) goto out;
+    if (w->batch_len + total > BATCH_CAP && (r = flush_locked(w)) != CUDA_SUCCESS) goto out;
     if (total <= BATCH_CAP) {
-        unsigned char *p = W.batch + W.batch_len;
+        unsigned char *p = w->batch + w->batch_len;
         memcpy(p, &h, sizeof h);
         memcpy(p + sizeof h, body, body_len);
         if (payload_len) memcpy(p + sizeof h + body_len, payload, (size_t)payload_len);
-        W.batch_len += (size_t)total;
+        w->batch_len += (size_t)total;
     } else { /* bulk data goes straight from the program's memory */
         struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
                                 { (void *)payload, (size_t)payload_len } };
-        if (send_all(W.fd, iov, 3) < 0) r = lost("sending");
+        if (send_all(w->fd, iov, 3) < 0) r = lost(w, "sending");
     }
 out:
-    pthread_mutex_unlock(&W.lock);
+    pthread_mutex_unlock(&w->lock);
     return r;
 }
 
 CUresult hv_flush(void) {
     CUresult r = hv_ensure();
     if (r) return r;
-    pthread_mutex_lock(&W.lock);
-    r = W.state == ST_READY ? flush_locked() : W.error;
-    pthread_mutex_unlock(&W.lock);
+    struct wire *w = target();
+    pthread_mutex_lock(&w->lock);
+    r = w->state == ST_READY ? flush_locked(w) : w->error;
+    pthread_mutex_unlock(&w->lock);
     return r;
 }
 
