@@ -199,3 +199,19 @@ def test_one_program_uses_two_vgpus_switching_with_cudaSetDevice(cudart, tmp_pat
            "mismatches=0" in out.stdout
     assert "not implemented" not in out.stderr
     assert all(s["executors"] for s in status.values())  # each vGPU's own executor served it
+
+
+@needs_nvcc
+def test_a_vgpu_the_program_cannot_reach_leaves_it_the_others(programs, tmp_path):
+    from tests.conftest import FAKE_DEVICE, RunningAgent
+    from tests.host.test_slices_served import two_fake_gpus
+
+    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",), gpus=two_fake_gpus)
+    try:
+        agent.api.attach("vm1", "64M", count=2)  # device 1 has no socket bound here
+        out = _guest("run", "--", str(programs["static"]), env=_env(agent.vm_address("vm1")))
+    finally:
+        agent.stop()
+    assert out.returncode == 0, out.stderr
+    assert "copy back: no error" in out.stdout
+    assert "device 1 of this VM's 2 vGPUs cannot be reached" in out.stderr

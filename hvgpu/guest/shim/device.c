@@ -61,6 +61,12 @@ static void initialise(void) {
         uint32_t n = 0;
         r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep,
                              sizeof rep, &n, NULL, 0));
+        if (r && d > 0) { /* the others still serve: the program gets the devices it can reach */
+            hv_log("device %d of this VM's %d vGPUs cannot be reached (%d); the program sees "
+                   "devices 0..%d", d, hv_device_count, r, d - 1);
+            hv_device_count = d;
+            break;
+        }
         if (r) { init_result = r; return; }
         uint32_t len;
         memcpy(&len, rep, 4);
