@@ -41,6 +41,8 @@ int main() {
     for (int i = 0; i < n; i++) mismatches += host[i] != 6.0f * i;
     printf("multi_device: devices=%d current=%d y0_on=%d out[1]=%.1f out[last]=%.1f mismatches=%d\n",
            count, device, attr.device, host[1], host[n - 1], mismatches);
+    fprintf(stderr, "addresses: device 0 %p %p, device 1 %p %p\n", (void *)x0, (void *)y0,
+            (void *)x1, (void *)y1);
     CHECK(cudaFree(x0)); CHECK(cudaFree(y0));
     CHECK(cudaSetDevice(1));
     CHECK(cudaStreamDestroy(s)); CHECK(cudaEventDestroy(done));
