@@ -65,11 +65,13 @@ _LAUNCH_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint]
 class FakeDevice:
     caps = 3
 
-    def __init__(self, ordinal: int = 0):
+    def __init__(self, ordinal: int = 0, address_window: int = 0):
         if ordinal != 0:
             raise CudaError(101, f"fake host has one GPU, not {ordinal}")
         self.mem: dict[int, bytearray] = {}
-        self.next = BASE
+        # as CudaDevice: vGPU N >= 1 of a VM allocates in its own address window
+        self.next = 0x6000_0000_0000 + (address_window - 1) * (1 << 40) if address_window \
+            else BASE
         self.pinned: dict[int, ctypes.Array] = {}
         self.sticky: CudaError | None = None
         self.allocated = 0
@@ -336,5 +338,5 @@ class FakeDevice:
 class NoDriver:
     """A host whose GPU cannot be opened, as CudaDevice reports it."""
 
-    def __init__(self, ordinal: int = 0):
+    def __init__(self, ordinal: int = 0, address_window: int = 0):
         raise CudaError(10007, "no NVIDIA driver on the host: libcuda.so.1 not found")

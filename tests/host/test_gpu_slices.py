@@ -144,3 +144,27 @@ def test_a_vm_with_two_vgpus_fills_on_0_copies_to_1_computes_there_and_reads_bac
     finally:
         for conn in runtime._defaults.values():
             conn.close()
+
+
+def test_a_second_vgpu_allocates_in_its_own_address_window():
+    import ctypes
+
+    from hvgpu.host.executor.cuda_device import _WINDOW_BASE, _WINDOW_SIZE, CudaDevice
+
+    dev = CudaDevice(0, address_window=1)
+    try:
+        a, b, c = dev.mem_alloc(100), dev.mem_alloc(5 << 20), dev.mem_alloc(1)
+        assert all(_WINDOW_BASE <= p < _WINDOW_BASE + _WINDOW_SIZE for p in (a, b, c))
+        dev.mem_free(b)
+        assert dev.mem_alloc(4 << 20) == b  # the hole is reused
+        out = ctypes.create_string_buffer(100)
+        stream = dev.stream(0)
+        dev.memset_async(a, 0x5A, 1, 100, stream)
+        dev.memcpy_dtoh_async(ctypes.addressof(out), a, 100, stream)
+        dev.stream_synchronize(stream)
+        print(f"\nwindow allocations: 0x{a:x} 0x{b:x} 0x{c:x}; bytes back: {out.raw[:4].hex()}")
+        assert out.raw == b"\x5a" * 100
+        for p in (a, b, c):
+            dev.mem_free(p)
+    finally:
+        dev.close()

@@ -26,6 +26,7 @@ from hvgpu.errors import CudaError
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
+from hvgpu.host.state import split_key
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
 
@@ -38,9 +39,11 @@ def load_factory(spec: str):
     return getattr(importlib.import_module(module), attr)
 
 
-def open_device(spec: str, gpu: int):
+def open_device(spec: str, gpu: int, vgpu: int = 0):
+    """The GPU; vGPU N >= 1 of a VM gets its own address window (cuda_device)."""
     try:
-        return load_factory(spec)(gpu), None
+        factory = load_factory(spec)
+        return (factory(gpu, address_window=vgpu) if vgpu else factory(gpu)), None
     except CudaError as exc:
         log.error("no GPU: %s", exc)
         return None, exc
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
     cache = CompileCache(args.cache_dir)
-    device, error = open_device(args.device, args.gpu)
+    device, error = open_device(args.device, args.gpu, split_key(args.slice)[1])
     if args.control_fd is not None:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice,
                     args.compute)

@@ -10,6 +10,7 @@ already checked handles and address ranges.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import threading
 
@@ -26,7 +27,14 @@ except ImportError as exc:  # reported to the guest by the executor, not a crash
 else:
     _IMPORT_ERROR = ""
 
+log = logging.getLogger(__name__)
+
 _MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
+# vGPU N >= 1 of a VM allocates inside its own virtual address window, so that a VM's
+# vGPUs (separate executor processes) never hand out the same address, as CUDA's
+# unified addressing promises a program. vGPU 0 keeps the driver's own allocator.
+_WINDOW_BASE = 0x6000_0000_0000
+_WINDOW_SIZE = 1 << 40
 _CU_STREAM_NON_BLOCKING = 1
 
 
@@ -85,12 +93,85 @@ def _ok(result, what: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
+class _AddressWindow:
+    """Device memory mapped (cuMemCreate + cuMemMap) inside one reserved range.
+
+    Each allocation is rounded up to the allocation granularity (2 MiB on
+    current GPUs), so many small allocations cost more memory than cuMemAlloc's.
+    """
+
+    def __init__(self, ordinal: int, index: int):
+        self.prop = cu.CUmemAllocationProp()
+        self.prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        self.prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        self.prop.location.id = ordinal
+        self.access = cu.CUmemAccessDesc()
+        self.access.location = self.prop.location
+        self.access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.granularity = int(_ok(cu.cuMemGetAllocationGranularity(
+            self.prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+            "cuMemGetAllocationGranularity"))
+        hint = _WINDOW_BASE + (index - 1) * _WINDOW_SIZE
+        self.base = int(_ok(cu.cuMemAddressReserve(_WINDOW_SIZE, 0, hint, 0),
+                            "cuMemAddressReserve"))
+        if self.base != hint:
+            log.warning(
+                "vGPU %d: the driver put its address window at 0x%x, not 0x%x; its addresses "
+                "may coincide with another vGPU's of the same VM", index, self.base, hint)
+        self.holes = [(self.base, _WINDOW_SIZE)]  # free ranges, by address
+        self.sizes: dict[int, int] = {}
+        self.lock = threading.Lock()
+
+    def alloc(self, size: int) -> int:
+        n = -(-max(size, 1) // self.granularity) * self.granularity
+        with self.lock:
+            i = next((i for i, (_, free) in enumerate(self.holes) if free >= n), None)
+            if i is None:
+                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "the vGPU's address window is full")
+            at, free = self.holes[i]
+            self.holes[i:i + 1] = [(at + n, free - n)] if free > n else []
+            self.sizes[at] = n
+        try:
+            handle = _ok(cu.cuMemCreate(n, self.prop, 0), f"cuMemCreate({n})")
+            try:
+                _ok(cu.cuMemMap(at, n, 0, handle, 0), "cuMemMap")
+                _ok(cu.cuMemSetAccess(at, n, [self.access], 1), "cuMemSetAccess")
+            finally:
+                cu.cuMemRelease(handle)  # the mapping holds the memory from here on
+        except CudaError:
+            cu.cuMemUnmap(at, n)
+            self._give_back(at)
+            raise
+        return at
+
+    def free(self, dptr: int) -> None:
+        n = self.sizes.get(dptr)
+        if n is None:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"0x{dptr:x} is not an allocation")
+        _ok(cu.cuMemUnmap(dptr, n), "cuMemUnmap")
+        self._give_back(dptr)
+
+    def _give_back(self, at: int) -> None:
+        with self.lock:
+            n = self.sizes.pop(at)
+            self.holes.append((at, n))
+            self.holes.sort()
+            merged = [self.holes[0]]
+            for start, size in self.holes[1:]:
+                last, last_size = merged[-1]
+                if last + last_size == start:
+                    merged[-1] = (last, last_size + size)
+                else:
+                    merged.append((start, size))
+            self.holes = merged
+
+
 class CudaDevice:
     """One GPU, one context, in this executor process."""
 
     caps = P.CAP_NVRTC | P.CAP_PARAM_INFO
 
-    def __init__(self, ordinal: int = 0):
+    def __init__(self, ordinal: int = 0, address_window: int = 0):
         if cu is None:
             raise CudaError(P.HV_NO_GPU, "cuda-python (cuda-bindings) is not installed on "
                             f"the host ({_IMPORT_ERROR}); install hvgpu[host]")
@@ -113,6 +194,7 @@ class CudaDevice:
         major = self.attribute(75)
         minor = self.attribute(76)
         self.arch = f"sm_{major}{minor}"
+        self._window = _AddressWindow(ordinal, address_window) if address_window else None
 
     def bind_thread(self) -> None:
         """Make this context current on the calling thread, with its own launch buffer.
@@ -170,9 +252,13 @@ class CudaDevice:
     # -- memory -------------------------------------------------------------
 
     def mem_alloc(self, size: int) -> int:
+        if self._window is not None:
+            return self._window.alloc(size)
         return int(_ok(cu.cuMemAlloc(size), f"cuMemAlloc({size})"))
 
     def mem_free(self, dptr: int) -> None:
+        if self._window is not None:
+            return self._window.free(dptr)
         _ok(cu.cuMemFree(dptr), "cuMemFree")
 
     def host_alloc(self, size: int) -> tuple[int, memoryview]:

@@ -34,18 +34,25 @@ int main() {
     CHECK(cudaMemcpy(host, y1, n * 4, cudaMemcpyDeviceToHost));
     int device = -1;
     CHECK(cudaGetDevice(&device));
+    // Unified addressing: device 0's memory, asked about and read with device 1 current.
     cudaPointerAttributes attr;
-    CHECK(cudaSetDevice(0)); // a pointer is asked about with its device current (see README)
     CHECK(cudaPointerGetAttributes(&attr, y0));
-    int mismatches = 0;
-    for (int i = 0; i < n; i++) mismatches += host[i] != 6.0f * i;
-    printf("multi_device: devices=%d current=%d y0_on=%d out[1]=%.1f out[last]=%.1f mismatches=%d\n",
-           count, device, attr.device, host[1], host[n - 1], mismatches);
+    static float back[n];
+    CHECK(cudaMemcpy(back, y0, n * 4, cudaMemcpyDefault));
+    int mismatches = 0, uva_mismatches = 0;
+    for (int i = 0; i < n; i++) {
+        mismatches += host[i] != 6.0f * i;
+        uva_mismatches += back[i] != 2.0f * i;
+    }
+    printf("multi_device: devices=%d current=%d y0_on=%d out[1]=%.1f out[last]=%.1f mismatches=%d "
+           "uva_mismatches=%d\n", count, device, attr.device, host[1], host[n - 1], mismatches,
+           uva_mismatches);
+    CHECK(cudaSetDevice(0));
     fprintf(stderr, "addresses: device 0 %p %p, device 1 %p %p\n", (void *)x0, (void *)y0,
             (void *)x1, (void *)y1);
     CHECK(cudaFree(x0)); CHECK(cudaFree(y0));
     CHECK(cudaSetDevice(1));
     CHECK(cudaStreamDestroy(s)); CHECK(cudaEventDestroy(done));
     CHECK(cudaFree(x1)); CHECK(cudaFree(y1));
-    return mismatches != 0;
+    return mismatches != 0 || uva_mismatches != 0;
 }
