@@ -30,9 +30,9 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def collect(address=None) -> dict:
-    """Everything ``info`` and ``smi`` show, as one dict."""
-    address = address or default_address()
+def collect(agent: str | None = None) -> dict:
+    """Everything ``info`` and ``smi`` show, as one dict: every vGPU of this VM."""
+    address = default_address(0, agent)
     try:
         conn = Connection(address, timeout=5)
     except TransportError as exc:
@@ -41,22 +41,38 @@ def collect(address=None) -> dict:
             f"`hvgpu attach VM --mem SIZE` adds both (${ENV_ADDRESS} names another "
             "address).") from None
     with conn:
-        vm, quota, used, compute = conn.call("SLICE_INFO")
-        dev = Device(connection=conn)
-        major, minor = dev.compute_capability
-        return {"agent": conn.agent, "address": str(conn.address), "peer": conn.peer,
-                "protocol": conn.version, "vm": vm, "gpus": [{
-                    "index": 0, "name": dev.name, "uuid": dev.uuid,
-                    "memory_total": quota, "memory_used": used,
-                    "compute_share": compute, "multiprocessors": dev.multiprocessor_count,
-                    "compute_capability": f"{major}.{minor}",
-                    "driver_version": conn.call("DRIVER_GET_VERSION")[0]}]}
+        vm = conn.call("SLICE_INFO")[0]
+        count = conn.call("DEVICE_GET_COUNT")[0]
+        gpus = [_vgpu(0, conn)]
+        agent_version, version, peer = conn.agent, conn.version, conn.peer
+    for index in range(1, count):
+        try:
+            with Connection(default_address(index, agent), timeout=5) as other:
+                gpus.append(_vgpu(index, other))
+        except (HvgpuError, OSError) as exc:
+            gpus.append({"index": index, "error": str(exc)})
+    return {"agent": agent_version, "address": str(address), "peer": peer,
+            "protocol": version, "vm": vm, "gpus": gpus}
+
+
+def _vgpu(index: int, conn: Connection) -> dict:
+    _, quota, used, compute = conn.call("SLICE_INFO")
+    dev = Device(connection=conn)
+    major, minor = dev.compute_capability
+    return {"index": index, "address": str(conn.address), "name": dev.name, "uuid": dev.uuid,
+            "memory_total": quota, "memory_used": used, "compute_share": compute,
+            "multiprocessors": dev.multiprocessor_count,
+            "compute_capability": f"{major}.{minor}",
+            "driver_version": conn.call("DRIVER_GET_VERSION")[0]}
 
 
 def info_text(d: dict) -> str:
     lines = [f"agent: {d['agent']} at {d['address']} (protocol v{d['protocol']}), "
              f"this VM: {d['vm'] or 'no slice: the whole GPU (host-local connection)'}"]
     for g in d["gpus"]:
+        if "error" in g:
+            lines.append(f"vGPU {g['index']}: cannot be reached: {g['error']}")
+            continue
         share = f"{g['compute_share']}%" if g["compute_share"] else "time-shared"
         lines.append(f"vGPU {g['index']}: {g['name']}, {_gib(g['memory_total'])} "
                      f"({_gib(g['memory_used'])} in use), compute {share}, "
@@ -66,20 +82,25 @@ def info_text(d: dict) -> str:
 
 
 def smi_text(d: dict) -> str:
-    g = d["gpus"][0]
-    v = g["driver_version"]
+    v = d["gpus"][0]["driver_version"]
     width = 78
     bar = "+" + "-" * (width - 2) + "+"
     head = f"hvgpu-guest {__version__}   CUDA driver {v // 1000}.{v % 1000 // 10}   {d['agent']}"
-    share = f"{g['compute_share']}%" if g["compute_share"] else "shared"
-    row1 = f"{g['index']:>3}  {g['name'][:30]:30}  {'vGPU of ' + (d['vm'] or 'host'):>30}"
-    row2 = (f"     {_gib(g['memory_used']):>10} / {_gib(g['memory_total']):<10}  "
-            f"compute {share:>7}  SMs {g['multiprocessors']:>4}  cc {g['compute_capability']}")
+    rows = []
+    for g in d["gpus"]:
+        if "error" in g:
+            rows.append(f"{g['index']:>3}  cannot be reached")
+            continue
+        share = f"{g['compute_share']}%" if g["compute_share"] else "shared"
+        rows.append(f"{g['index']:>3}  {g['name'][:30]:30}  "
+                    f"{'vGPU of ' + (d['vm'] or 'host'):>30}")
+        rows.append(f"     {_gib(g['memory_used']):>10} / {_gib(g['memory_total']):<10}  "
+                    f"compute {share:>7}  SMs {g['multiprocessors']:>4}  "
+                    f"cc {g['compute_capability']}")
     return "\n".join([bar, "| " + head.ljust(width - 4) + " |", bar,
                       "| GPU  Name                            " + "Slice".rjust(30) + "   |",
                       "|      Memory used / quota     " + " " * 44 + "|", bar,
-                      "| " + row1.ljust(width - 4) + " |", "| " + row2.ljust(width - 4) + " |",
-                      bar])
+                      *["| " + r.ljust(width - 4) + " |" for r in rows], bar])
 
 
 LDCONFIG_SNIPPET = Path("/etc/ld.so.conf.d/00-hvgpu.conf")
@@ -166,7 +187,8 @@ def main(argv=None) -> int:
         epilog=f"The agent is reached at ${ENV_ADDRESS}, else vsock://{P.HOST_CID}:"
                f"{P.DEFAULT_PORT} (the host seen from a VM).")
     ap.add_argument("--version", action="version", version=f"hvgpu-guest {__version__}")
-    ap.add_argument("--agent", metavar="ADDR", help=f"agent address (overrides ${ENV_ADDRESS})")
+    ap.add_argument("--agent", metavar="ADDR", help=f"agent address (overrides ${ENV_ADDRESS}): one per vGPU, "
+                         "comma-separated, or one whose port + N reaches vGPU N")
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="list this VM's vGPUs (memory = quota, compute share)")
     p.add_argument("--json", action="store_true", help="machine-readable output")

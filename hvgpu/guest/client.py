@@ -43,14 +43,15 @@ _HTOD_OP, _FREE_OP, _COMPILE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"], P.OP["M
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
 
 
-def default_address(device: int = 0) -> Address:
+def default_address(device: int = 0, text: str | None = None) -> Address:
     """Where this VM's vGPU ``device`` is served.
 
-    $HVGPU_AGENT: one address per device, comma-separated, or one address
-    whose port + N reaches device N (vsock, hvsock, tcp: the agent listens so);
-    without it, the host's agent over vsock at the data lane's port + N.
+    ``text`` (default $HVGPU_AGENT): one address per device, comma-separated,
+    or one address whose port + N reaches device N (vsock, hvsock, tcp: the
+    agent listens so); without it, the host's agent over vsock at the data
+    lane's port + N.
     """
-    text = os.environ.get(ENV_ADDRESS)
+    text = os.environ.get(ENV_ADDRESS) if text is None else text
     if not text:
         return Address("vsock", cid=P.HOST_CID, port=P.DEFAULT_PORT + device)
     items = [t.strip() for t in text.split(",") if t.strip()]

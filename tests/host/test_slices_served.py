@@ -261,3 +261,17 @@ def test_vsock_port_plus_n_reaches_vgpu_n_of_the_connecting_vm(two_gpu_agent):
     assert route == "refuse" and "has 2 vGPU(s), not a device 2" in why
     route, why = agent._route(ports[1], "vsock:8:1033")
     assert route == "refuse" and "hvgpu attach VM --mem SIZE --cid 8" in why
+
+
+def test_guest_info_and_smi_list_every_vgpu_of_the_vm(two_gpu_agent, capsys):
+    from hvgpu.guest.cli import main
+
+    two_gpu_agent.api.attach("vm1", "64M", count=2)
+    both = ",".join(two_gpu_agent.vm_address(v) for v in ("vm1", "vm1#1"))
+    assert main(["--agent", both, "info"]) == 0
+    out = capsys.readouterr().out
+    assert "vGPU 0: hvgpu fake GPU, 64 MiB" in out and "vGPU 1: hvgpu fake GPU, 64 MiB" in out
+    assert main(["--agent", two_gpu_agent.vm_address("vm1"), "info"]) == 0  # no address for 1
+    assert "vGPU 1: cannot be reached: " in capsys.readouterr().out
+    assert main(["--agent", both, "smi"]) == 0
+    assert capsys.readouterr().out.count("vGPU of vm1") == 2
