@@ -133,7 +133,7 @@ def run_tenants(addresses: list[str | None], seconds: float, blocks: int = 0) ->
     return results
 
 
-def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
+def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None = None) -> dict:
     from hvgpu.host.agent import Agent, AgentConfig
     from hvgpu.host.control import ControlAPI
     from hvgpu.host.inventory import read_gpus
@@ -150,7 +150,8 @@ def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
     doc: dict = {"benchmark": "multi_tenant", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime()),
                  "seconds": seconds, "mps": agent.mps.running, "mps_reason": agent.mps.reason,
-                 "gpu": read_gpus()[0].name, "scenarios": {}}
+                 "gpu": read_gpus()[0].name, "gpus": len(read_gpus()),
+                 "placement": placement or "best-fit", "scenarios": {}}
     try:
         native = run_tenants([None], seconds)[0]
         doc["native"] = native
@@ -158,8 +159,8 @@ def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
               flush=True)
         alone = None
         for name, shares in SCENARIOS:
-            for vm, share in zip(vms, shares):
-                api.attach(vm, slice_mem, f"{share}%")
+            placed = [api.attach(vm, slice_mem, f"{share}%", placement=placement)["gpu_index"]
+                      for vm, share in zip(vms, shares)]
             try:
                 results = run_tenants([f"unix://{tmp}/{vm}.sock" for vm in vms[:len(shares)]],
                                       seconds, native["blocks"])
@@ -170,9 +171,9 @@ def run(out: Path, seconds: float, slice_mem: str = "4G") -> dict:
             if alone is None:
                 alone = results[0]
             tenants = []
-            for share, r in zip(shares, results):
+            for share, gpu, r in zip(shares, placed, results):
                 rel = r["kernels_per_s"] / alone["kernels_per_s"]
-                tenants.append({"share": share, **r, "relative_to_alone": rel,
+                tenants.append({"share": share, "gpu_index": gpu, **r, "relative_to_alone": rel,
                                 "sm_fraction_seen": r["sms_seen"] / native["sms_seen"],
                                 "points_from_share": 100 * rel - share})
             agg = sum(r["kernels_per_s"] for r in results)
@@ -199,7 +200,9 @@ def table(doc: dict) -> str:
     rows = ["| scenario | tenant shares | each tenant vs alone (points from share) | "
             "aggregate vs native | aggregate copy GB/s |", "| --- | --- | --- | --- | --- |"]
     for name, sc in doc["scenarios"].items():
-        shares = "/".join(str(t["share"]) for t in sc["tenants"])
+        on = any(t.get("gpu_index", 0) for t in sc["tenants"])  # several GPUs: say which
+        shares = "/".join(str(t["share"]) + (f" (GPU {t['gpu_index']})" if on else "")
+                          for t in sc["tenants"])
         each = ", ".join(f"{100 * t['relative_to_alone']:.0f}% ({t['points_from_share']:+.0f})"
                          for t in sc["tenants"])
         rows.append(f"| {name} | {shares} | {each} | {sc['aggregate_vs_native']:.2f} | "
@@ -243,6 +246,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     ap.add_argument("--slice-mem", default="4G", help="memory quota of each tenant's slice")
+    ap.add_argument("--placement", choices=["best-fit", "pack", "spread"], default=None,
+                    help="how tenants' slices are placed on a host with several GPUs "
+                         "(spread: tenants on all of them) [default: best-fit]")
     ap.add_argument("--tenant", help=argparse.SUPPRESS)
     ap.add_argument("--blocks", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
@@ -257,7 +263,7 @@ def main() -> int:
     if args.tenant:
         tenant_main(None if args.tenant == "native" else args.tenant, args.seconds, args.blocks)
         return 0
-    run(args.out, args.seconds, args.slice_mem)
+    run(args.out, args.seconds, args.slice_mem, args.placement)
     return 0
 
 
