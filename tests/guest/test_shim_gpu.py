@@ -117,7 +117,7 @@ def test_cupy_runs_unmodified_through_the_shim(gpu_agent):
 
 
 def test_one_program_uses_two_vgpus_through_the_shim(built, tmp_path):
-    """multi_device.cu on a VM with two vGPUs (on the one GPU here: named with gpu=0)."""
+    """multi_device.cu on a VM with two vGPUs, each served by its own executor."""
     from hvgpu.host.inventory import read_gpus
     from tests.conftest import RunningAgent
 
@@ -126,7 +126,8 @@ def test_one_program_uses_two_vgpus_through_the_shim(built, tmp_path):
                    check=True, timeout=300)
     agent = RunningAgent(tmp_path, None, slices=True, vms=("vm1", "vm1#1"), gpus=read_gpus)
     try:
-        agent.api.attach("vm1", "2G", gpu=0, count=2)
+        # one GPU here: both vGPUs named onto it; on a multi-GPU host placement spreads them
+        agent.api.attach("vm1", "2G", gpu=0 if len(read_gpus()) == 1 else None, count=2)
         env = _native_env()
         env["HVGPU_AGENT"] = ",".join(agent.vm_address(v) for v in ("vm1", "vm1#1"))
         env["LD_LIBRARY_PATH"] = os.pathsep.join([str(library().parent), env["LD_LIBRARY_PATH"]])
