@@ -66,7 +66,7 @@ class ControlAPI:
             if by_libvirt:
                 vm = vms.prepare(vm, tx)
             new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
-            for s in reversed(new):
+            for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
             if by_libvirt:
                 vms.record(self.slices.of_vm(vm), tx)
@@ -85,7 +85,8 @@ class ControlAPI:
         The domain is changed first, so a failure there leaves everything as it was.
         Returns the first removed vGPU, with all removed ones under "vgpus".
         """
-        s = self.slices.get(vm, device or 0)
+        gone = self.slices.removable(vm, device)  # refused here, before the domain changes
+        s = gone[0]
         vms = self.agent.vms
         if unplug and (vms is None or s.cid is not None):
             raise HvgpuError(f"{vm!r} is not a libvirt domain known to the agent: nothing "
@@ -94,13 +95,12 @@ class ControlAPI:
             raise HvgpuError("--unplug removes the VM's vsock device, which all its vGPUs "
                              "use: detach them all (no --device) to unplug it")
         libvirt_vm = vms is not None and s.cid is None
-        if libvirt_vm and device is not None:
-            self.slices.get(vm, device)
-            rest = [x for x in self.slices.of_vm(vm) if x.device != device]
-            vms.record(rest) if rest else vms.forget(vm, False)
+        rest = [x for x in self.slices.of_vm(vm) if x not in gone]
+        if libvirt_vm and rest:
+            vms.record(rest)
         elif libvirt_vm:
             vms.forget(vm, unplug)
-        gone = self.slices.detach(vm, device)
+        self.slices.detach(vm, device)
         for g in gone:
             self.agent.slice_detached(g.key)
         d = gone[0].as_dict()

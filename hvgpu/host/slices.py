@@ -221,22 +221,26 @@ class SliceManager:
             self.store.put(s)
             return s
 
-    def detach(self, vm: str, device: int | None = None) -> list[Slice]:
-        """All of the VM's vGPUs, or its last one (``device``): CUDA numbers a VM's
-        devices 0..N-1 without gaps."""
+    def removable(self, vm: str, device: int | None = None) -> list[Slice]:
+        """What detach(vm, device) would remove; raises what it would raise."""
         with self._lock:
             mine = self.of_vm(vm)
             if not mine:
                 self.get(vm)  # raises UnknownVm
             if device is None:
-                gone = mine
-            else:
-                s = self.get(vm, device)
-                if device != mine[-1].device:
-                    raise SliceError(f"detach vGPU {mine[-1].device} of {vm!r} first: the "
-                                     f"guest numbers its devices 0..{len(mine) - 1} without gaps")
-                gone = [s]
-            self.store.delete(vm, None if device is None else device)
+                return mine
+            s = self.get(vm, device)
+            if device != mine[-1].device:
+                raise SliceError(f"detach vGPU {mine[-1].device} of {vm!r} first: the "
+                                 f"guest numbers its devices 0..{len(mine) - 1} without gaps")
+            return [s]
+
+    def detach(self, vm: str, device: int | None = None) -> list[Slice]:
+        """All of the VM's vGPUs, or its last one (``device``): CUDA numbers a VM's
+        devices 0..N-1 without gaps."""
+        with self._lock:
+            gone = self.removable(vm, device)
+            self.store.delete(vm, device)
             for s in gone:
                 del self._slices[s.key]
             return gone

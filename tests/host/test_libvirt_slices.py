@@ -149,7 +149,22 @@ def test_every_vgpu_of_a_domain_is_recorded_and_restored_from_its_metadata(agent
     assert agent.agent.vms.reconcile(agent.agent.slices) == [
         "lv-v: slice restored from the domain's metadata (2 vGPUs)"]
     assert [(x["vm"], x["device"]) for x in agent.api.list()] == [("lv-v", 0), ("lv-v", 1)]
+    with pytest.raises(HvgpuError, match="detach vGPU 1 of 'lv-v' first"):
+        agent.api.detach("lv-v", device=0)
+    assert '<vgpu device="1">' in dom.XMLDesc(0).replace("hvgpu:", "")  # refused: untouched
     agent.api.detach("lv-v", device=1)
     assert "vgpu device=" not in dom.XMLDesc(0) and "urn:x-hvgpu:slice:1" in dom.XMLDesc(0)
     agent.api.detach("lv-v")
     assert "urn:x-hvgpu:slice:1" not in dom.XMLDesc(0)
+
+
+def test_a_failed_attach_of_several_vgpus_leaves_none(agent, monkeypatch):
+    define(agent, vsock_domain("lv-w"))
+
+    def broken(vgpus, tx=None):
+        raise HvgpuError("metadata write failed")
+
+    monkeypatch.setattr(agent.agent.vms, "record", broken)
+    with pytest.raises(HvgpuError, match="metadata write failed"):
+        agent.api.attach("lv-w", "64M", gpu=0, count=3)
+    assert agent.api.list() == []
