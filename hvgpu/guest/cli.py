@@ -41,29 +41,30 @@ def collect(agent: str | None = None) -> dict:
             f"`hvgpu attach VM --mem SIZE` adds both (${ENV_ADDRESS} names another "
             "address).") from None
     with conn:
-        vm = conn.call("SLICE_INFO")[0]
+        vm, first = _vgpu(0, conn)
         count = conn.call("DEVICE_GET_COUNT")[0]
-        gpus = [_vgpu(0, conn)]
+        gpus = [first]
         agent_version, version, peer = conn.agent, conn.version, conn.peer
     for index in range(1, count):
         try:
             with Connection(default_address(index, agent), timeout=5) as other:
-                gpus.append(_vgpu(index, other))
+                gpus.append(_vgpu(index, other)[1])
         except (HvgpuError, OSError) as exc:
             gpus.append({"index": index, "error": str(exc)})
     return {"agent": agent_version, "address": str(address), "peer": peer,
             "protocol": version, "vm": vm, "gpus": gpus}
 
 
-def _vgpu(index: int, conn: Connection) -> dict:
-    _, quota, used, compute = conn.call("SLICE_INFO")
+def _vgpu(index: int, conn: Connection) -> tuple[str, dict]:
+    """(the VM's name, what info and smi show of its vGPU ``index``)."""
+    vm, quota, used, compute = conn.call("SLICE_INFO")
     dev = Device(connection=conn)
     major, minor = dev.compute_capability
-    return {"index": index, "address": str(conn.address), "name": dev.name, "uuid": dev.uuid,
-            "memory_total": quota, "memory_used": used, "compute_share": compute,
-            "multiprocessors": dev.multiprocessor_count,
-            "compute_capability": f"{major}.{minor}",
-            "driver_version": conn.call("DRIVER_GET_VERSION")[0]}
+    return vm, {"index": index, "address": str(conn.address), "name": dev.name,
+                "uuid": dev.uuid, "memory_total": quota, "memory_used": used,
+                "compute_share": compute, "multiprocessors": dev.multiprocessor_count,
+                "compute_capability": f"{major}.{minor}",
+                "driver_version": conn.call("DRIVER_GET_VERSION")[0]}
 
 
 def info_text(d: dict) -> str:

@@ -114,7 +114,7 @@ HV_EXPORT CUresult cuMemHostUnregister(void *p) {
 /* Which vGPU a copy or memset runs on: its stream's, else the device pointer's owner,
    else the current context's. */
 static int device_for(CUstream stream, CUdeviceptr ptr) {
-    if (hv_untag(stream) >= 16) return hv_tag_device(stream);
+    if (hv_created(stream)) return hv_tag_device(stream);
     int owner = hv_alloc_owner(ptr);
     return owner >= 0 ? owner : hv_routed_device();
 }
@@ -162,7 +162,7 @@ static CUresult peer(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev,
     size_t cap = n < CHUNK ? n : CHUNK;
     char *buf = malloc(cap);
     if (!buf) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUstream on_dst = hv_untag(stream) >= 16 && hv_tag_device(stream) == dst_dev ? stream : NULL;
+    CUstream on_dst = hv_created(stream) && hv_tag_device(stream) == dst_dev ? stream : NULL;
     CUresult r = CUDA_SUCCESS;
     for (size_t done = 0; done < n && !r; done += cap) {
         size_t k = n - done < cap ? n - done : cap;

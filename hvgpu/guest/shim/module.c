@@ -463,7 +463,7 @@ static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned ch
    invalid handle (it belongs to another context). */
 static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, uint64_t *handle) {
     CUresult r = resolve(f, device, handle);
-    if (!r && hv_untag(stream) >= 16 && hv_tag_device(stream) != *device)
+    if (!r && hv_created(stream) && hv_tag_device(stream) != *device)
         r = CUDA_ERROR_INVALID_HANDLE;
     return r;
 }

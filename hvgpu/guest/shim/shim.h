@@ -122,8 +122,9 @@ static inline void *hv_tag(int device, uint64_t handle) {
 static inline uint64_t hv_untag(const void *v) {
     return (uint64_t)(uintptr_t)v & ((1ull << HV_TAG_SHIFT) - 1);
 }
+static inline int hv_created(const void *v) { return hv_untag(v) >= 16; } /* not special */
 static inline int hv_tag_device(const void *v) {
-    return hv_untag(v) < 16 ? hv_routed_device() : (int)((uint64_t)(uintptr_t)v >> HV_TAG_SHIFT);
+    return hv_created(v) ? (int)((uint64_t)(uintptr_t)v >> HV_TAG_SHIFT) : hv_routed_device();
 }
 
 /* Driver calls the shim's other parts use internally. */

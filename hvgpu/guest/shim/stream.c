@@ -110,7 +110,7 @@ HV_EXPORT CUresult cuStreamGetId(CUstream stream, unsigned long long *id) {
 
 HV_EXPORT CUresult cuStreamGetCtx(CUstream stream, CUcontext *ctx) {
     if (!ctx) return CUDA_ERROR_INVALID_VALUE;
-    *ctx = hv_untag(stream) >= 16 ? hv_primary(hv_tag_device(stream)) : hv_current_or_primary();
+    *ctx = hv_created(stream) ? hv_primary(hv_tag_device(stream)) : hv_current_or_primary();
     return CUDA_SUCCESS;
 }
 
@@ -195,7 +195,7 @@ HV_EXPORT CUresult cuEventDestroy_v2(CUevent event) {
 
 HV_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     int device = hv_tag_device(event);
-    if (hv_untag(stream) >= 16 && hv_tag_device(stream) != device)
+    if (hv_created(stream) && hv_tag_device(stream) != device)
         return CUDA_ERROR_INVALID_HANDLE; /* as CUDA: the stream of another context */
     hvgpu_event_record_req_t q = { hv_untag(event), hv_untag(stream) };
     return HV_ON(device, hv_oneway(HVGPU_OP_EVENT_RECORD, &q, sizeof q, NULL, 0));

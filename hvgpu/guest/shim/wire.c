@@ -47,11 +47,10 @@ struct wire {
     unsigned char *batch;
     size_t batch_len;
     char address[512];
-    int device;
 };
 
 static struct wire wires[HV_MAX_DEVICES] = {
-    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "", 0 }
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "" }
 };
 static int trace_level = -1;
 static __thread int routed = -1; /* the device hv_route() named, or -1 */
@@ -68,11 +67,7 @@ int hv_routed_device(void) {
     return c && c->device >= 0 && c->device < HV_MAX_DEVICES ? c->device : 0;
 }
 
-static struct wire *target(void) {
-    struct wire *w = &wires[hv_routed_device()];
-    w->device = (int)(w - wires);
-    return w;
-}
+static struct wire *target(void) { return &wires[hv_routed_device()]; }
 
 int hv_trace_enabled(void) {
     if (trace_level < 0) {
@@ -101,7 +96,7 @@ void hv_log(const char *fmt, ...) {
 static const char *address_of(struct wire *w) {
     if (w->address[0]) return w->address;
     const char *env = getenv("HVGPU_AGENT");
-    int d = w->device;
+    int d = (int)(w - wires);
     if (!env || !*env) {
         snprintf(w->address, sizeof w->address, "vsock://%d:%d", HVGPU_HOST_CID,
                  HVGPU_DEFAULT_PORT + d);
