@@ -39,7 +39,8 @@ FLUSH_DELAY = 100e-6  # the longest a coalesced frame waits for company
 _HDR = P.HEADER
 _LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
 _LAUNCH_OP = P.OP["LAUNCH_KERNEL"]
-_HTOD_OP, _FREE_OP, _COMPILE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"], P.OP["MODULE_COMPILE"]
+_HTOD_OP, _FREE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"]
+_COMPILE_OPS = (P.OP["MODULE_COMPILE"], P.OP["MODULE_COMPILE_HEADERS"])
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
 
 
@@ -240,7 +241,7 @@ class Connection:
         except ProtocolError:
             failed_op, failed_seq, message = code, seq, ""
         deferred = failed_seq != seq
-        cls = CompileError if (code == _COMPILE_OP and not deferred) else CudaError
+        cls = CompileError if (code in _COMPILE_OPS and not deferred) else CudaError
         err = cls(status, message, op=P.op_name(failed_op), deferred=deferred)
         if status in (P.HV_VERSION, P.HV_HANDSHAKE, P.HV_OVERSIZE):
             self.close()  # the agent closes its end after these

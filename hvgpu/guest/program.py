@@ -1,7 +1,9 @@
 """Programs, kernels and launches of the guest Python API.
 
 CUDA C++ source is compiled on the host with NVRTC (for the host's GPU, cached
-by content hash); PTX, cubin and fatbin images are loaded as they are. A
+by content hash); it may include the CUDA toolkit's headers and the headers
+sent with it, nothing else of the host. PTX, cubin and fatbin images are
+loaded as they are. A
 kernel's parameter layout comes from the host (``cuFuncGetParamInfo``), is
 fetched once per kernel, and packs ``launch``'s Python arguments. The guest
 never parses ELF or PTX.
@@ -48,13 +50,18 @@ class Program:
 
     def __init__(self, code: str | bytes, code_type: str = "c++",
                  options: ProgramOptions | list | None = None, *,
-                 name: str = "hvgpu_program.cu", connection: Connection | None = None):
+                 name: str = "hvgpu_program.cu", connection: Connection | None = None,
+                 headers: dict | None = None):
         if code_type not in ("c++", "ptx"):
             raise ValueError(f"code_type must be 'c++' or 'ptx', not {code_type!r}")
         self.code = code.encode() if isinstance(code, str) else bytes(code)
         self.code_type = code_type
         self.options = options.as_list() if isinstance(options, ProgramOptions) else list(options or [])
         self.name = name
+        # What the source #includes by name (NVRTC's header list): the host resolves
+        # #include only to these and the CUDA toolkit's own headers.
+        self.headers = {str(k): v.encode() if isinstance(v, str) else bytes(v)
+                        for k, v in (headers or {}).items()}
         self.conn = connection or default_connection()
         self.log = ""
 
@@ -62,8 +69,16 @@ class Program:
         """Compile (C++) or JIT-load (PTX) on the host; the log is kept in ``.log``."""
         if self.code_type == "ptx":
             return ObjectCode.from_ptx(self.code, connection=self.conn)
-        module, self.log = self.conn.call("MODULE_COMPILE", self.name, "\0".join(self.options),
-                                          payload=self.code)
+        options = "\0".join(self.options)
+        if not self.headers:
+            module, self.log = self.conn.call("MODULE_COMPILE", self.name, options,
+                                              payload=self.code)
+            return ObjectCode(self.conn, module)
+        texts = [self.code, *self.headers.values()]
+        sizes = b"".join(len(t).to_bytes(8, "little") for t in texts)
+        module, self.log = self.conn.call("MODULE_COMPILE_HEADERS", self.name, options,
+                                          "\0".join(self.headers), sizes,
+                                          payload=b"".join(texts))
         return ObjectCode(self.conn, module)
 
 

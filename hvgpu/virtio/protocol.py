@@ -118,6 +118,12 @@ OPS: tuple[Op, ...] = (
     Op(0x31, "MODULE_COMPILE", SYNC, _f("str name, str options"), _f("u64 module, str log"),
        request_payload=True,
        doc="NVRTC on the host; the payload is CUDA C++ source; options are NUL-separated."),
+    Op(0x3E, "MODULE_COMPILE_HEADERS", SYNC,
+       _f("str name, str options, str header_names, bytes sizes"), _f("u64 module, str log"),
+       request_payload=True,
+       doc="MODULE_COMPILE with headers the source includes by name: the payload is the "
+           "source, then each header's text; sizes holds their byte counts (u64 each, the "
+           "source's first); header_names and options are NUL-separated."),
     Op(0x32, "MODULE_UNLOAD", SYNC, _f("u64 module")),
     Op(0x33, "MODULE_GET_FUNCTION", SYNC, _f("u64 module, str name"), _f("u64 function")),
     Op(0x34, "FUNC_GET_PARAM_INFO", SYNC, _f("u64 function"), _f("bytes layout"),

@@ -62,6 +62,7 @@ enum hvgpu_op {
     HVGPU_OP_MEMSET = 0x27,  /* cuMemsetD8/D16/D32Async by width (1, 2 or 4 bytes); count is in elements. */
     HVGPU_OP_MODULE_LOAD_DATA = 0x30,  /* The payload is a PTX (NUL-terminated), cubin or fatbin image. */
     HVGPU_OP_MODULE_COMPILE = 0x31,  /* NVRTC on the host; the payload is CUDA C++ source; options are NUL-separated. */
+    HVGPU_OP_MODULE_COMPILE_HEADERS = 0x3e,  /* MODULE_COMPILE with headers the source includes by name: the payload is the source, then each header's text; sizes holds their byte counts (u64 each, the source's first); header_names and options are NUL-separated. */
     HVGPU_OP_MODULE_UNLOAD = 0x32,
     HVGPU_OP_MODULE_GET_FUNCTION = 0x33,
     HVGPU_OP_FUNC_GET_PARAM_INFO = 0x34,  /* layout: one (u32 offset, u32 size) pair per parameter, from cuFuncGetParamInfo. */
@@ -243,6 +244,18 @@ typedef struct __attribute__((packed)) hvgpu_module_compile_rep {
     uint64_t module;
     uint32_t log_len;
 } hvgpu_module_compile_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_compile_headers_req {
+    uint32_t name_len;
+    uint32_t options_len;
+    uint32_t header_names_len;
+    uint32_t sizes_len;
+} hvgpu_module_compile_headers_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_module_compile_headers_rep {
+    uint64_t module;
+    uint32_t log_len;
+} hvgpu_module_compile_headers_rep_t;
 
 typedef struct __attribute__((packed)) hvgpu_module_unload_req {
     uint64_t module;

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 
-from hvgpu.errors import CompileError, CudaError
+from hvgpu.errors import CudaError
+from hvgpu.host.executor import compiler
 from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
 from hvgpu.virtio import protocol as P
 
 try:
     from cuda.bindings import driver as cu
-    from cuda.bindings import nvrtc
 except ImportError as exc:  # reported to the guest by the executor, not a crash
-    cu = nvrtc = None
+    cu = None
     _IMPORT_ERROR = str(exc)
 else:
     _IMPORT_ERROR = ""
@@ -396,38 +395,12 @@ class CudaDevice:
         return ctypes.string_at(at, 128)
 
     def compiler_id(self) -> str:
-        major, minor = _ok(nvrtc.nvrtcVersion(), "nvrtcVersion")
-        return f"nvrtc-{major}.{minor}-{self.arch}"
+        return f"nvrtc-{compiler.nvrtc_version() or 'none'}-{self.arch}"
 
-    def compile(self, source: bytes, name: str, options: list[str]) -> tuple[bytes, str]:
-        opts = list(options)
-        if not any(o.startswith(("-arch", "--gpu-architecture")) for o in opts):
-            opts.append(f"--gpu-architecture={self.arch}")
-        include = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "include")
-        if os.path.isdir(include):
-            opts.append(f"--include-path={include}")
-        err, prog = nvrtc.nvrtcCreateProgram(source, (name or "hvgpu.cu").encode(), 0, [], [])
-        if _status(err) != 0:
-            raise CompileError(300, f"nvrtcCreateProgram failed ({_status(err)})")
-        try:
-            err, = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-            size = _ok(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-            buf = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, buf)
-            build_log = buf.rstrip(b"\0 ").decode(errors="replace")
-            if _status(err) != 0:
-                raise CompileError(300, build_log or f"NVRTC error {_status(err)}")
-            err, size = nvrtc.nvrtcGetCUBINSize(prog)
-            if _status(err) == 0 and size:
-                image = b" " * size
-                _ok(nvrtc.nvrtcGetCUBIN(prog, image), "nvrtcGetCUBIN")
-            else:  # a virtual architecture was asked for: PTX
-                size = _ok(nvrtc.nvrtcGetPTXSize(prog), "nvrtcGetPTXSize")
-                image = b" " * size
-                _ok(nvrtc.nvrtcGetPTX(prog, image), "nvrtcGetPTX")
-            return image, build_log
-        finally:
-            nvrtc.nvrtcDestroyProgram(prog)
+    def compile(self, source: bytes, name: str, options: list[str],
+                headers: dict[str, bytes]) -> tuple[bytes, str]:
+        # In a confined child process, never in this one (compiler's docstring says why).
+        return compiler.compile_confined(source, name, options, headers, self.arch)
 
     # -- streams and events ---------------------------------------------------
 

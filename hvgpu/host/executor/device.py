@@ -76,8 +76,10 @@ class GpuDevice(Protocol):
         """The 128-byte CUtensorMap cuTensorMapEncodeTiled writes."""
     def compiler_id(self) -> str:
         """Identifies compiler and target, for the compile cache's key."""
-    def compile(self, source: bytes, name: str, options: list[str]) -> tuple[bytes, str]:
-        """CUDA C++ to a loadable image: (image, log); CompileError on failure."""
+    def compile(self, source: bytes, name: str, options: list[str],
+                headers: dict[str, bytes]) -> tuple[bytes, str]:
+        """CUDA C++ to a loadable image: (image, log); CompileError on failure. The
+        session has already checked options, names and includes (nvrtc_policy)."""
     def stream_create(self, flags: int, priority: int = 0) -> Any: ...
     def stream_priority_range(self) -> tuple[int, int]:
         """(least, greatest) stream priority."""

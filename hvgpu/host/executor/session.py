@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
+from hvgpu.host.executor import nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
@@ -485,13 +486,41 @@ class Session:
         return (self.modules.add(self.device.module_load(image)),)
 
     def op_module_compile(self, hdr, name, options):
-        source = self.reader.read_payload()
-        opts = [o for o in options.split("\0") if o]
-        key = CompileCache.key(self.device.compiler_id(), name, opts, source)
+        return self._compile(hdr, name, options, [], [hdr.payload_len])
+
+    def op_module_compile_headers(self, hdr, name, options, header_names, sizes):
+        names = [h for h in header_names.split("\0") if h]
+        if len(sizes) % 8 or len(sizes) // 8 != len(names) + 1:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"{len(names)} header names need {8 * (len(names) + 1)} bytes of "
+                            f"sizes, not {len(sizes)}")
+        counts = [int.from_bytes(sizes[i:i + 8], "little") for i in range(0, len(sizes), 8)]
+        if sum(counts) != hdr.payload_len:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"sizes add up to {sum(counts)} bytes, the payload is "
+                            f"{hdr.payload_len}")
+        return self._compile(hdr, name, options, names, counts)
+
+    def _compile(self, hdr, name, options, names: list[str], counts: list[int]):
+        """NVRTC through nvrtc_policy's checks, then the per-VM cache or a confined child."""
+        if hdr.payload_len > nvrtc_policy.MAX_SOURCE:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"{hdr.payload_len} bytes of source and headers; at most "
+                            f"{nvrtc_policy.MAX_SOURCE}")
+        name = nvrtc_policy.check_program_name(name)
+        nvrtc_policy.check_header_names(names)
+        opts = nvrtc_policy.check_options([o for o in options.split("\0") if o], names)
+        data = self.reader.read_payload()
+        parts, at = [], 0
+        for n in counts:
+            parts.append(data[at:at + n])
+            at += n
+        source, headers = parts[0], dict(zip(names, parts[1:]))
+        nvrtc_policy.check_includes(source, headers, name)
+        key = CompileCache.key(self.device.compiler_id(), name, opts, source, headers)
         image, build_log, hit = self.cache.get_or_build(
-            key, lambda: self.device.compile(source, name, opts))
-        log.info("%s: compiled %s (%s)", self.peer, name or "<source>",
-                 "cache hit" if hit else "NVRTC")
+            key, lambda: self.device.compile(source, name, opts, headers))
+        log.info("%s: compiled %s (%s)", self.peer, name, "cache hit" if hit else "NVRTC")
         module = self.modules.add(self.device.module_load(image))
         return (module, build_log[:P.MAX_MESSAGE])
 
