@@ -72,7 +72,9 @@ class FakeDevice:
         # as CudaDevice: vGPU N >= 1 of a VM allocates in its own address window
         self.next = 0x6000_0000_0000 + (address_window - 1) * (1 << 40) if address_window \
             else BASE
+        self.window = address_window
         self.pinned: dict[int, ctypes.Array] = {}
+        self.module_bytes: dict[int, int] = {}  # module -> its __device__ arrays (not backed)
         self.sticky: CudaError | None = None
         self.allocated = 0
         self.freed = 0
@@ -133,12 +135,18 @@ class FakeDevice:
             raise CudaError(1, f"fake: unknown limit {limit}")
         return values[limit]
 
+    def _used(self):
+        return sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+
     def mem_info(self):
-        used = sum(len(b) for b in self.mem.values())
-        return TOTAL - used, TOTAL
+        return TOTAL - self._used(), TOTAL
+
+    def footprint(self, size):  # as CudaDevice: the window maps whole 2 MiB pages
+        from hvgpu.host.executor.cuda_device import driver_footprint
+        return -(-size // (2 << 20)) * (2 << 20) if self.window else driver_footprint(size)
 
     def mem_alloc(self, size):
-        if sum(len(b) for b in self.mem.values()) + size > TOTAL:
+        if self._used() + size > TOTAL:
             raise CudaError(2, f"fake: {size} bytes do not fit")
         ptr = self.next
         self.next += (size + 255) // 256 * 256 + 256  # a gap: no allocation touches the next
@@ -198,7 +206,16 @@ class FakeDevice:
         text = image.decode(errors="replace")
         if "__global__" not in text and ".entry" not in text:
             raise CudaError(200, "fake: not a module image")
-        return {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
+        module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
+        # __device__ arrays take device memory at load, as the driver's do
+        sizes = {"char": 1, "int": 4, "float": 4, "double": 8}
+        taken = sum(sizes[t] * int(n) for t, n in re.findall(
+            r"__device__\s+(char|int|float|double)\s+\w+\s*\[\s*(\d+)\s*\]", text))
+        if taken:
+            if self._used() + taken > TOTAL:
+                raise CudaError(2, f"fake: module variables of {taken} bytes do not fit")
+            self.module_bytes[id(module)] = taken
+        return module
 
     def module_global(self, module, name):
         if module.get("any"):
@@ -218,7 +235,7 @@ class FakeDevice:
         return 0, -5
 
     def module_unload(self, module):
-        pass
+        self.module_bytes.pop(id(module), None)
 
     def module_function(self, module, name):
         if module.get("any") and name not in KERNELS:

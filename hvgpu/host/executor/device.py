@@ -32,6 +32,9 @@ class GpuDevice(Protocol):
     def mem_info(self) -> tuple[int, int]: ...
     def ctx_limit(self, limit: int) -> int:
         """cuCtxGetLimit; ``limit`` is CUlimit's number."""
+    def footprint(self, size: int) -> int:
+        """The device memory an allocation of ``size`` bytes takes (the driver's
+        granularity): what the slice's quota is charged."""
     def mem_alloc(self, size: int) -> int: ...
     def mem_free(self, dptr: int) -> None: ...
     def host_alloc(self, size: int) -> tuple[int, memoryview]:

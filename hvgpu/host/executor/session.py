@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import logging
 import socket
+import threading
 from typing import Any, Callable
 
 from hvgpu import __version__
@@ -125,6 +126,9 @@ class Session:
         self.cache = cache or CompileCache(None)
         self.reader = FrameReader(sock)
         self.allocs = Allocations()
+        self.charged = 0  # bytes of the slice's quota this guest holds
+        self.alloc_charges: dict[int, int] = {}  # allocation -> bytes charged for it
+        self.module_charges: dict[int, int] = {}  # module handle -> bytes its load took
         self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
         self.modules = Handles("module")
         self.functions = Handles("function")
@@ -311,8 +315,9 @@ class Session:
             table.clear()
         for ptr in list(self.allocs.starts):
             _quietly(self.device.mem_free, ptr)
-        if self.quota is not None and self.allocs.total:
-            _quietly(self.quota.release, self.allocs.total)
+        self._release(self.charged)
+        self.alloc_charges.clear()
+        self.module_charges.clear()
         self.allocs = Allocations()
         if self.burst is not None:
             self.burst.close()
@@ -413,26 +418,58 @@ class Session:
             return (max(0, min(limit - used, free)), limit)
         return (free, total)
 
+    def _reserve(self, n: int) -> None:
+        """Charge ``n`` bytes to the slice; CUDA_ERROR_OUT_OF_MEMORY past its quota."""
+        if self.quota is not None and n:
+            self.quota.reserve(n)
+            self.charged += n
+
+    def _release(self, n: int) -> None:
+        if self.quota is not None and n:
+            self.charged -= n
+            _quietly(self.quota.release, n)
+
     def op_mem_alloc(self, hdr, size):
         if size == 0:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "cannot allocate 0 bytes")
-        if self.quota is not None:
-            self.quota.reserve(size)  # refuses with CUDA_ERROR_OUT_OF_MEMORY past the quota
+        # Charged as the driver takes it (its granularity), not as asked, so that
+        # many small allocations cannot hold more than the quota.
+        charge = self.device.footprint(size)
+        self._reserve(charge)
         try:
-            ptr = self.device.mem_alloc(size)
+            with DEVICE_MEMORY:
+                ptr = self.device.mem_alloc(size)
         except CudaError:
-            if self.quota is not None:
-                self.quota.release(size)
+            self._release(charge)
             raise
         self.allocs.add(ptr, size)
+        self.alloc_charges[ptr] = charge
         return (ptr,)
 
     def op_mem_free(self, hdr, dptr):
-        size = self.allocs.sizes.get(dptr, 0)
         self.allocs.remove(dptr)
-        self.device.mem_free(dptr)
-        if self.quota is not None:
-            self.quota.release(size)
+        with DEVICE_MEMORY:
+            self.device.mem_free(dptr)
+        self._release(self.alloc_charges.pop(dptr, 0))
+
+    def _load_module(self, image) -> int:
+        """Load and charge what the load took of device memory (module variables:
+        a `__device__` array takes its size at load, with no cuMemAlloc)."""
+        if self.quota is None:
+            return self.modules.add(self.device.module_load(image))
+        with DEVICE_MEMORY:
+            free_before = self.device.mem_info()[0]
+            module = self.device.module_load(image)
+            taken = max(0, free_before - self.device.mem_info()[0])
+        try:
+            self._reserve(taken)
+        except CudaError as exc:
+            _quietly(self.device.module_unload, module)
+            raise CudaError(exc.status, f"the module's variables take {taken} bytes of device "
+                            f"memory: {exc.detail}") from None
+        handle = self.modules.add(module)
+        self.module_charges[handle] = taken
+        return handle
 
     def op_memcpy_htod(self, hdr, dst, stream):
         n = hdr.payload_len
@@ -483,7 +520,7 @@ class Session:
         image = self.reader.read_payload()
         if not image:
             raise CudaError(200, "empty module image")
-        return (self.modules.add(self.device.module_load(image)),)
+        return (self._load_module(image),)
 
     def op_module_compile(self, hdr, name, options):
         return self._compile(hdr, name, options, [], [hdr.payload_len])
@@ -521,13 +558,14 @@ class Session:
         image, build_log, hit = self.cache.get_or_build(
             key, lambda: self.device.compile(source, name, opts, headers))
         log.info("%s: compiled %s (%s)", self.peer, name, "cache hit" if hit else "NVRTC")
-        module = self.modules.add(self.device.module_load(image))
-        return (module, build_log[:P.MAX_MESSAGE])
+        return (self._load_module(image), build_log[:P.MAX_MESSAGE])
 
     def op_module_unload(self, hdr, module):
         obj = self.modules.get(module)
-        self.device.module_unload(obj)
+        with DEVICE_MEMORY:
+            self.device.module_unload(obj)
         self.modules.pop(module)
+        self._release(self.module_charges.pop(module, 0))
         self.globals.pop(module, None)
         for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
             self.functions.pop(fid)
@@ -690,6 +728,9 @@ class Session:
 
 
 _ALREADY_REPLIED = object()
+# One per executor process: a module's cost is the driver's free memory before and
+# after its load, which another session's allocation must not change in between.
+DEVICE_MEMORY = threading.Lock()
 
 
 def _quietly(fn, *args) -> None:
