@@ -32,8 +32,9 @@ from typing import Callable
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.slices import MAX_VGPUS, SliceManager
-from hvgpu.host.state import StateStore, slice_key, split_key
+from hvgpu.host.names import MAX_VGPUS, VgpuKey
+from hvgpu.host.slices import SliceManager
+from hvgpu.host.state import StateStore
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
 from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
@@ -71,7 +72,7 @@ class SliceExecutor:
     """One executor process of a vGPU (a VM's slice of one GPU); a resize may start a
     newer generation."""
 
-    key: str  # the vGPU: Slice.key
+    key: VgpuKey  # the vGPU: Slice.key
     process: subprocess.Popen
     ctrl: object  # the agent's end of the control channel
     generation: int
@@ -83,12 +84,13 @@ class SliceExecutor:
     started: float = field(default_factory=time.monotonic)
 
 
-def split_binding(text: str) -> tuple[str, str | None]:
-    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', 'vm1'); a binding to
-    'vm1#1' serves that VM's vGPU 1."""
+def split_binding(text: str) -> tuple[str, VgpuKey | None]:
+    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', VgpuKey('vm1', 0)); a
+    binding to 'vm1#1' serves that VM's vGPU 1. The VM name is checked
+    (names.check_vm_name): a bad one raises BadVmName."""
     address, eq, vm = text.rpartition("=")
     if eq and vm and "/" not in vm and ":" not in vm:
-        return address, vm
+        return address, VgpuKey.parse(vm)
     return text, None
 
 
@@ -96,12 +98,12 @@ class Agent:
     def __init__(self, config: AgentConfig, gpus: Callable | None = None):
         self.config = config
         self.listeners: list[Listener] = []
-        self.bindings: dict[Listener, str] = {}  # -> the vGPU key it serves
+        self.bindings: dict[Listener, VgpuKey] = {}  # -> the vGPU it serves
         self.device_ports: dict[Listener, int] = {}  # vsock listener -> the vGPU it reaches
         self.executors: dict[int, Executor] = {}
         self.slice_executors: list[SliceExecutor] = []
-        self.current: dict[str, SliceExecutor] = {}  # by vGPU key
-        self.ledgers: dict[str, QuotaLedger] = {}  # by vGPU key
+        self.current: dict[VgpuKey, SliceExecutor] = {}
+        self.ledgers: dict[VgpuKey, QuotaLedger] = {}
         self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
@@ -109,6 +111,8 @@ class Agent:
             if gpus is None:
                 from hvgpu.host.inventory import read_gpus as gpus
             self.slices = SliceManager(StateStore(config.state_dir), gpus, config.placement)
+            for problem in self.slices.store.problems:
+                log.warning("slice state: %s", problem)
             for s in self.slices.list():
                 self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
@@ -122,7 +126,9 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        """Open every listener; raise if none could be opened."""
+        """Open every listener; raise if none could be opened, or if a binding names
+        a VM by a name hvgpu refuses (before anything is opened)."""
+        bound = {text: split_binding(text) for text in self.config.listen}
         addresses = list(self.config.listen)
         devices = {}
         if self.config.vsock_port is not None:
@@ -137,7 +143,7 @@ class Agent:
                             "module); guests in VMs cannot reach this agent")
         failures = []
         for text in addresses:
-            address, vm = split_binding(text)
+            address, vm = bound.get(text) or (text, None)
             try:
                 listener = listen(address)
             except HvgpuError as exc:
@@ -271,9 +277,9 @@ class Agent:
         self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
         log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
 
-    def _keys_of(self, vm: str) -> list[str]:
+    def _keys_of(self, vm: str) -> list[VgpuKey]:
         with self.lock:
-            return sorted(k for k in self.ledgers if split_key(k)[0] == vm)
+            return sorted(k for k in self.ledgers if k.vm == vm)
 
     def _route(self, listener: Listener, peer: str) -> tuple[str, str]:
         """("slice", vGPU key), ("whole", "") or ("refuse", why)."""
@@ -282,7 +288,7 @@ class Agent:
         key = self.bindings.get(listener)
         if key is not None:
             if key not in self.ledgers:
-                return "refuse", self._no_vgpu(*split_key(key))
+                return "refuse", self._no_vgpu(*key)
             return "slice", key
         if listener.address.scheme == "vsock":
             device = self.device_ports.get(listener, 0)
@@ -291,9 +297,10 @@ class Agent:
             vm = s.vm if s is not None else (
                 self.vms.vm_for_cid(cid) if self.vms is not None else None)
             if vm is not None and self._keys_of(vm):
-                if slice_key(vm, device) not in self.ledgers:
+                key = VgpuKey(vm, device)
+                if key not in self.ledgers:
                     return "refuse", self._no_vgpu(vm, device)
-                return "slice", slice_key(vm, device)
+                return "slice", key
             named = f"VM {vm!r}" if vm else f"the VM with CID {cid}"
             fix = f"hvgpu attach {vm} --mem SIZE" if vm else \
                 f"hvgpu attach VM --mem SIZE --cid {cid}"
@@ -310,7 +317,7 @@ class Agent:
         return (f"VM {vm!r} has {len(self._keys_of(vm))} vGPU(s), not a device {device}; on "
                 f"the host: hvgpu attach {vm} --mem SIZE --add")
 
-    def _to_slice(self, key: str, conn, peer: str) -> None:
+    def _to_slice(self, key: VgpuKey, conn, peer: str) -> None:
         for attempt in (1, 2):
             ex = self.current.get(key)
             if ex is None or ex.process.poll() is not None:
@@ -328,14 +335,14 @@ class Agent:
             break
         conn.close()
 
-    def _spawn_slice(self, key: str) -> SliceExecutor:
+    def _spawn_slice(self, key: VgpuKey) -> SliceExecutor:
         s = self.slices.by_key(key)
         ours, theirs = control_pair()
         env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
-                                                      "--slice", key, "--compute", str(s.compute),
+                                                      "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
                                                       "--gpu", "0"], env)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
@@ -362,7 +369,7 @@ class Agent:
         if op == "reserve":
             try:
                 if ledger is None:
-                    raise CudaError(P.HV_NO_SLICE, f"the slice {ex.key!r} was detached")
+                    raise CudaError(P.HV_NO_SLICE, f"the slice {str(ex.key)!r} was detached")
                 ledger.reserve(ex, int(msg["n"]))
                 reply = {"ok": True}
             except CudaError as exc:
@@ -370,7 +377,7 @@ class Agent:
         elif op == "usage":
             reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
         elif op == "vgpus":  # the guest's device count: every vGPU of the VM
-            reply = {"count": len(self._keys_of(split_key(ex.key)[0]))}
+            reply = {"count": len(self._keys_of(ex.key.vm))}
         else:
             if op == "release" and ledger is not None:
                 ledger.release(ex, int(msg["n"]))
@@ -404,11 +411,11 @@ class Agent:
 
     # -- slice changes (called by the control API) ---------------------------------
 
-    def slice_attached(self, key: str, mem: int) -> None:
+    def slice_attached(self, key: VgpuKey, mem: int) -> None:
         with self.lock:
             self.ledgers[key] = QuotaLedger(mem)
 
-    def slice_detached(self, key: str) -> None:
+    def slice_detached(self, key: VgpuKey) -> None:
         """Disconnect the vGPU's guests and end its executors."""
         with self.lock:
             self.ledgers.pop(key, None)
@@ -416,7 +423,7 @@ class Agent:
 
     def release_vm(self, vm: str) -> None:
         """End the executors of every vGPU of a VM; the slices and ledgers stay."""
-        self._release(lambda k: split_key(k)[0] == vm)
+        self._release(lambda k: k.vm == vm)
 
     def _release(self, which) -> None:
         with self.lock:
@@ -428,7 +435,7 @@ class Agent:
                 except OSError:
                     pass
 
-    def slice_resized(self, key: str, mem: int, compute: int) -> bool:
+    def slice_resized(self, key: VgpuKey, mem: int, compute: int) -> bool:
         """Apply new limits; True when running guests keep older MPS limits for now."""
         with self.lock:
             ledger = self.ledgers.get(key)
@@ -447,7 +454,7 @@ class Agent:
                 pass
             return ex.connections > 0
 
-    def slice_usage(self, key: str) -> tuple[int, list[SliceExecutor]]:
+    def slice_usage(self, key: VgpuKey) -> tuple[int, list[SliceExecutor]]:
         with self.lock:
             ledger = self.ledgers.get(key)
             return (ledger.used if ledger else 0,

@@ -4,7 +4,7 @@ Two modes, both started by the agent, never by hand:
 
 * ``--fd N``: one guest connection with the whole GPU (host-local listeners
   not bound to a VM); exits when that guest disconnects.
-* ``--control-fd N --slice VM``: all connections of one VM's slice, handed over
+* ``--control-fd N --vm VM --vgpu D``: all connections of one VM's vGPU D, handed over
   the control channel; one CUDA context (one MPS client, whose limits the
   agent put in the environment), one thread per guest connection, memory
   reserved in the agent's ledger. Exits when the agent closes the channel, or
@@ -26,7 +26,6 @@ from hvgpu.errors import CudaError
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
-from hvgpu.host.state import split_key
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
 
@@ -113,7 +112,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="hvgpu-executor")
     ap.add_argument("--fd", type=int)
     ap.add_argument("--control-fd", type=int)
-    ap.add_argument("--slice", default="")
+    ap.add_argument("--vm", default="")
+    ap.add_argument("--vgpu", type=int, default=0)
     ap.add_argument("--compute", type=int, default=0)
     ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
@@ -121,13 +121,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=DEFAULT_DEVICE)
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
-    who = f"slice {args.slice}" if args.control_fd is not None else args.peer
+    name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
+    who = f"slice {name}" if args.control_fd is not None else args.peer
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
     cache = CompileCache(args.cache_dir)
-    device, error = open_device(args.device, args.gpu, split_key(args.slice)[1])
+    device, error = open_device(args.device, args.gpu, args.vgpu)
     if args.control_fd is not None:
-        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice,
+        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
                     args.compute)
         return 0
     sock = adopt(args.fd)
