@@ -16,7 +16,6 @@ Must not import CUDA (executors do) or NVML (the inventory does).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from hvgpu.errors import CudaError, HvgpuError, TransportError
+from hvgpu.host.executor import lane
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
 from hvgpu.host.names import MAX_VGPUS, VgpuKey
@@ -82,6 +82,10 @@ class SliceExecutor:
     connections: int = 0
     retiring: bool = False
     started: float = field(default_factory=time.monotonic)
+    gone: float | None = None  # when its channel ended
+
+
+ENDING_GRACE = 30.0  # an executor whose channel ended exits by itself well within this
 
 
 def split_binding(text: str) -> tuple[str, VgpuKey | None]:
@@ -323,8 +327,7 @@ class Agent:
             if ex is None or ex.process.poll() is not None:
                 ex = self._spawn_slice(key)
             try:
-                send_message(ex.ctrl, json.dumps({"op": "conn", "peer": peer}).encode(),
-                             [conn.fileno()])
+                send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
             except OSError as exc:
                 log.warning("slice %s: executor pid %d did not take %s (%s)", key,
                             ex.process.pid, peer, exc)
@@ -357,39 +360,67 @@ class Agent:
         return ex
 
     def _on_control(self, ex: SliceExecutor) -> None:
+        """One message from a slice's executor. Whatever it sends, the agent goes on:
+        a message the lane does not allow is that executor's failure."""
         data, fds = receive_message(ex.ctrl)
-        for fd in fds:
+        for fd in fds:  # no executor message carries descriptors
             os.close(fd)
-        if not data:
+        if not data and not fds:
             self._executor_gone(ex)
             return
-        msg = json.loads(data)
-        op = msg.get("op")
+        try:
+            message, msg = lane.decode(data, len(fds), lane.TO_AGENT)
+            reply = self._answer(ex, message, msg)
+        except lane.LaneError as exc:
+            self._executor_failed(ex, str(exc))
+            return
+        except Exception as exc:  # a bug here must not end every VM's service
+            log.exception("slice %s: handling a message of executor pid %d failed", ex.key,
+                          ex.process.pid)
+            self._executor_failed(ex, f"its message could not be handled ({exc!r})")
+            return
+        if reply is None:
+            return
+        try:
+            send_message(ex.ctrl, lane.encode(lane.REPLY, id=msg["id"], **reply))
+        except OSError:
+            self._executor_gone(ex)
+
+    def _answer(self, ex: SliceExecutor, message: lane.Message, msg: dict) -> dict | None:
+        """The reply's fields for a request; None for a message that has none."""
         ledger = self.ledgers.get(ex.key)
-        if op == "reserve":
+        if message is lane.RESERVE:
             try:
                 if ledger is None:
                     raise CudaError(P.HV_NO_SLICE, f"the slice {str(ex.key)!r} was detached")
-                ledger.reserve(ex, int(msg["n"]))
-                reply = {"ok": True}
+                ledger.reserve(ex, msg["n"])
+                return {"ok": True}
             except CudaError as exc:
-                reply = {"ok": False, "status": exc.status, "message": exc.detail}
-        elif op == "usage":
-            reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
-        elif op == "vgpus":  # the guest's device count: every vGPU of the VM
-            reply = {"count": len(self._keys_of(ex.key.vm))}
-        else:
-            if op == "release" and ledger is not None:
-                ledger.release(ex, int(msg["n"]))
-            elif op == "closed":
-                ex.connections = max(0, ex.connections - 1)
-                log.info("%s disconnected from slice %s", msg.get("peer"), ex.key)
-            return
-        reply.update(op="reply", id=msg.get("id"))
+                return {"ok": False, "status": exc.status,
+                        "message": exc.detail[:lane.REPLY_MESSAGE_MAX]}
+        if message is lane.USAGE:
+            return {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+        if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
+            return {"count": len(self._keys_of(ex.key.vm))}
+        if message is lane.RELEASE:
+            if ledger is not None:
+                ledger.release(ex, msg["n"])
+        elif message is lane.CLOSED:
+            ex.connections = max(0, ex.connections - 1)
+            log.info("%s disconnected from slice %s", msg["peer"], ex.key)
+        return None
+
+    def _executor_failed(self, ex: SliceExecutor, why: str) -> None:
+        """An executor sent what the lane does not allow: it may be compromised. Kill
+        it, release what it held; the VM's next connection starts a new one."""
+        log.error("slice %s: executor pid %d sent a bad message on the executor lane (%s): "
+                  "killed; its guests' connections end, its reservations are released and "
+                  "the VM's next connection gets a new executor", ex.key, ex.process.pid, why)
         try:
-            send_message(ex.ctrl, json.dumps(reply).encode())
+            ex.process.kill()
         except OSError:
-            self._executor_gone(ex)
+            pass
+        self._executor_gone(ex)
 
     def _executor_gone(self, ex: SliceExecutor) -> None:
         """Its control channel ended: forget it now, collect its exit in _reap."""
@@ -405,6 +436,7 @@ class Agent:
                 del self.current[ex.key]
             ledger = self.ledgers.get(ex.key)
             freed = ledger.drop(ex) if ledger else 0
+            ex.gone = time.monotonic()
             self.ending.append(ex)
         log.info("slice %s: executor pid %d left; %d MiB of its reservations released",
                  ex.key, ex.process.pid, freed >> 20)
@@ -449,7 +481,7 @@ class Agent:
             ex.retiring = True
             del self.current[key]
             try:
-                send_message(ex.ctrl, json.dumps({"op": "retire"}).encode())
+                send_message(ex.ctrl, lane.encode(lane.RETIRE))
             except OSError:
                 pass
             return ex.connections > 0
@@ -479,6 +511,11 @@ class Agent:
         for sx in list(self.ending):
             code = sx.process.poll()
             if code is None:
+                # its reservations are released already: it must not keep serving
+                if time.monotonic() - sx.gone > ENDING_GRACE:
+                    log.warning("slice %s: executor pid %d did not exit after its channel "
+                                "ended; killed", sx.key, sx.process.pid)
+                    sx.process.kill()
                 continue
             self.ending.remove(sx)
             log.log(logging.INFO if code == 0 else logging.WARNING,

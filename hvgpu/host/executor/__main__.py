@@ -23,6 +23,7 @@ import sys
 import threading
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import lane
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
@@ -54,17 +55,17 @@ def open_device(spec: str, gpu: int, vgpu: int = 0):
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 compute: int = 0) -> None:
     quota = RemoteQuota(link)
-    sessions: dict[str, tuple[Session, threading.Thread]] = {}
+    sessions: dict[int, tuple[Session, threading.Thread]] = {}  # by arrival number
     lock = threading.Lock()
     retiring = threading.Event()
 
-    def run(session: Session, key: str) -> None:
+    def run(session: Session, key: int) -> None:
         session.serve()
         with lock:
             sessions.pop(key, None)
             idle = not sessions
         try:
-            link.send({"op": "closed", "peer": session.peer})
+            link.send(lane.CLOSED, peer=session.peer)
         except OSError:
             pass
         if idle and retiring.is_set():
@@ -72,23 +73,23 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
 
     counter = 0
     while True:
-        msg, fds = link.receive()
-        if msg is None:
+        message, msg, fds = link.receive()
+        if message is None:
             break
-        op = msg.get("op")
-        if op == "conn" and fds:
+        if message is lane.CONN:
             counter += 1
-            key = f"{msg['peer']}#{counter}"
+            key = counter
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
                               device_error=error, quota=quota, owns_device=False,
                               slice_name=name, compute=compute, vgpus=quota.vgpus)
-            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            thread = threading.Thread(target=run, args=(session, key),
+                                      name=f"{msg['peer']} ({key})", daemon=True)
             with lock:
                 sessions[key] = (session, thread)
             thread.start()
-        elif op == "reply":
+        elif message is lane.REPLY:
             link.deliver(msg)
-        elif op == "retire":
+        elif message is lane.RETIRE:
             log.info("slice %s: retiring once its %d connections close", name, len(sessions))
             retiring.set()
             with lock:
