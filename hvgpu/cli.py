@@ -121,11 +121,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               type=click.Choice(["best-fit", "pack", "spread"]),
               help="How attach chooses a GPU: best-fit (least memory left over), pack (lowest "
                    "index first), spread (most free memory).")
+@click.option("--max-connections-per-vm", type=click.IntRange(min=1), default=64,
+              show_default=True, metavar="N",
+              help="Open connections a VM may have at once, over all its vGPUs; more are "
+                   "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, log_level):
+          placement, max_connections_per_vm, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -150,7 +154,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
-                         placement=placement)
+                         placement=placement, max_connections_per_vm=max_connections_per_vm)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()

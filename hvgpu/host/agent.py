@@ -7,9 +7,14 @@ a VM with ``ADDR=VM``) is handed, socket and all, to that slice's executor
 process: one MPS client per slice, started with the slice's limits, whose
 memory reservations the agent keeps in the slice's ledger. A connection on a
 listener bound to no VM gets an executor of its own with the whole GPU
-(host-local use). A vsock peer with no slice is refused with a clear error.
-The agent never reads guest traffic, so one guest's copy or crash cannot stall
-another; a process's exit frees everything it held on the GPU.
+(host-local use). A vsock peer with no slice, or a VM past its limit of open
+connections, is refused with a clear error: from the agent's loop, which reads
+at most the first frame of such a peer, for at most two seconds, and never
+starts a thread for it. Otherwise the agent never reads guest traffic, so one
+guest's copy or crash cannot stall another; a process's exit frees everything
+it held on the GPU. Every message from an executor is checked against the
+executor lane's table (executor/lane.py): a bad one ends that executor, never
+the agent.
 
 Must not import CUDA (executors do) or NVML (the inventory does).
 """
@@ -24,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,8 +41,10 @@ from hvgpu.host.quota import QuotaLedger
 from hvgpu.host.names import MAX_VGPUS, VgpuKey
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import StateStore
+from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
+from hvgpu.virtio.framing import pack_header
 from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
                                     vsock_available)
 
@@ -58,6 +66,7 @@ class AgentConfig:
     env: dict = field(default_factory=dict)  # extra environment for executors
     connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
     placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
+    max_connections_per_vm: int = 64  # open at once, over all of a VM's vGPUs
 
 
 @dataclass
@@ -87,6 +96,26 @@ class SliceExecutor:
 
 ENDING_GRACE = 30.0  # an executor whose channel ended exits by itself well within this
 
+# A refused peer is answered from the selector loop, never by a thread of its own:
+# it may hold this many bytes of the agent's for this long, and no more than this
+# many refused peers wait at once (the oldest is closed first).
+REFUSAL_DEADLINE = 2.0
+REFUSAL_BUDGET = 4096
+MAX_REFUSALS = 64
+REFUSAL_LOG_EVERY = 10.0
+
+
+@dataclass(eq=False)
+class Refusal:
+    """A refused connection waiting for the header of its first frame (to answer it)."""
+
+    conn: object
+    peer: str
+    status: int
+    message: str
+    deadline: float
+    got: bytearray = field(default_factory=bytearray)
+
 
 def split_binding(text: str) -> tuple[str, VgpuKey | None]:
     """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', VgpuKey('vm1', 0)); a
@@ -109,6 +138,8 @@ class Agent:
         self.current: dict[VgpuKey, SliceExecutor] = {}
         self.ledgers: dict[VgpuKey, QuotaLedger] = {}
         self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
+        self.refusals: deque[Refusal] = deque()  # oldest first
+        self._refusal_log: dict[str, tuple[float, int]] = {}
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
         if config.state_dir:
@@ -230,14 +261,20 @@ class Agent:
     def serve_forever(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.5):
+                timeout = 0.5
+                if self.refusals:
+                    timeout = min(timeout, max(0.0, self.refusals[0].deadline - time.monotonic()))
+                for key, _ in self._selector.select(timeout=timeout):
                     kind, obj = key.data
                     if kind == "wake":
                         os.read(self._wake_r, 64)
                     elif kind == "listen":
                         self._accept(obj)
+                    elif kind == "refusal":
+                        self._on_refusal(obj)
                     else:
                         self._on_control(obj)
+                self._expire_refusals()
                 self._reap()
         finally:
             self._shutdown()
@@ -257,19 +294,25 @@ class Agent:
         except OSError as exc:
             log.warning("accept on %s failed: %s", listener.address, exc)
             return
+        status = P.HV_NO_SLICE
         try:
             with self.lock:
                 route, detail = self._route(listener, peer)
                 if route == "slice":
-                    self._to_slice(detail, conn, peer)
-                    return
+                    open_now = self._connections_of(detail.vm)
+                    if open_now < self.config.max_connections_per_vm:
+                        self._to_slice(detail, conn, peer)
+                        return
+                    route, status = "refuse", P.HV_TOO_MANY_CONNECTIONS
+                    detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
+                              "the host agent allows (hvgpu agent --max-connections-per-vm); "
+                              "close one and connect again")
         except (HvgpuError, OSError) as exc:  # one guest's failure never stops the agent
             log.error("cannot serve %s: %s", peer, exc)
             route, detail = "refuse", f"the agent could not serve this connection: {exc}"
         if route == "refuse":
-            log.warning("refused %s: %s", peer, detail)
-            threading.Thread(target=refuse, args=(conn, P.HV_NO_SLICE, detail),
-                             daemon=True).start()
+            self._log_refusal(peer, detail)
+            self._refuse(conn, peer, status, detail)
             return
         try:
             proc = self._spawn(conn.fileno(), peer)
@@ -280,6 +323,85 @@ class Agent:
         conn.close()  # the executor holds its own copy
         self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
         log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
+
+    def _connections_of(self, vm: str) -> int:
+        with self.lock:
+            return sum(e.connections for e in self.slice_executors if e.key.vm == vm)
+
+    # -- refusals: answered from the loop ---------------------------------------------
+
+    def _log_refusal(self, peer: str, why: str) -> None:
+        """One line per reason every REFUSAL_LOG_EVERY seconds: a peer that connects
+        in a loop must not flood the log."""
+        now = time.monotonic()
+        last, quiet = self._refusal_log.get(why, (None, 0))
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            self._refusal_log[why] = (last, quiet + 1)
+            return
+        if len(self._refusal_log) > 256:
+            self._refusal_log.clear()
+        self._refusal_log[why] = (now, 0)
+        more = f" ({quiet} more refused for this since the last such line)" if quiet else ""
+        log.warning("refused %s: %s%s", peer, why, more)
+
+    def _refuse(self, conn, peer: str, status: int, message: str) -> None:
+        """Answer the peer's first frame with ``status`` and ``message``, then close;
+        close at once if it sends none within REFUSAL_DEADLINE."""
+        while len(self.refusals) >= MAX_REFUSALS:
+            self._end_refusal(self.refusals[0])
+        try:
+            conn.setblocking(False)
+            r = Refusal(conn, peer, status, message, time.monotonic() + REFUSAL_DEADLINE)
+            self._selector.register(conn, selectors.EVENT_READ, ("refusal", r))
+        except (OSError, ValueError):
+            conn.close()
+            return
+        self.refusals.append(r)
+
+    def _on_refusal(self, r: Refusal) -> None:
+        want = P.HEADER.size
+        if len(r.got) >= want:
+            want = _first_frame(r.got)
+        try:
+            chunk = r.conn.recv(want - len(r.got))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._end_refusal(r)
+            return
+        r.got += chunk
+        if len(r.got) < P.HEADER.size:
+            return
+        magic, _, _, op, _, seq, _, _, _, _ = P.HEADER.unpack_from(r.got)
+        if magic != P.MAGIC:  # not this protocol: nothing to answer
+            self._end_refusal(r)
+            return
+        if len(r.got) < _first_frame(r.got):
+            return
+        body = codec.encode_error(op, seq, r.message)
+        try:
+            r.conn.send(pack_header(op, P.FLAG_REPLY, seq, r.status, len(body)) + body)
+        except OSError:
+            pass
+        self._end_refusal(r)
+
+    def _end_refusal(self, r: Refusal) -> None:
+        try:
+            self.refusals.remove(r)
+        except ValueError:
+            pass
+        try:
+            self._selector.unregister(r.conn)
+        except (KeyError, ValueError):
+            pass
+        r.conn.close()
+
+    def _expire_refusals(self) -> None:
+        now = time.monotonic()
+        while self.refusals and self.refusals[0].deadline <= now:
+            self._end_refusal(self.refusals[0])
 
     def _keys_of(self, vm: str) -> list[VgpuKey]:
         with self.lock:
@@ -534,6 +656,8 @@ class Agent:
                             "resources went with it", pid, ex.peer, _describe(code), took)
 
     def _shutdown(self) -> None:
+        while self.refusals:
+            self._end_refusal(self.refusals[0])
         for ex in list(self.slice_executors) + self.ending:
             try:
                 self._selector.unregister(ex.ctrl)
@@ -577,20 +701,12 @@ class Agent:
         log.info("agent stopped")
 
 
-def refuse(conn, status: int, message: str) -> None:
-    """Answer a peer's first frame with ``status`` and close (runs in a thread)."""
-    from hvgpu.virtio import codec
-    from hvgpu.virtio.framing import FrameReader, send_frame
-
-    try:
-        conn.settimeout(5)
-        hdr, _ = FrameReader(conn, bufsize=1 << 12).read_frame()
-        send_frame(conn, hdr.op, P.FLAG_REPLY, hdr.seq, status,
-                   codec.encode_error(hdr.op, hdr.seq, message))
-    except (HvgpuError, OSError):
-        pass
-    finally:
-        conn.close()
+def _first_frame(got: bytes) -> int:
+    """How many bytes of a refused peer to read before answering: its whole first
+    frame when that is small (unread bytes can make the close reset the reply),
+    else its header alone."""
+    size = P.HEADER.size + P.HEADER.unpack_from(got)[7]  # + body_len
+    return size if size <= REFUSAL_BUDGET else P.HEADER.size
 
 
 def _describe(code: int) -> str:
