@@ -158,9 +158,14 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
-        path = ctx.obj["control"] or default_socket()
+    except HvgpuError as exc:
+        _fail(exc)
+    path = ctx.obj["control"] or default_socket()
+    try:
         server = serve(ControlAPI(runner, read_gpus), path, control_group)
     except HvgpuError as exc:
+        runner.stop()
+        runner.serve_forever()  # returns at once: closes what start opened
         _fail(exc)
     logging.getLogger("hvgpu").info("control lane on unix://%s", path)
     for sig in (signal.SIGINT, signal.SIGTERM):

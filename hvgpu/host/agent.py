@@ -40,7 +40,7 @@ from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
 from hvgpu.host.names import MAX_VGPUS, VgpuKey
 from hvgpu.host.slices import SliceManager
-from hvgpu.host.state import StateStore
+from hvgpu.host.state import StateStore, lock_state_dir
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
@@ -142,10 +142,17 @@ class Agent:
         self._refusal_log: dict[str, tuple[float, int]] = {}
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
+        self._state_lock = None
         if config.state_dir:
             if gpus is None:
                 from hvgpu.host.inventory import read_gpus as gpus
-            self.slices = SliceManager(StateStore(config.state_dir), gpus, config.placement)
+            self._state_lock = lock_state_dir(config.state_dir)  # first: before any change
+            try:
+                self.slices = SliceManager(StateStore(config.state_dir), gpus,
+                                           config.placement)
+            except BaseException:
+                self._state_lock.close()
+                raise
             for problem in self.slices.store.problems:
                 log.warning("slice state: %s", problem)
             for s in self.slices.list():
@@ -163,6 +170,13 @@ class Agent:
     def start(self) -> None:
         """Open every listener; raise if none could be opened, or if a binding names
         a VM by a name hvgpu refuses (before anything is opened)."""
+        try:
+            self._start()
+        except BaseException:
+            self._shutdown()  # what was opened, and the state directory's lock
+            raise
+
+    def _start(self) -> None:
         bound = {text: split_binding(text) for text in self.config.listen}
         addresses = list(self.config.listen)
         devices = {}
@@ -698,6 +712,9 @@ class Agent:
             except OSError:
                 pass
         self._selector.close()
+        if self._state_lock is not None:
+            self._state_lock.close()
+            self._state_lock = None
         log.info("agent stopped")
 
 

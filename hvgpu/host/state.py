@@ -20,6 +20,7 @@ Must not decide anything: the slice manager does.
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import sqlite3
@@ -72,6 +73,39 @@ SIDECAR = "slices.json"
 class StateError(HvgpuError):
     code = "state"
     expected = False
+
+
+class StateInUse(StateError):
+    code = "agent-running"
+    expected = True
+
+
+LOCK = "agent.lock"
+
+
+def lock_state_dir(directory: str | os.PathLike):
+    """Hold the state directory for this process's life (close the returned file to
+    let go); StateInUse when another agent holds it. One agent per state directory:
+    two would overwrite each other's slices and remove each other's sockets."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        f = open(os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600),
+                 "r+")
+    except OSError as exc:
+        raise StateError(f"cannot use the state directory {directory}: {exc}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise StateInUse(f"another hvgpu agent (pid {holder}) is running with the state "
+                         f"directory {directory}; stop it first, or give this one its own "
+                         "--state-dir") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 @dataclass
