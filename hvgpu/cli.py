@@ -101,7 +101,8 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
                    "hvsock:///path/vm.vsock:PORT, tcp://HOST:PORT. With =VM, connections "
-                   "there belong to VM's slice; without, each gets the whole GPU (host-local use).")
+                   "there belong to VM's slice (=VM#N: its vGPU N); without, each gets the "
+                   "whole GPU (host-local use).")
 @click.option("--vsock-port", type=int, default=DEFAULT_PORT, show_default=True,
               help="vsock port guests connect to (host CID 2).")
 @click.option("--no-vsock", is_flag=True, help="Do not listen on vsock.")
