@@ -101,7 +101,8 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
                    "hvsock:///path/vm.vsock:PORT, tcp://HOST:PORT. With =VM, connections "
-                   "there belong to VM's slice; without, each gets the whole GPU (host-local use).")
+                   "there belong to VM's slice (=VM#N: its vGPU N); without, each gets the "
+                   "whole GPU (host-local use).")
 @click.option("--vsock-port", type=int, default=DEFAULT_PORT, show_default=True,
               help="vsock port guests connect to (host CID 2).")
 @click.option("--no-vsock", is_flag=True, help="Do not listen on vsock.")
@@ -121,11 +122,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               type=click.Choice(["best-fit", "pack", "spread"]),
               help="How attach chooses a GPU: best-fit (least memory left over), pack (lowest "
                    "index first), spread (most free memory).")
+@click.option("--max-connections-per-vm", type=click.IntRange(min=1), default=64,
+              show_default=True, metavar="N",
+              help="Open connections a VM may have at once, over all its vGPUs; more are "
+                   "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, log_level):
+          placement, max_connections_per_vm, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -150,13 +155,18 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
-                         placement=placement)
+                         placement=placement, max_connections_per_vm=max_connections_per_vm)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
-        path = ctx.obj["control"] or default_socket()
+    except HvgpuError as exc:
+        _fail(exc)
+    path = ctx.obj["control"] or default_socket()
+    try:
         server = serve(ControlAPI(runner, read_gpus), path, control_group)
     except HvgpuError as exc:
+        runner.stop()
+        runner.serve_forever()  # returns at once: closes what start opened
         _fail(exc)
     logging.getLogger("hvgpu").info("control lane on unix://%s", path)
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -7,16 +7,20 @@ a VM with ``ADDR=VM``) is handed, socket and all, to that slice's executor
 process: one MPS client per slice, started with the slice's limits, whose
 memory reservations the agent keeps in the slice's ledger. A connection on a
 listener bound to no VM gets an executor of its own with the whole GPU
-(host-local use). A vsock peer with no slice is refused with a clear error.
-The agent never reads guest traffic, so one guest's copy or crash cannot stall
-another; a process's exit frees everything it held on the GPU.
+(host-local use). A vsock peer with no slice, or a VM past its limit of open
+connections, is refused with a clear error: from the agent's loop, which reads
+at most the first frame of such a peer, for at most two seconds, and never
+starts a thread for it. Otherwise the agent never reads guest traffic, so one
+guest's copy or crash cannot stall another; a process's exit frees everything
+it held on the GPU. Every message from an executor is checked against the
+executor lane's table (executor/lane.py): a bad one ends that executor, never
+the agent.
 
 Must not import CUDA (executors do) or NVML (the inventory does).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -25,17 +29,22 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from hvgpu.errors import CudaError, HvgpuError, TransportError
+from hvgpu.host.executor import lane
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.slices import MAX_VGPUS, SliceManager
-from hvgpu.host.state import StateStore, slice_key, split_key
+from hvgpu.host.names import MAX_VGPUS, VgpuKey
+from hvgpu.host.slices import SliceManager
+from hvgpu.host.state import StateStore, lock_state_dir
+from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import VMADDR_CID_ANY, Address
+from hvgpu.virtio.framing import pack_header
 from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
                                     vsock_available)
 
@@ -57,6 +66,7 @@ class AgentConfig:
     env: dict = field(default_factory=dict)  # extra environment for executors
     connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
     placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
+    max_connections_per_vm: int = 64  # open at once, over all of a VM's vGPUs
 
 
 @dataclass
@@ -71,7 +81,7 @@ class SliceExecutor:
     """One executor process of a vGPU (a VM's slice of one GPU); a resize may start a
     newer generation."""
 
-    key: str  # the vGPU: Slice.key
+    key: VgpuKey  # the vGPU: Slice.key
     process: subprocess.Popen
     ctrl: object  # the agent's end of the control channel
     generation: int
@@ -81,14 +91,39 @@ class SliceExecutor:
     connections: int = 0
     retiring: bool = False
     started: float = field(default_factory=time.monotonic)
+    gone: float | None = None  # when its channel ended
 
 
-def split_binding(text: str) -> tuple[str, str | None]:
-    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', 'vm1'); a binding to
-    'vm1#1' serves that VM's vGPU 1."""
+ENDING_GRACE = 30.0  # an executor whose channel ended exits by itself well within this
+
+# A refused peer is answered from the selector loop, never by a thread of its own:
+# it may hold this many bytes of the agent's for this long, and no more than this
+# many refused peers wait at once (the oldest is closed first).
+REFUSAL_DEADLINE = 2.0
+REFUSAL_BUDGET = 4096
+MAX_REFUSALS = 64
+REFUSAL_LOG_EVERY = 10.0
+
+
+@dataclass(eq=False)
+class Refusal:
+    """A refused connection waiting for the header of its first frame (to answer it)."""
+
+    conn: object
+    peer: str
+    status: int
+    message: str
+    deadline: float
+    got: bytearray = field(default_factory=bytearray)
+
+
+def split_binding(text: str) -> tuple[str, VgpuKey | None]:
+    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', VgpuKey('vm1', 0)); a
+    binding to 'vm1#1' serves that VM's vGPU 1. The VM name is checked
+    (names.check_vm_name): a bad one raises BadVmName."""
     address, eq, vm = text.rpartition("=")
     if eq and vm and "/" not in vm and ":" not in vm:
-        return address, vm
+        return address, VgpuKey.parse(vm)
     return text, None
 
 
@@ -96,19 +131,30 @@ class Agent:
     def __init__(self, config: AgentConfig, gpus: Callable | None = None):
         self.config = config
         self.listeners: list[Listener] = []
-        self.bindings: dict[Listener, str] = {}  # -> the vGPU key it serves
+        self.bindings: dict[Listener, VgpuKey] = {}  # -> the vGPU it serves
         self.device_ports: dict[Listener, int] = {}  # vsock listener -> the vGPU it reaches
         self.executors: dict[int, Executor] = {}
         self.slice_executors: list[SliceExecutor] = []
-        self.current: dict[str, SliceExecutor] = {}  # by vGPU key
-        self.ledgers: dict[str, QuotaLedger] = {}  # by vGPU key
+        self.current: dict[VgpuKey, SliceExecutor] = {}
+        self.ledgers: dict[VgpuKey, QuotaLedger] = {}
         self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
+        self.refusals: deque[Refusal] = deque()  # oldest first
+        self._refusal_log: dict[str, tuple[float, int]] = {}
         self.lock = threading.RLock()
         self.slices: SliceManager | None = None
+        self._state_lock = None
         if config.state_dir:
             if gpus is None:
                 from hvgpu.host.inventory import read_gpus as gpus
-            self.slices = SliceManager(StateStore(config.state_dir), gpus, config.placement)
+            self._state_lock = lock_state_dir(config.state_dir)  # first: before any change
+            try:
+                self.slices = SliceManager(StateStore(config.state_dir), gpus,
+                                           config.placement)
+            except BaseException:
+                self._state_lock.close()
+                raise
+            for problem in self.slices.store.problems:
+                log.warning("slice state: %s", problem)
             for s in self.slices.list():
                 self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
@@ -122,7 +168,16 @@ class Agent:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
-        """Open every listener; raise if none could be opened."""
+        """Open every listener; raise if none could be opened, or if a binding names
+        a VM by a name hvgpu refuses (before anything is opened)."""
+        try:
+            self._start()
+        except BaseException:
+            self._shutdown()  # what was opened, and the state directory's lock
+            raise
+
+    def _start(self) -> None:
+        bound = {text: split_binding(text) for text in self.config.listen}
         addresses = list(self.config.listen)
         devices = {}
         if self.config.vsock_port is not None:
@@ -137,7 +192,7 @@ class Agent:
                             "module); guests in VMs cannot reach this agent")
         failures = []
         for text in addresses:
-            address, vm = split_binding(text)
+            address, vm = bound.get(text) or (text, None)
             try:
                 listener = listen(address)
             except HvgpuError as exc:
@@ -220,14 +275,20 @@ class Agent:
     def serve_forever(self) -> None:
         try:
             while not self._stop.is_set():
-                for key, _ in self._selector.select(timeout=0.5):
+                timeout = 0.5
+                if self.refusals:
+                    timeout = min(timeout, max(0.0, self.refusals[0].deadline - time.monotonic()))
+                for key, _ in self._selector.select(timeout=timeout):
                     kind, obj = key.data
                     if kind == "wake":
                         os.read(self._wake_r, 64)
                     elif kind == "listen":
                         self._accept(obj)
+                    elif kind == "refusal":
+                        self._on_refusal(obj)
                     else:
                         self._on_control(obj)
+                self._expire_refusals()
                 self._reap()
         finally:
             self._shutdown()
@@ -247,19 +308,25 @@ class Agent:
         except OSError as exc:
             log.warning("accept on %s failed: %s", listener.address, exc)
             return
+        status = P.HV_NO_SLICE
         try:
             with self.lock:
                 route, detail = self._route(listener, peer)
                 if route == "slice":
-                    self._to_slice(detail, conn, peer)
-                    return
+                    open_now = self._connections_of(detail.vm)
+                    if open_now < self.config.max_connections_per_vm:
+                        self._to_slice(detail, conn, peer)
+                        return
+                    route, status = "refuse", P.HV_TOO_MANY_CONNECTIONS
+                    detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
+                              "the host agent allows (hvgpu agent --max-connections-per-vm); "
+                              "close one and connect again")
         except (HvgpuError, OSError) as exc:  # one guest's failure never stops the agent
             log.error("cannot serve %s: %s", peer, exc)
             route, detail = "refuse", f"the agent could not serve this connection: {exc}"
         if route == "refuse":
-            log.warning("refused %s: %s", peer, detail)
-            threading.Thread(target=refuse, args=(conn, P.HV_NO_SLICE, detail),
-                             daemon=True).start()
+            self._log_refusal(peer, detail)
+            self._refuse(conn, peer, status, detail)
             return
         try:
             proc = self._spawn(conn.fileno(), peer)
@@ -271,9 +338,88 @@ class Agent:
         self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
         log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
 
-    def _keys_of(self, vm: str) -> list[str]:
+    def _connections_of(self, vm: str) -> int:
         with self.lock:
-            return sorted(k for k in self.ledgers if split_key(k)[0] == vm)
+            return sum(e.connections for e in self.slice_executors if e.key.vm == vm)
+
+    # -- refusals: answered from the loop ---------------------------------------------
+
+    def _log_refusal(self, peer: str, why: str) -> None:
+        """One line per reason every REFUSAL_LOG_EVERY seconds: a peer that connects
+        in a loop must not flood the log."""
+        now = time.monotonic()
+        last, quiet = self._refusal_log.get(why, (None, 0))
+        if last is not None and now - last < REFUSAL_LOG_EVERY:
+            self._refusal_log[why] = (last, quiet + 1)
+            return
+        if len(self._refusal_log) > 256:
+            self._refusal_log.clear()
+        self._refusal_log[why] = (now, 0)
+        more = f" ({quiet} more refused for this since the last such line)" if quiet else ""
+        log.warning("refused %s: %s%s", peer, why, more)
+
+    def _refuse(self, conn, peer: str, status: int, message: str) -> None:
+        """Answer the peer's first frame with ``status`` and ``message``, then close;
+        close at once if it sends none within REFUSAL_DEADLINE."""
+        while len(self.refusals) >= MAX_REFUSALS:
+            self._end_refusal(self.refusals[0])
+        try:
+            conn.setblocking(False)
+            r = Refusal(conn, peer, status, message, time.monotonic() + REFUSAL_DEADLINE)
+            self._selector.register(conn, selectors.EVENT_READ, ("refusal", r))
+        except (OSError, ValueError):
+            conn.close()
+            return
+        self.refusals.append(r)
+
+    def _on_refusal(self, r: Refusal) -> None:
+        want = P.HEADER.size
+        if len(r.got) >= want:
+            want = _first_frame(r.got)
+        try:
+            chunk = r.conn.recv(want - len(r.got))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._end_refusal(r)
+            return
+        r.got += chunk
+        if len(r.got) < P.HEADER.size:
+            return
+        magic, _, _, op, _, seq, _, _, _, _ = P.HEADER.unpack_from(r.got)
+        if magic != P.MAGIC:  # not this protocol: nothing to answer
+            self._end_refusal(r)
+            return
+        if len(r.got) < _first_frame(r.got):
+            return
+        body = codec.encode_error(op, seq, r.message)
+        try:
+            r.conn.send(pack_header(op, P.FLAG_REPLY, seq, r.status, len(body)) + body)
+        except OSError:
+            pass
+        self._end_refusal(r)
+
+    def _end_refusal(self, r: Refusal) -> None:
+        try:
+            self.refusals.remove(r)
+        except ValueError:
+            pass
+        try:
+            self._selector.unregister(r.conn)
+        except (KeyError, ValueError):
+            pass
+        r.conn.close()
+
+    def _expire_refusals(self) -> None:
+        now = time.monotonic()
+        while self.refusals and self.refusals[0].deadline <= now:
+            self._end_refusal(self.refusals[0])
+
+    def _keys_of(self, vm: str) -> list[VgpuKey]:
+        with self.lock:
+            return sorted(k for k in self.ledgers if k.vm == vm)
 
     def _route(self, listener: Listener, peer: str) -> tuple[str, str]:
         """("slice", vGPU key), ("whole", "") or ("refuse", why)."""
@@ -282,7 +428,7 @@ class Agent:
         key = self.bindings.get(listener)
         if key is not None:
             if key not in self.ledgers:
-                return "refuse", self._no_vgpu(*split_key(key))
+                return "refuse", self._no_vgpu(*key)
             return "slice", key
         if listener.address.scheme == "vsock":
             device = self.device_ports.get(listener, 0)
@@ -291,9 +437,10 @@ class Agent:
             vm = s.vm if s is not None else (
                 self.vms.vm_for_cid(cid) if self.vms is not None else None)
             if vm is not None and self._keys_of(vm):
-                if slice_key(vm, device) not in self.ledgers:
+                key = VgpuKey(vm, device)
+                if key not in self.ledgers:
                     return "refuse", self._no_vgpu(vm, device)
-                return "slice", slice_key(vm, device)
+                return "slice", key
             named = f"VM {vm!r}" if vm else f"the VM with CID {cid}"
             fix = f"hvgpu attach {vm} --mem SIZE" if vm else \
                 f"hvgpu attach VM --mem SIZE --cid {cid}"
@@ -310,14 +457,13 @@ class Agent:
         return (f"VM {vm!r} has {len(self._keys_of(vm))} vGPU(s), not a device {device}; on "
                 f"the host: hvgpu attach {vm} --mem SIZE --add")
 
-    def _to_slice(self, key: str, conn, peer: str) -> None:
+    def _to_slice(self, key: VgpuKey, conn, peer: str) -> None:
         for attempt in (1, 2):
             ex = self.current.get(key)
             if ex is None or ex.process.poll() is not None:
                 ex = self._spawn_slice(key)
             try:
-                send_message(ex.ctrl, json.dumps({"op": "conn", "peer": peer}).encode(),
-                             [conn.fileno()])
+                send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
             except OSError as exc:
                 log.warning("slice %s: executor pid %d did not take %s (%s)", key,
                             ex.process.pid, peer, exc)
@@ -328,14 +474,14 @@ class Agent:
             break
         conn.close()
 
-    def _spawn_slice(self, key: str) -> SliceExecutor:
+    def _spawn_slice(self, key: VgpuKey) -> SliceExecutor:
         s = self.slices.by_key(key)
         ours, theirs = control_pair()
         env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
-                                                      "--slice", key, "--compute", str(s.compute),
+                                                      "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
                                                       "--gpu", "0"], env)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
@@ -350,39 +496,67 @@ class Agent:
         return ex
 
     def _on_control(self, ex: SliceExecutor) -> None:
+        """One message from a slice's executor. Whatever it sends, the agent goes on:
+        a message the lane does not allow is that executor's failure."""
         data, fds = receive_message(ex.ctrl)
-        for fd in fds:
+        for fd in fds:  # no executor message carries descriptors
             os.close(fd)
-        if not data:
+        if not data and not fds:
             self._executor_gone(ex)
             return
-        msg = json.loads(data)
-        op = msg.get("op")
-        ledger = self.ledgers.get(ex.key)
-        if op == "reserve":
-            try:
-                if ledger is None:
-                    raise CudaError(P.HV_NO_SLICE, f"the slice {ex.key!r} was detached")
-                ledger.reserve(ex, int(msg["n"]))
-                reply = {"ok": True}
-            except CudaError as exc:
-                reply = {"ok": False, "status": exc.status, "message": exc.detail}
-        elif op == "usage":
-            reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
-        elif op == "vgpus":  # the guest's device count: every vGPU of the VM
-            reply = {"count": len(self._keys_of(split_key(ex.key)[0]))}
-        else:
-            if op == "release" and ledger is not None:
-                ledger.release(ex, int(msg["n"]))
-            elif op == "closed":
-                ex.connections = max(0, ex.connections - 1)
-                log.info("%s disconnected from slice %s", msg.get("peer"), ex.key)
-            return
-        reply.update(op="reply", id=msg.get("id"))
         try:
-            send_message(ex.ctrl, json.dumps(reply).encode())
+            message, msg = lane.decode(data, len(fds), lane.TO_AGENT)
+            reply = self._answer(ex, message, msg)
+        except lane.LaneError as exc:
+            self._executor_failed(ex, str(exc))
+            return
+        except Exception as exc:  # a bug here must not end every VM's service
+            log.exception("slice %s: handling a message of executor pid %d failed", ex.key,
+                          ex.process.pid)
+            self._executor_failed(ex, f"its message could not be handled ({exc!r})")
+            return
+        if reply is None:
+            return
+        try:
+            send_message(ex.ctrl, lane.encode(lane.REPLY, id=msg["id"], **reply))
         except OSError:
             self._executor_gone(ex)
+
+    def _answer(self, ex: SliceExecutor, message: lane.Message, msg: dict) -> dict | None:
+        """The reply's fields for a request; None for a message that has none."""
+        ledger = self.ledgers.get(ex.key)
+        if message is lane.RESERVE:
+            try:
+                if ledger is None:
+                    raise CudaError(P.HV_NO_SLICE, f"the slice {str(ex.key)!r} was detached")
+                ledger.reserve(ex, msg["n"])
+                return {"ok": True}
+            except CudaError as exc:
+                return {"ok": False, "status": exc.status,
+                        "message": exc.detail[:lane.REPLY_MESSAGE_MAX]}
+        if message is lane.USAGE:
+            return {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+        if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
+            return {"count": len(self._keys_of(ex.key.vm))}
+        if message is lane.RELEASE:
+            if ledger is not None:
+                ledger.release(ex, msg["n"])
+        elif message is lane.CLOSED:
+            ex.connections = max(0, ex.connections - 1)
+            log.info("%s disconnected from slice %s", msg["peer"], ex.key)
+        return None
+
+    def _executor_failed(self, ex: SliceExecutor, why: str) -> None:
+        """An executor sent what the lane does not allow: it may be compromised. Kill
+        it, release what it held; the VM's next connection starts a new one."""
+        log.error("slice %s: executor pid %d sent a bad message on the executor lane (%s): "
+                  "killed; its guests' connections end, its reservations are released and "
+                  "the VM's next connection gets a new executor", ex.key, ex.process.pid, why)
+        try:
+            ex.process.kill()
+        except OSError:
+            pass
+        self._executor_gone(ex)
 
     def _executor_gone(self, ex: SliceExecutor) -> None:
         """Its control channel ended: forget it now, collect its exit in _reap."""
@@ -398,17 +572,18 @@ class Agent:
                 del self.current[ex.key]
             ledger = self.ledgers.get(ex.key)
             freed = ledger.drop(ex) if ledger else 0
+            ex.gone = time.monotonic()
             self.ending.append(ex)
         log.info("slice %s: executor pid %d left; %d MiB of its reservations released",
                  ex.key, ex.process.pid, freed >> 20)
 
     # -- slice changes (called by the control API) ---------------------------------
 
-    def slice_attached(self, key: str, mem: int) -> None:
+    def slice_attached(self, key: VgpuKey, mem: int) -> None:
         with self.lock:
             self.ledgers[key] = QuotaLedger(mem)
 
-    def slice_detached(self, key: str) -> None:
+    def slice_detached(self, key: VgpuKey) -> None:
         """Disconnect the vGPU's guests and end its executors."""
         with self.lock:
             self.ledgers.pop(key, None)
@@ -416,7 +591,7 @@ class Agent:
 
     def release_vm(self, vm: str) -> None:
         """End the executors of every vGPU of a VM; the slices and ledgers stay."""
-        self._release(lambda k: split_key(k)[0] == vm)
+        self._release(lambda k: k.vm == vm)
 
     def _release(self, which) -> None:
         with self.lock:
@@ -428,7 +603,7 @@ class Agent:
                 except OSError:
                     pass
 
-    def slice_resized(self, key: str, mem: int, compute: int) -> bool:
+    def slice_resized(self, key: VgpuKey, mem: int, compute: int) -> bool:
         """Apply new limits; True when running guests keep older MPS limits for now."""
         with self.lock:
             ledger = self.ledgers.get(key)
@@ -442,12 +617,12 @@ class Agent:
             ex.retiring = True
             del self.current[key]
             try:
-                send_message(ex.ctrl, json.dumps({"op": "retire"}).encode())
+                send_message(ex.ctrl, lane.encode(lane.RETIRE))
             except OSError:
                 pass
             return ex.connections > 0
 
-    def slice_usage(self, key: str) -> tuple[int, list[SliceExecutor]]:
+    def slice_usage(self, key: VgpuKey) -> tuple[int, list[SliceExecutor]]:
         with self.lock:
             ledger = self.ledgers.get(key)
             return (ledger.used if ledger else 0,
@@ -472,6 +647,11 @@ class Agent:
         for sx in list(self.ending):
             code = sx.process.poll()
             if code is None:
+                # its reservations are released already: it must not keep serving
+                if time.monotonic() - sx.gone > ENDING_GRACE:
+                    log.warning("slice %s: executor pid %d did not exit after its channel "
+                                "ended; killed", sx.key, sx.process.pid)
+                    sx.process.kill()
                 continue
             self.ending.remove(sx)
             log.log(logging.INFO if code == 0 else logging.WARNING,
@@ -490,6 +670,8 @@ class Agent:
                             "resources went with it", pid, ex.peer, _describe(code), took)
 
     def _shutdown(self) -> None:
+        while self.refusals:
+            self._end_refusal(self.refusals[0])
         for ex in list(self.slice_executors) + self.ending:
             try:
                 self._selector.unregister(ex.ctrl)
@@ -530,23 +712,18 @@ class Agent:
             except OSError:
                 pass
         self._selector.close()
+        if self._state_lock is not None:
+            self._state_lock.close()
+            self._state_lock = None
         log.info("agent stopped")
 
 
-def refuse(conn, status: int, message: str) -> None:
-    """Answer a peer's first frame with ``status`` and close (runs in a thread)."""
-    from hvgpu.virtio import codec
-    from hvgpu.virtio.framing import FrameReader, send_frame
-
-    try:
-        conn.settimeout(5)
-        hdr, _ = FrameReader(conn, bufsize=1 << 12).read_frame()
-        send_frame(conn, hdr.op, P.FLAG_REPLY, hdr.seq, status,
-                   codec.encode_error(hdr.op, hdr.seq, message))
-    except (HvgpuError, OSError):
-        pass
-    finally:
-        conn.close()
+def _first_frame(got: bytes) -> int:
+    """How many bytes of a refused peer to read before answering: its whole first
+    frame when that is small (unread bytes can make the close reset the reply),
+    else its header alone."""
+    size = P.HEADER.size + P.HEADER.unpack_from(got)[7]  # + body_len
+    return size if size <= REFUSAL_BUDGET else P.HEADER.size
 
 
 def _describe(code: int) -> str:

@@ -13,6 +13,7 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
 from hvgpu.host.inventory import Gpu
+from hvgpu.host.names import check_vm_name
 from hvgpu.host.transaction import Transaction
 from hvgpu.units import parse_share, parse_size
 
@@ -53,8 +54,9 @@ class ControlAPI:
         libvirt domain also gets a vsock device (hot-plugged, live and in its config,
         when missing) and its vGPUs in its metadata. Every step is undone if a later
         one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
+        check_vm_name(vm)
         vms = self.agent.vms
-        bound = vm in self.agent.bindings.values()
+        bound = any(k.vm == vm for k in self.agent.bindings.values())
         by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
         if cid is None and not bound and vms is None:
             raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
@@ -64,7 +66,7 @@ class ControlAPI:
         share = parse_share(compute) if compute not in (None, "") else 0
         with Transaction() as tx:
             if by_libvirt:
-                vm = vms.prepare(vm, tx)
+                vm = check_vm_name(vms.prepare(vm, tx))  # libvirt's canonical name
             new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
@@ -85,6 +87,7 @@ class ControlAPI:
         The domain is changed first, so a failure there leaves everything as it was.
         Returns the first removed vGPU, with all removed ones under "vgpus".
         """
+        check_vm_name(vm)
         gone = self.slices.removable(vm, device)  # refused here, before the domain changes
         s = gone[0]
         vms = self.agent.vms
@@ -108,6 +111,7 @@ class ControlAPI:
         return d
 
     def resize(self, vm: str, mem=None, compute=None, device: int = 0) -> dict:
+        check_vm_name(vm)
         if mem in (None, "") and compute in (None, ""):
             raise HvgpuError("nothing to change: give --mem and/or --compute")
         key = self.slices.get(vm, device).key

@@ -2,8 +2,10 @@
 
 The only module in hvgpu that imports gRPC. Messages are JSON documents (the
 API's own dicts), so there is no generated code to keep in step. The socket
-is created mode 0600 (root only) or 0660 with a configured group. Must not
-add behaviour: every call is one ControlAPI method.
+is born mode 0600 (bound under a private umask, whatever the agent's umask),
+then opened to a configured group as 0660. A socket that another agent still
+listens on is never removed. Must not add behaviour: every call is one
+ControlAPI method.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hvgpu.errors import HvgpuError, TransportError
+from hvgpu.virtio.transport import claim_unix_path, private_umask
 
 SERVICE = "hvgpu.Control"
 METHODS = ("gpus", "attach", "detach", "resize", "list", "status")
@@ -45,15 +48,20 @@ def serve(api, path: str, group: str | None = None) -> grpc.Server:
                                                    response_serializer=_encode)
 
     sock = Path(path)
-    sock.parent.mkdir(parents=True, exist_ok=True)
-    if sock.exists():
-        sock.unlink()  # a stale socket of an agent that is gone (one agent per host)
+    if not sock.parent.is_dir():
+        old = os.umask(0o022)  # the directory: others may pass through, never write
+        try:
+            sock.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        finally:
+            os.umask(old)
+    claim_unix_path(path)  # removes a stale socket; refuses a live agent's
     server = grpc.server(ThreadPoolExecutor(max_workers=4, thread_name_prefix="control"),
                          handlers=[grpc.method_handlers_generic_handler(
                              SERVICE, {name: make(name) for name in METHODS})])
-    if not server.add_insecure_port(f"unix://{path}"):
-        raise TransportError(f"cannot open the control socket {path}")
-    server.start()
+    with private_umask():
+        if not server.add_insecure_port(f"unix://{path}"):
+            raise TransportError(f"cannot open the control socket {path}")
+        server.start()
     if group:
         try:
             os.chown(path, -1, grp.getgrnam(group).gr_gid)

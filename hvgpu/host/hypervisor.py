@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hvgpu.errors import HvgpuError
+from hvgpu.host.names import MAX_VGPUS
 from hvgpu.host.render import NAMESPACE, PREFIX, slice_metadata_xml, vsock_xml
 
 try:
@@ -88,10 +89,15 @@ class DomainSlice:
 
 
 def _recorded(vm: str, element, device: int) -> DomainSlice:
+    """One vGPU from the metadata; ValueError when a value is not one hvgpu writes."""
     gpu = element.find("gpu")
-    return DomainSlice(vm=vm, gpu_uuid=gpu.get("uuid"), gpu_index=int(gpu.get("index")),
-                       mem=int(element.findtext("memory")),
-                       compute=int(element.findtext("compute") or 0), device=device)
+    d = DomainSlice(vm=vm, gpu_uuid=gpu.get("uuid"), gpu_index=int(gpu.get("index")),
+                    mem=int(element.findtext("memory")),
+                    compute=int(element.findtext("compute") or 0), device=device)
+    if not d.gpu_uuid or d.gpu_index < 0 or d.mem <= 0 or not 0 <= d.compute <= 100 \
+            or not 0 <= d.device < MAX_VGPUS:
+        raise ValueError(f"out of range: {d}")
+    return d
 
 
 class Hypervisor:

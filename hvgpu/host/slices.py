@@ -15,7 +15,8 @@ from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
-from hvgpu.host.state import Slice, StateStore, slice_key, split_key
+from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_device, check_vm_name
+from hvgpu.host.state import Slice, StateStore
 from hvgpu.units import format_size
 
 
@@ -73,11 +74,9 @@ def check_placement(placement: str) -> None:
                          + ", ".join(PLACEMENTS))
 
 
-MAX_VGPUS = 8  # per VM: the guest reaches vGPU N at the data lane's port + N
-
-
 class SliceManager:
-    """The vGPUs of every VM, by key (``Slice.key``: VM for device 0, VM#N for device N)."""
+    """The vGPUs of every VM, by key (``Slice.key``: a VgpuKey). Every VM name that
+    comes in is checked (names.check_vm_name)."""
 
     def __init__(self, store: StateStore, gpus: Callable[[], list[Gpu]],
                  placement: str = DEFAULT_PLACEMENT):
@@ -96,13 +95,15 @@ class SliceManager:
 
     def of_vm(self, vm: str) -> list[Slice]:
         """The VM's vGPUs by device number; [] if it has none."""
+        check_vm_name(vm)
         with self._lock:
             return sorted((s for s in self._slices.values() if s.vm == vm),
                           key=lambda s: s.device)
 
     def get(self, vm: str, device: int = 0) -> Slice:
+        key = VgpuKey.of(vm, device)
         with self._lock:
-            s = self._slices.get(slice_key(vm, device))
+            s = self._slices.get(key)
             if s is not None:
                 return s
             mine = self.of_vm(vm)
@@ -111,15 +112,15 @@ class SliceManager:
             raise SliceError(f"{vm!r} has no vGPU {device}; its devices are "
                              + ", ".join(str(m.device) for m in mine))
 
-    def by_key(self, key: str) -> Slice:
-        return self.get(*split_key(key))
+    def by_key(self, key: VgpuKey) -> Slice:
+        return self.get(key.vm, key.device)
 
     def by_cid(self, cid: int) -> Slice | None:
         """The VM's device 0 (every vGPU of a VM carries its CID)."""
         with self._lock:
             return next((s for s in self.list() if s.cid == cid), None)
 
-    def rooms(self, exclude: str | None = None) -> list[GpuRoom]:
+    def rooms(self, exclude: VgpuKey | None = None) -> list[GpuRoom]:
         """Each GPU's reservations, leaving out the vGPU keyed ``exclude``."""
         rooms = []
         for gpu in self._gpus():
@@ -137,7 +138,7 @@ class SliceManager:
         after the ones it has. Unless ``gpu`` names one, each goes to a GPU this VM does
         not use yet. All are placed, or none."""
         with self._lock:
-            mine = self.of_vm(vm)
+            mine = self.of_vm(vm)  # checks the name
             if mine and not add:
                 raise SliceError(f"{vm!r} already has {len(mine)} vGPU(s); use hvgpu resize "
                                  "to change one, or attach --add for another")
@@ -166,6 +167,7 @@ class SliceManager:
 
     def adopt(self, s: Slice) -> Slice:
         """Take a vGPU recorded elsewhere (a domain's metadata) as it is."""
+        VgpuKey.of(s.vm, s.device)
         with self._lock:
             self.store.put(s)
             self._slices[s.key] = s
@@ -227,6 +229,8 @@ class SliceManager:
             mine = self.of_vm(vm)
             if not mine:
                 self.get(vm)  # raises UnknownVm
+            if device is not None:
+                check_device(device)
             if device is None:
                 return mine
             s = self.get(vm, device)

@@ -1,20 +1,36 @@
 """Persisted slices: one SQLite database under the agent's state directory.
 
 SQLite gives atomic, journaled writes: a crash (kill -9 included) mid-write
-leaves the previous state. A database that cannot be read is reported with
-its path and left untouched for the operator; nothing is ever silently reset.
+leaves the previous state, and every change is checkpointed into the main
+file at once, so ``slices.db`` alone holds every change (its WAL may be lost).
+After each change a copy of the table goes to ``slices.json`` (written
+atomically), with a generation number that the database carries too: a
+database that is missing, emptied or older than that copy is detected at
+open and restored from it, and the restoration is reported.
+
+Rows are checked when loaded (VM name, device, sizes, shares, CID, a CRC of
+the row's values): a bad row is reported with its VM in ``problems`` and
+left out, and the file is kept as it is. A database that cannot be read is
+reported in one line with its path and left untouched for the operator;
+nothing is ever silently reset.
+
 Must not decide anything: the slice manager does.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
 import sqlite3
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hvgpu.errors import HvgpuError
+from hvgpu.host.names import MAX_VGPUS, BadVmName, VgpuKey, check_vm_name
 
 # One row per vGPU: a VM's devices are numbered 0..N-1, as the guest sees them.
 SCHEMA = """
@@ -29,7 +45,17 @@ CREATE TABLE IF NOT EXISTS vgpus (
     created REAL NOT NULL,
     updated REAL NOT NULL,
     PRIMARY KEY (vm, device)
-)
+);
+CREATE TABLE IF NOT EXISTS sums (
+    vm TEXT NOT NULL,
+    device INTEGER NOT NULL,
+    crc INTEGER NOT NULL,
+    PRIMARY KEY (vm, device)
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
 """
 # The first release's table (one slice per VM), moved into vgpus as device 0.
 _MIGRATE_V1 = """
@@ -37,12 +63,49 @@ INSERT INTO vgpus SELECT vm, 0, gpu_uuid, gpu_index, mem, compute, cid, created,
 FROM slices;
 DROP TABLE slices;
 """
-_COLUMNS = "vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device"
+_COLUMNS = ("vm", "gpu_uuid", "gpu_index", "mem", "compute", "cid", "created", "updated",
+            "device")
+_SELECT = ", ".join(_COLUMNS)
+MAX_CID = 2 ** 32 - 2  # VMADDR_CID_ANY (2^32-1) is no guest's
+SIDECAR = "slices.json"
 
 
 class StateError(HvgpuError):
     code = "state"
     expected = False
+
+
+class StateInUse(StateError):
+    code = "agent-running"
+    expected = True
+
+
+LOCK = "agent.lock"
+
+
+def lock_state_dir(directory: str | os.PathLike):
+    """Hold the state directory for this process's life (close the returned file to
+    let go); StateInUse when another agent holds it. One agent per state directory:
+    two would overwrite each other's slices and remove each other's sockets."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        f = open(os.open(directory / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600),
+                 "r+")
+    except OSError as exc:
+        raise StateError(f"cannot use the state directory {directory}: {exc}") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise StateInUse(f"another hvgpu agent (pid {holder}) is running with the state "
+                         f"directory {directory}; stop it first, or give this one its own "
+                         "--state-dir") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 @dataclass
@@ -60,43 +123,173 @@ class Slice:
     device: int = 0  # the guest's device number for it
 
     @property
-    def key(self) -> str:
-        """Names this vGPU: the VM's name for device 0, VM#N for device N."""
-        return slice_key(self.vm, self.device)
+    def key(self) -> VgpuKey:
+        return VgpuKey(self.vm, self.device)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def slice_key(vm: str, device: int = 0) -> str:
-    return vm if device == 0 else f"{vm}#{device}"
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def split_key(key: str) -> tuple[str, int]:
-    """'vm1#1' -> ('vm1', 1); 'vm1' -> ('vm1', 0)."""
-    vm, sep, device = key.rpartition("#")
-    if sep and vm and device.isdigit():
-        return vm, int(device)
-    return key, 0
+def check_row(row: tuple) -> Slice:
+    """A stored row as a Slice, or ValueError saying what is wrong with it."""
+    vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device = row
+    try:
+        check_vm_name(vm)
+    except BadVmName as exc:
+        raise ValueError(str(exc)) from None
+    if not _is_int(device) or not 0 <= device < MAX_VGPUS:
+        raise ValueError(f"device {device!r} is not 0..{MAX_VGPUS - 1}")
+    if not _is_int(mem) or mem <= 0:
+        raise ValueError(f"memory quota {mem!r} is not a positive number of bytes")
+    if not _is_int(compute) or not 0 <= compute <= 100:
+        raise ValueError(f"compute share {compute!r} is not a percentage 0..100")
+    if cid is not None and (not _is_int(cid) or not 3 <= cid <= MAX_CID):
+        raise ValueError(f"CID {cid!r} is not a guest CID (3..{MAX_CID})")
+    if not isinstance(gpu_uuid, str) or not gpu_uuid or len(gpu_uuid) > 128 \
+            or not gpu_uuid.isprintable():
+        raise ValueError(f"GPU UUID {gpu_uuid!r} is not one")
+    if not _is_int(gpu_index) or not 0 <= gpu_index < 4096:
+        raise ValueError(f"GPU index {gpu_index!r} is not one")
+    for v in (created, updated):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"time stamp {v!r} is not a number")
+    return Slice(vm, gpu_uuid, gpu_index, mem, compute, cid, float(created), float(updated),
+                 device)
+
+
+def row_crc(row: tuple) -> int:
+    return zlib.crc32(json.dumps(list(row)).encode())
+
+
+def _describe_sqlite(exc: sqlite3.Error) -> str:
+    return getattr(exc, "sqlite_errorname", "") or type(exc).__name__
 
 
 class StateStore:
+    """``problems``: what was wrong with the state when it was opened and loaded, one
+    line each (the agent logs them at start)."""
+
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.path = self.directory / "slices.db"
+        self.sidecar = self.directory / SIDECAR
+        self.problems: list[str] = []
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            existed = self.path.exists() and self.path.stat().st_size > 0
+            if self.path.exists():
+                self._check_writable()
+            copy = self._read_sidecar()
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
-            self.db.execute(SCHEMA)
+            self.db.execute("BEGIN IMMEDIATE")  # a write lock, or the reason why not
+            self.db.execute("ROLLBACK")
+            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed ({check})")
+            self.db.executescript(SCHEMA)
             self._migrate()
-            self.db.execute("SELECT count(*) FROM vgpus").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise StateError(f"cannot read the slice state {self.path}: {exc}; it was left "
-                             "as it is: move it aside to start empty, or restore a backup") from None
+            self._restore(existed, copy)
+            self._checkpoint()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.directory}: {exc}") from None
+
+    def _check_writable(self) -> None:
+        # sqlite opens a file it may not write read-only, quietly, and in WAL mode
+        # would even take changes into the WAL that never reach the file: ask first
+        try:
+            os.close(os.open(self.path, os.O_RDWR))
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StateError(f"the slice state {self.path} is read-only "
+                                 f"({exc.strerror}); the agent must write it: check its "
+                                 "mode, owner, attributes and filesystem") from None
+            raise
+
+    def _error(self, exc: sqlite3.Error) -> StateError:
+        name = _describe_sqlite(exc)
+        if name.startswith("SQLITE_READONLY") or (
+                self.path.exists() and not os.access(self.path, os.W_OK)):
+            return StateError(f"the slice state {self.path} is read-only ({exc}); the agent "
+                              "must write it: check its mode, owner and filesystem")
+        return StateError(f"cannot read the slice state {self.path}: {exc}; it was left as "
+                          "it is: restore a backup, or move it aside to start empty (libvirt "
+                          "domains get their slices back from their metadata)")
+
+    # -- the sidecar copy -------------------------------------------------------------
+
+    def _read_sidecar(self) -> dict | None:
+        try:
+            doc = json.loads(self.sidecar.read_text())
+            if not (isinstance(doc, dict) and _is_int(doc.get("generation"))
+                    and isinstance(doc.get("vgpus"), list)):
+                raise ValueError("not a copy of the slice table")
+            return doc
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self._problem(f"{self.sidecar} cannot be read ({exc}); it is ignored and "
+                          "rewritten from the database")
+            return None
+
+    def _write_sidecar(self) -> None:
+        rows = self.db.execute(f"SELECT {_SELECT} FROM vgpus ORDER BY vm, device").fetchall()
+        sums = dict(((vm, d), crc) for vm, d, crc in
+                    self.db.execute("SELECT vm, device, crc FROM sums").fetchall())
+        doc = {"generation": self._generation(),
+               "vgpus": [dict(zip(_COLUMNS, r), crc=sums.get((r[0], r[8]))) for r in rows]}
+        tmp = self.sidecar.with_name(SIDECAR + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.sidecar)
+        dfd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _restore(self, existed: bool, copy: dict | None) -> None:
+        """Bring back what the database lost from the sidecar copy, saying so."""
+        ours = self._generation()
+        if copy is None or copy["generation"] <= ours:
+            if copy is None or copy["generation"] < ours or not existed:
+                self._write_sidecar()
+            return
+        why = (f"{self.path} was missing or empty" if not existed else
+               f"{self.path} is older than {self.sidecar} (change {ours} < "
+               f"{copy['generation']}): it lost changes")
+        rows, sums = [], []
+        for r in copy["vgpus"]:
+            if not isinstance(r, dict) or any(c not in r for c in _COLUMNS):
+                continue
+            rows.append(tuple(r[c] for c in _COLUMNS))
+            if r.get("crc") is not None:
+                sums.append((r["vm"], r["device"], r["crc"]))
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.execute("DELETE FROM vgpus")
+            self.db.execute("DELETE FROM sums")
+            self.db.executemany(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES "
+                                "(?,?,?,?,?,?,?,?,?)", rows)
+            self.db.executemany("INSERT OR REPLACE INTO sums VALUES (?,?,?)", sums)
+            self._set_generation(copy["generation"])
+        names = ", ".join(str(VgpuKey(r[0], r[8])) for r in rows) or "none"
+        self._problem(f"{why}: restored {len(rows)} vGPU(s) from {self.sidecar}: {names}")
+
+    # -- reading and writing --------------------------------------------------------------
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)  # the agent logs them
 
     def _migrate(self) -> None:
         old = self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
@@ -104,29 +297,86 @@ class StateStore:
         if old:  # one transaction: either both steps happen or neither
             self.db.executescript("BEGIN;" + _MIGRATE_V1 + "COMMIT;")
 
+    def _generation(self) -> int:
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
+        return row[0] if row and _is_int(row[0]) else 0
+
+    def _set_generation(self, value: int) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (value,))
+
+    def _checkpoint(self) -> None:
+        # The main file then holds every change: a lost WAL loses nothing.
+        self.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def all(self) -> list[Slice]:
-        rows = self.db.execute(f"SELECT {_COLUMNS} FROM vgpus ORDER BY vm, device").fetchall()
-        return [Slice(*row) for row in rows]
+        """Every stored vGPU that passes its checks; the others are reported (and
+        appended to ``problems``), and left in the file."""
+        try:
+            rows = self.db.execute(f"SELECT {_SELECT} FROM vgpus ORDER BY vm, device").fetchall()
+            sums = {(vm, d): crc for vm, d, crc in
+                    self.db.execute("SELECT vm, device, crc FROM sums").fetchall()}
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        out = []
+        for row in rows:
+            who = f"VM {row[0]!r} device {row[8]!r}"
+            try:
+                s = check_row(row)
+            except ValueError as exc:
+                self._problem(f"{who}: the stored row is left out: {exc}")
+                continue
+            crc = sums.get((s.vm, s.device))
+            if crc is not None and crc != row_crc(row):
+                self._problem(f"{who}: the stored row is left out: its values do not match "
+                              "their checksum (changed outside hvgpu, or damaged)")
+                continue
+            out.append(s)
+        return out
 
     def put(self, *slices: Slice) -> None:
         """Write these vGPUs together: all or none."""
         now = time.time()
+        rows = []
         for s in slices:
             s.updated = now
-            s.created = s.created or now
-        with self.db:  # one transaction
-            self.db.execute("BEGIN")
-            self.db.executemany(f"INSERT OR REPLACE INTO vgpus ({_COLUMNS}) "
-                                "VALUES (?,?,?,?,?,?,?,?,?)",
-                                [(s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute, s.cid,
-                                  s.created, s.updated, s.device) for s in slices])
+            s.created = float(s.created or now)
+            row = (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute, s.cid, s.created,
+                   s.updated, s.device)
+            try:  # what could not be loaded back is never stored
+                check_row(row)
+            except ValueError as exc:
+                raise StateError(f"refusing to store vGPU {s.device} of {s.vm!r}: {exc}") \
+                    from None
+            rows.append(row)
+        self._change([(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES (?,?,?,?,?,?,?,?,?)",
+                       rows),
+                      ("INSERT OR REPLACE INTO sums VALUES (?,?,?)",
+                       [(r[0], r[8], row_crc(r)) for r in rows])])
 
     def delete(self, vm: str, device: int | None = None) -> None:
         """One vGPU of ``vm``, or all of them."""
         if device is None:
-            self.db.execute("DELETE FROM vgpus WHERE vm = ?", (vm,))
+            where, args = "vm = ?", (vm,)
         else:
-            self.db.execute("DELETE FROM vgpus WHERE vm = ? AND device = ?", (vm, device))
+            where, args = "vm = ? AND device = ?", (vm, device)
+        self._change([(f"DELETE FROM vgpus WHERE {where}", [args]),
+                      (f"DELETE FROM sums WHERE {where}", [args])])
+
+    def _change(self, steps: list) -> None:
+        """One transaction, then the checkpoint and the sidecar copy."""
+        try:
+            with self.db:
+                self.db.execute("BEGIN")
+                for sql, rows in steps:
+                    self.db.executemany(sql, rows)
+                self._set_generation(self._generation() + 1)
+            self._checkpoint()
+        except sqlite3.Error as exc:
+            raise self._error(exc) from None
+        try:
+            self._write_sidecar()
+        except (OSError, sqlite3.Error) as exc:  # the database has the change: say so, go on
+            self._problem(f"cannot write {self.sidecar}: {exc}")
 
     def close(self) -> None:
         self.db.close()

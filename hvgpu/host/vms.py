@@ -15,6 +15,7 @@ import logging
 import threading
 
 from hvgpu.host.hypervisor import Hypervisor, NoSuchVm
+from hvgpu.host.names import BadDevice, BadVmName, VgpuKey
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import Slice
 from hvgpu.host.transaction import Transaction
@@ -100,6 +101,12 @@ class VmDirectory:
         changes = []
         recorded: dict[str, list] = {}
         for d in self.hv.recorded_slices():
+            try:
+                VgpuKey.of(d.vm, d.device)
+            except (BadVmName, BadDevice) as exc:
+                log.warning("domain %r carries hvgpu metadata that is ignored: %s", d.vm, exc)
+                changes.append(f"{d.vm!r}: its metadata was ignored ({exc})")
+                continue
             recorded.setdefault(d.vm, []).append(d)
         known: dict[str, list[Slice]] = {}
         for s in slices.list():

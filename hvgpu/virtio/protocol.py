@@ -224,6 +224,8 @@ STATUSES: dict[int, tuple[str, str]] = {
     10006: ("HVGPU_ERROR_INTERNAL", "the executor failed unexpectedly"),
     10007: ("HVGPU_ERROR_NO_GPU", "the host agent cannot reach a GPU"),
     10008: ("HVGPU_ERROR_NO_SLICE", "no GPU slice is attached to this VM"),
+    10009: ("HVGPU_ERROR_TOO_MANY_CONNECTIONS", "the VM has as many connections open as the "
+                                                "host agent allows"),
 }
 STATUS_BY_NAME = {name: code for code, (name, _) in STATUSES.items()}
 
@@ -242,6 +244,7 @@ HV_HANDSHAKE = 10005
 HV_INTERNAL = 10006
 HV_NO_GPU = 10007
 HV_NO_SLICE = 10008
+HV_TOO_MANY_CONNECTIONS = 10009
 
 
 def status_name(status: int) -> str:

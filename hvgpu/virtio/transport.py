@@ -8,6 +8,7 @@ anything the peer says. Must not know the protocol above framing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -91,7 +92,18 @@ class Listener:
                 pass
 
 
-def _claim_unix_path(path: str) -> None:
+@contextlib.contextmanager
+def private_umask():
+    """Sockets bound inside are 0600 at birth, whatever the process's umask was: a
+    chmod afterwards would leave a moment when anyone could connect."""
+    old = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def claim_unix_path(path: str) -> None:
     """Remove a stale socket left by a dead agent; refuse to steal a live one."""
     try:
         st = os.stat(path)
@@ -116,9 +128,10 @@ def listen(address: Address | str, backlog: int = 128) -> Listener:
     try:
         if address.scheme in ("unix", "hvsock"):
             path = address.path if address.scheme == "unix" else address.hvsock_listen_path
-            _claim_unix_path(path)
+            claim_unix_path(path)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(path)
+            with private_umask():
+                sock.bind(path)
             sock.listen(backlog)
             return Listener(address, sock, unlink=path)
         if address.scheme == "vsock":

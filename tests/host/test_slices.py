@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from hvgpu.host.inventory import Gpu
+from hvgpu.host.names import VgpuKey
 from hvgpu.host.slices import NoRoom, SliceError, SliceManager, UnknownVm
 from hvgpu.host.state import StateError, StateStore
 
@@ -135,7 +136,7 @@ def test_add_attaches_another_vgpu_and_detach_takes_the_last_first(manager):
     with pytest.raises(SliceError, match="--add for another"):
         manager.attach("vm1", G)
     second, = manager.attach("vm1", 2 * G, add=True)
-    assert second.device == 1 and second.key == "vm1#1"
+    assert second.device == 1 and second.key == VgpuKey("vm1", 1)
     third, = manager.attach("vm1", G, add=True, gpu=second.gpu_index)  # named: may share a GPU
     assert third.gpu_index == second.gpu_index
     assert manager.resize("vm1", mem=3 * G, device=1).mem == 3 * G
@@ -143,8 +144,8 @@ def test_add_attaches_another_vgpu_and_detach_takes_the_last_first(manager):
         manager.detach("vm1", device=1)
     with pytest.raises(SliceError, match="has no vGPU 5; its devices are 0, 1, 2"):
         manager.get("vm1", 5)
-    assert [s.key for s in manager.detach("vm1", device=2)] == ["vm1#2"]
-    assert [s.key for s in manager.detach("vm1")] == ["vm1", "vm1#1"]
+    assert [s.key for s in manager.detach("vm1", device=2)] == [("vm1", 2)]
+    assert [s.key for s in manager.detach("vm1")] == [("vm1", 0), ("vm1", 1)]
     assert manager.list() == []
 
 

@@ -246,6 +246,7 @@ def test_adding_and_detaching_vgpus_and_a_device_the_vm_lacks(two_gpu_agent):
 
 
 def test_vsock_port_plus_n_reaches_vgpu_n_of_the_connecting_vm(two_gpu_agent):
+    from hvgpu.host.names import VgpuKey
     from hvgpu.virtio.address import Address
 
     class VsockListener:  # what the agent opens at --vsock-port + N, as routing sees it
@@ -257,8 +258,8 @@ def test_vsock_port_plus_n_reaches_vgpu_n_of_the_connecting_vm(two_gpu_agent):
     for n, listener in enumerate(ports):
         agent.device_ports[listener] = n
     two_gpu_agent.api.attach("vm1", "8M", cid=7, count=2)
-    assert agent._route(ports[0], "vsock:7:1030") == ("slice", "vm1")
-    assert agent._route(ports[1], "vsock:7:1031") == ("slice", "vm1#1")
+    assert agent._route(ports[0], "vsock:7:1030") == ("slice", VgpuKey("vm1", 0))
+    assert agent._route(ports[1], "vsock:7:1031") == ("slice", VgpuKey("vm1", 1))
     route, why = agent._route(ports[2], "vsock:7:1032")
     assert route == "refuse" and "has 2 vGPU(s), not a device 2" in why
     route, why = agent._route(ports[1], "vsock:8:1033")

@@ -504,6 +504,7 @@ enum hvgpu_status {
     HVGPU_STATUS_HVGPU_ERROR_INTERNAL = 10006,
     HVGPU_STATUS_HVGPU_ERROR_NO_GPU = 10007,
     HVGPU_STATUS_HVGPU_ERROR_NO_SLICE = 10008,
+    HVGPU_STATUS_HVGPU_ERROR_TOO_MANY_CONNECTIONS = 10009,
 };
 
 /* A status's name and description; 0 for numbers the table does not name. */
@@ -543,6 +544,7 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 10006: *name = "HVGPU_ERROR_INTERNAL"; *text = "the executor failed unexpectedly"; return 1;
     case 10007: *name = "HVGPU_ERROR_NO_GPU"; *text = "the host agent cannot reach a GPU"; return 1;
     case 10008: *name = "HVGPU_ERROR_NO_SLICE"; *text = "no GPU slice is attached to this VM"; return 1;
+    case 10009: *name = "HVGPU_ERROR_TOO_MANY_CONNECTIONS"; *text = "the VM has as many connections open as the host agent allows"; return 1;
     default:
         return 0;
     }

@@ -4,7 +4,7 @@ Two modes, both started by the agent, never by hand:
 
 * ``--fd N``: one guest connection with the whole GPU (host-local listeners
   not bound to a VM); exits when that guest disconnects.
-* ``--control-fd N --slice VM``: all connections of one VM's slice, handed over
+* ``--control-fd N --vm VM --vgpu D``: all connections of one VM's vGPU D, handed over
   the control channel; one CUDA context (one MPS client, whose limits the
   agent put in the environment), one thread per guest connection, memory
   reserved in the agent's ledger. Exits when the agent closes the channel, or
@@ -23,10 +23,10 @@ import sys
 import threading
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import lane
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
-from hvgpu.host.state import split_key
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
 
@@ -55,17 +55,17 @@ def open_device(spec: str, gpu: int, vgpu: int = 0):
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 compute: int = 0) -> None:
     quota = RemoteQuota(link)
-    sessions: dict[str, tuple[Session, threading.Thread]] = {}
+    sessions: dict[int, tuple[Session, threading.Thread]] = {}  # by arrival number
     lock = threading.Lock()
     retiring = threading.Event()
 
-    def run(session: Session, key: str) -> None:
+    def run(session: Session, key: int) -> None:
         session.serve()
         with lock:
             sessions.pop(key, None)
             idle = not sessions
         try:
-            link.send({"op": "closed", "peer": session.peer})
+            link.send(lane.CLOSED, peer=session.peer)
         except OSError:
             pass
         if idle and retiring.is_set():
@@ -73,23 +73,23 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
 
     counter = 0
     while True:
-        msg, fds = link.receive()
-        if msg is None:
+        message, msg, fds = link.receive()
+        if message is None:
             break
-        op = msg.get("op")
-        if op == "conn" and fds:
+        if message is lane.CONN:
             counter += 1
-            key = f"{msg['peer']}#{counter}"
+            key = counter
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
                               device_error=error, quota=quota, owns_device=False,
                               slice_name=name, compute=compute, vgpus=quota.vgpus)
-            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            thread = threading.Thread(target=run, args=(session, key),
+                                      name=f"{msg['peer']} ({key})", daemon=True)
             with lock:
                 sessions[key] = (session, thread)
             thread.start()
-        elif op == "reply":
+        elif message is lane.REPLY:
             link.deliver(msg)
-        elif op == "retire":
+        elif message is lane.RETIRE:
             log.info("slice %s: retiring once its %d connections close", name, len(sessions))
             retiring.set()
             with lock:
@@ -113,7 +113,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="hvgpu-executor")
     ap.add_argument("--fd", type=int)
     ap.add_argument("--control-fd", type=int)
-    ap.add_argument("--slice", default="")
+    ap.add_argument("--vm", default="")
+    ap.add_argument("--vgpu", type=int, default=0)
     ap.add_argument("--compute", type=int, default=0)
     ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
@@ -121,13 +122,14 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=DEFAULT_DEVICE)
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
-    who = f"slice {args.slice}" if args.control_fd is not None else args.peer
+    name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
+    who = f"slice {name}" if args.control_fd is not None else args.peer
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
     cache = CompileCache(args.cache_dir)
-    device, error = open_device(args.device, args.gpu, split_key(args.slice)[1])
+    device, error = open_device(args.device, args.gpu, args.vgpu)
     if args.control_fd is not None:
-        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice,
+        serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
                     args.compute)
         return 0
     sock = adopt(args.fd)

@@ -1,19 +1,26 @@
-"""The executor's end of its control channel to the agent.
+"""The executor's end of the executor lane (hvgpu.host.executor.lane).
 
-A slice's executor receives guest connections (their sockets passed with
-SCM_RIGHTS) and orders (retire) from the agent, and asks the agent to
-reserve and release memory in the slice's quota ledger. Messages are JSON,
-one per SOCK_SEQPACKET datagram. Must not serve guests itself (sessions do).
+A slice's executor receives guest connections and orders (retire) from the
+agent, and asks the agent to reserve and release memory in the slice's quota
+ledger. Every message is encoded and checked by the lane's table. Must not
+serve guests itself (sessions do).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
+import logging
+import os
 import threading
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import lane
+from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import receive_message, send_message
+
+log = logging.getLogger("hvgpu.executor")
+
+REPLY_TIMEOUT = 30.0  # the agent answers at once; longer means it is gone or stuck
 
 
 class AgentLink:
@@ -23,36 +30,49 @@ class AgentLink:
         self._ids = itertools.count(1)
         self._waiting: dict[int, list] = {}
 
-    def send(self, msg: dict) -> None:
+    def send(self, message: lane.Message, /, **fields) -> None:
+        data = lane.encode(message, **fields)
         with self._send_lock:
-            send_message(self.sock, json.dumps(msg).encode())
+            send_message(self.sock, data)
 
-    def request(self, msg: dict) -> dict:
+    def request(self, message: lane.Message, /, **fields) -> dict:
         """Send and wait for the agent's reply (delivered by the main loop)."""
         rid = next(self._ids)
         slot = [threading.Event(), None]
         self._waiting[rid] = slot
-        self.send(dict(msg, id=rid))
-        if not slot[0].wait(30):
+        self.send(message, id=rid, **fields)
+        if not slot[0].wait(REPLY_TIMEOUT):
             self._waiting.pop(rid, None)
-            raise CudaError(10006, "the agent did not answer a quota request")
+            raise CudaError(P.HV_INTERNAL, "the agent did not answer a quota request")
         return slot[1]
 
-    def receive(self) -> tuple[dict | None, list[int]]:
+    def receive(self) -> tuple[lane.Message | None, dict, list[int]]:
+        """The agent's next message; (None, {}, []) when the channel ended or the
+        agent sent what the lane does not allow (then this executor ends)."""
         data, fds = receive_message(self.sock)
         if not data:
-            return None, fds
-        return json.loads(data), fds
+            for fd in fds:
+                os.close(fd)
+            return None, {}, []
+        try:
+            message, fields = lane.decode(data, len(fds), lane.TO_EXECUTOR)
+        except lane.LaneError as exc:
+            log.error("the agent sent a message this executor does not understand (%s); "
+                      "ending", exc)
+            for fd in fds:
+                os.close(fd)
+            return None, {}, []
+        return message, fields, fds
 
-    def deliver(self, msg: dict) -> None:
-        slot = self._waiting.pop(msg.get("id"), None)
+    def deliver(self, fields: dict) -> None:
+        slot = self._waiting.pop(fields["id"], None)
         if slot is not None:
-            slot[1] = msg
+            slot[1] = fields
             slot[0].set()
 
     def fail_all(self) -> None:
         for slot in list(self._waiting.values()):
-            slot[1] = {"ok": False, "status": 10006, "message": "the agent went away"}
+            slot[1] = {"ok": False, "status": P.HV_INTERNAL, "message": "the agent went away"}
             slot[0].set()
         self._waiting.clear()
 
@@ -64,17 +84,22 @@ class RemoteQuota:
         self.link = link
 
     def reserve(self, n: int) -> None:
-        reply = self.link.request({"op": "reserve", "n": n})
+        if n > lane.MAX_BYTES:  # the lane carries no such size: no GPU has it
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"{n} bytes is more than any GPU has")
+        reply = self.link.request(lane.RESERVE, n=n)
         if not reply.get("ok"):
-            raise CudaError(reply.get("status", 2), reply.get("message", ""))
+            raise CudaError(reply.get("status", P.CUDA_ERROR_OUT_OF_MEMORY),
+                            reply.get("message", ""))
 
     def release(self, n: int) -> None:
-        self.link.send({"op": "release", "n": n})
+        self.link.send(lane.RELEASE, n=n)
 
     def usage(self) -> tuple[int, int]:
-        reply = self.link.request({"op": "usage"})
+        reply = self.link.request(lane.USAGE)
+        if "used" not in reply:
+            raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
         return reply["used"], reply["limit"]
 
     def vgpus(self) -> int:
         """How many vGPUs the slice's VM has now."""
-        return int(self.link.request({"op": "vgpus"}).get("count", 1))
+        return self.link.request(lane.VGPUS).get("count", 1)

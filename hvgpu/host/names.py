@@ -1,0 +1,100 @@
+"""VM names and vGPU keys: what a VM may be called, and how one vGPU is named.
+
+A VM name reaches the host from the operator (attach, detach, resize), from
+the agent's command line (``--listen ADDR=VM``), from libvirt and from the
+state file; every one of those entry points checks it here, by the rules
+below, so that no name can stand for another VM or for another VM's vGPU.
+A vGPU is keyed by a typed pair (VM, device), never by a joined string.
+
+Must not know where names come from or touch any store: callers check.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from typing import NamedTuple
+
+from hvgpu.errors import HvgpuError
+
+MAX_VGPUS = 8  # per VM: the guest reaches vGPU N at the data lane's port + N
+MAX_NAME_BYTES = 255  # libvirt keeps a domain name in a path component
+# '#' separates a VM from its vGPU number in bindings and in what people read
+# ("vm1#1"); '/' would make a name a path (libvirt refuses it for that reason).
+_RESERVED = {"#": "it separates a VM from its vGPU number (VM#N)",
+             "/": "a name is used in paths"}
+
+
+class BadVmName(HvgpuError):
+    """A VM name that hvgpu refuses (see :func:`check_vm_name`)."""
+
+    code = "bad-vm-name"
+
+
+class BadDevice(HvgpuError):
+    """A vGPU number outside 0..MAX_VGPUS-1."""
+
+    code = "bad-device"
+
+
+def check_vm_name(name) -> str:
+    """``name`` when it is a VM name hvgpu accepts; else :class:`BadVmName` saying why.
+
+    The rules are libvirt's for a domain name (not empty, no '/', no control
+    characters, at most 255 bytes of UTF-8), plus no '#', which hvgpu uses to
+    name a VM's vGPU N as VM#N.
+    """
+    if not isinstance(name, str):
+        raise BadVmName(f"a VM name is text, not {type(name).__name__}")
+    if not name:
+        raise BadVmName("a VM name cannot be empty")
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise BadVmName(f"VM name {name!r} is not valid UTF-8") from None
+    if size > MAX_NAME_BYTES:
+        raise BadVmName(f"VM name {name[:40]!r}... is {size} bytes long; a VM name has at "
+                        f"most {MAX_NAME_BYTES}")
+    for ch in name:
+        if ch in _RESERVED:
+            raise BadVmName(f"VM name {name!r} is refused: it contains {ch!r} "
+                            f"({_RESERVED[ch]})")
+        if unicodedata.category(ch) == "Cc":
+            raise BadVmName(f"VM name {name!r} is refused: it contains the control "
+                            f"character U+{ord(ch):04X}")
+    return name
+
+
+def check_device(device) -> int:
+    if isinstance(device, bool) or not isinstance(device, int) or \
+            not 0 <= device < MAX_VGPUS:
+        raise BadDevice(f"no vGPU {device!r}: a VM's vGPUs are numbered 0..{MAX_VGPUS - 1}")
+    return device
+
+
+class VgpuKey(NamedTuple):
+    """One vGPU: a VM and the guest's device number for it."""
+
+    vm: str
+    device: int = 0
+
+    @classmethod
+    def of(cls, vm, device=0) -> "VgpuKey":
+        """A key from outside values, checked."""
+        return cls(check_vm_name(vm), check_device(device))
+
+    @classmethod
+    def parse(cls, text: str) -> "VgpuKey":
+        """'vm1' -> (vm1, 0); 'vm1#2' -> (vm1, 2): the one place '#' is read.
+
+        Unambiguous because a VM name cannot contain '#'.
+        """
+        vm, sep, device = text.partition("#")
+        if not sep:
+            return cls.of(vm, 0)
+        if not (device.isascii() and device.isdigit()):
+            raise BadDevice(f"{text!r}: after '#' comes a vGPU number "
+                            f"0..{MAX_VGPUS - 1}, not {device!r}")
+        return cls.of(vm, int(device))
+
+    def __str__(self) -> str:  # for people: logs and messages
+        return self.vm if self.device == 0 else f"{self.vm}#{self.device}"
