@@ -544,6 +544,13 @@ class Agent:
         elif message is lane.CLOSED:
             ex.connections = max(0, ex.connections - 1)
             log.info("%s disconnected from slice %s", msg["peer"], ex.key)
+        elif message is lane.POISONED:
+            log.warning("slice %s: executor pid %d hit %s, which poisons every CUDA context "
+                        "of its process; the VM's next connections get a new executor, its %d "
+                        "open ones keep the error until they close", ex.key, ex.process.pid,
+                        P.status_name(msg["status"]), ex.connections)
+            with self.lock:
+                self._retire(ex)
         return None
 
     def _executor_failed(self, ex: SliceExecutor, why: str) -> None:
@@ -614,13 +621,20 @@ class Agent:
                 return False
             # MPS limits are fixed per client process: new connections get a new
             # executor with the new limits; this one ends with its last connection.
-            ex.retiring = True
-            del self.current[key]
-            try:
-                send_message(ex.ctrl, lane.encode(lane.RETIRE))
-            except OSError:
-                pass
+            self._retire(ex)
             return ex.connections > 0
+
+    def _retire(self, ex: SliceExecutor) -> None:
+        """New connections of its vGPU go to a new executor; this one ends with its last."""
+        if ex.retiring:
+            return
+        ex.retiring = True
+        if self.current.get(ex.key) is ex:
+            del self.current[ex.key]
+        try:
+            send_message(ex.ctrl, lane.encode(lane.RETIRE))
+        except OSError:
+            pass
 
     def slice_usage(self, key: VgpuKey) -> tuple[int, list[SliceExecutor]]:
         with self.lock:

@@ -212,6 +212,11 @@ STATUSES: dict[int, tuple[str, str]] = {
     700: ("CUDA_ERROR_ILLEGAL_ADDRESS", "a kernel accessed an illegal address"),
     701: ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
     702: ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out"),
+    714: ("CUDA_ERROR_HARDWARE_STACK_ERROR", "a kernel's call stack overflowed"),
+    715: ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "a kernel executed an illegal instruction"),
+    716: ("CUDA_ERROR_MISALIGNED_ADDRESS", "a kernel accessed a misaligned address"),
+    717: ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "a kernel accessed an invalid address space"),
+    718: ("CUDA_ERROR_INVALID_PC", "a kernel's program counter became invalid"),
     719: ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
     800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
@@ -245,6 +250,11 @@ HV_INTERNAL = 10006
 HV_NO_GPU = 10007
 HV_NO_SLICE = 10008
 HV_TOO_MANY_CONNECTIONS = 10009
+
+
+# Kernel faults: after one, every CUDA call of the process fails (a sticky error),
+# whatever its context; the executor is replaced for the VM's next programs.
+STICKY_STATUSES = frozenset({700, 702, 714, 715, 716, 717, 718, 719})
 
 
 def status_name(status: int) -> str:

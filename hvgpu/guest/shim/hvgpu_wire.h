@@ -492,6 +492,11 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    HVGPU_STATUS_CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
+    HVGPU_STATUS_CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+    HVGPU_STATUS_CUDA_ERROR_MISALIGNED_ADDRESS = 716,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
+    HVGPU_STATUS_CUDA_ERROR_INVALID_PC = 718,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_FAILED = 719,
     HVGPU_STATUS_CUDA_ERROR_NOT_PERMITTED = 800,
     HVGPU_STATUS_CUDA_ERROR_NOT_SUPPORTED = 801,
@@ -532,6 +537,11 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; *text = "a kernel accessed an illegal address"; return 1;
     case 701: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; *text = "too many resources requested for launch"; return 1;
     case 702: *name = "CUDA_ERROR_LAUNCH_TIMEOUT"; *text = "the launch timed out"; return 1;
+    case 714: *name = "CUDA_ERROR_HARDWARE_STACK_ERROR"; *text = "a kernel's call stack overflowed"; return 1;
+    case 715: *name = "CUDA_ERROR_ILLEGAL_INSTRUCTION"; *text = "a kernel executed an illegal instruction"; return 1;
+    case 716: *name = "CUDA_ERROR_MISALIGNED_ADDRESS"; *text = "a kernel accessed a misaligned address"; return 1;
+    case 717: *name = "CUDA_ERROR_INVALID_ADDRESS_SPACE"; *text = "a kernel accessed an invalid address space"; return 1;
+    case 718: *name = "CUDA_ERROR_INVALID_PC"; *text = "a kernel's program counter became invalid"; return 1;
     case 719: *name = "CUDA_ERROR_LAUNCH_FAILED"; *text = "unspecified launch failure"; return 1;
     case 800: *name = "CUDA_ERROR_NOT_PERMITTED"; *text = "operation not permitted"; return 1;
     case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; *text = "operation not supported"; return 1;

@@ -71,6 +71,19 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
         if idle and retiring.is_set():
             link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
 
+    poisoned = threading.Event()
+
+    def poison(status: int) -> None:
+        """A kernel fault poisoned this process: the agent retires it (once)."""
+        if not poisoned.is_set():
+            poisoned.set()
+            log.warning("slice %s: CUDA error %d poisons this executor; asking the agent to "
+                        "replace it for the VM's next programs", name, status)
+            try:
+                link.send(lane.POISONED, status=status)
+            except OSError:
+                pass
+
     counter = 0
     while True:
         message, msg, fds = link.receive()
@@ -81,7 +94,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             key = counter
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
                               device_error=error, quota=quota, owns_device=False,
-                              slice_name=name, compute=compute, vgpus=quota.vgpus)
+                              slice_name=name, compute=compute, vgpus=quota.vgpus,
+                              on_poisoned=poison)
             thread = threading.Thread(target=run, args=(session, key),
                                       name=f"{msg['peer']} ({key})", daemon=True)
             with lock:

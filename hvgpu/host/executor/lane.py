@@ -80,9 +80,11 @@ RELEASE = Message("release", TO_AGENT, (_SIZE,), doc="give n reserved bytes back
 USAGE = Message("usage", TO_AGENT, (_ID,), doc="replied with used and limit")
 VGPUS = Message("vgpus", TO_AGENT, (_ID,), doc="replied with count: the VM's vGPUs now")
 CLOSED = Message("closed", TO_AGENT, (_PEER,), doc="a guest connection ended")
+POISONED = Message("poisoned", TO_AGENT, (Field("status", int, 1, (1 << 31) - 1),),
+                   doc="a kernel fault poisoned this process's CUDA: retire it now")
 
 TABLE: dict[str, Message] = {m.op: m for m in (CONN, RETIRE, REPLY, RESERVE, RELEASE, USAGE,
-                                               VGPUS, CLOSED)}
+                                               VGPUS, CLOSED, POISONED)}
 REQUESTS = (RESERVE, USAGE, VGPUS)  # those that carry an id and wait for a REPLY
 
 

@@ -113,13 +113,16 @@ class Session:
     def __init__(self, sock: socket.socket, device: GpuDevice | None, *, peer: str,
                  cache: CompileCache | None = None, device_error: CudaError | None = None,
                  quota=None, owns_device: bool = True, slice_name: str = "",
-                 compute: int = 0, vgpus: Callable[[], int] | None = None):
+                 compute: int = 0, vgpus: Callable[[], int] | None = None,
+                 on_poisoned: Callable[[int], None] | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.device = device
         self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
         # How many vGPUs the guest's VM has (each its own connection): its device count.
         self.vgpus = vgpus or (lambda: 1)
+        # Called with the status of a kernel fault, which poisons the whole process.
+        self.on_poisoned = on_poisoned or (lambda status: None)
         self.owns_device = owns_device
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
@@ -238,6 +241,8 @@ class Session:
             self.counts["frames"] += launched + (status != 0)
             self.counts["launches"] += launched
         if status:
+            if status in P.STICKY_STATUSES:
+                self.on_poisoned(status)
             err = CudaError(status, "cuLaunchKernel")
             log.debug("%s: LAUNCH_KERNEL seq %d failed: %s", self.peer, seq, err)
             if self.deferred is None:
@@ -274,6 +279,8 @@ class Session:
         return True
 
     def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
+        if err.status in P.STICKY_STATUSES:
+            self.on_poisoned(err.status)
         log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(hdr.op), hdr.seq, err)
         if oneway:
             if self.deferred is None:
