@@ -121,11 +121,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               type=click.Choice(["best-fit", "pack", "spread"]),
               help="How attach chooses a GPU: best-fit (least memory left over), pack (lowest "
                    "index first), spread (most free memory).")
+@click.option("--executor-user", default="hvgpu", show_default=True, metavar="NAME",
+              help="Run executors (the processes that run guests' CUDA work) as this user, "
+                   "without capabilities; install.sh creates it. `root` runs them as root, "
+                   "unconfined by uid. Ignored when the agent is not root.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, log_level):
+          placement, executor_user, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -150,7 +154,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
-                         placement=placement)
+                         placement=placement, executor_user=executor_user)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
