@@ -67,6 +67,8 @@ class RunningAgent:
         self.address = f"unix://{self.socket}"
         self.reports = tmp_path / "reports"
         self.reports.mkdir(exist_ok=True)
+        if executor_user:
+            os.chmod(self.reports, 0o777)  # the double writes there as that user
         self.control = str(tmp_path / "control.sock")
         env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "HVGPU_FAKE_REPORT": str(self.reports)}
