@@ -35,10 +35,10 @@ def results(message: str) -> dict:
 
 def _attempt(fn) -> str:
     try:
-        fn()
+        got = fn()
     except (OSError, subprocess.SubprocessError) as exc:
         return f"denied: {type(exc).__name__}: {exc}"
-    return "ALLOWED"
+    return "ALLOWED" + (f" {json.dumps(sorted(got))}" if isinstance(got, list) else "")
 
 
 def _read(path):

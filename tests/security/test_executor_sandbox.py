@@ -10,6 +10,7 @@ directory must stay writable, and the executor must keep serving.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shlex
@@ -55,6 +56,20 @@ def shared_tmp():
     os.chmod(path, 0o711)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+LITTER = (REPO / "hvgpu-probe", Path("/tmp/hvgpu-probe"), Path("/usr/lib/hvgpu-probe"),
+          Path("/hvgpu-probe"))
+
+
+@pytest.fixture(autouse=True)
+def no_litter():
+    """What a failing test's executor managed to write is removed, not left for the next."""
+    for path in LITTER:
+        path.unlink(missing_ok=True)
+    yield
+    for path in LITTER:
+        path.unlink(missing_ok=True)
 
 
 @pytest.fixture
@@ -121,7 +136,7 @@ def test_a_compromised_executor_reaches_nothing_of_the_host(shared_tmp, tcp_list
             assert status_of(found["pid"])["NoNewPrivs"] == "1"
             Device(connection=conn).allocate(1 << 20).close()  # the same session goes on
         keeps_serving(address)
-        assert not (REPO / "hvgpu-probe").exists() and not Path("/tmp/hvgpu-probe").exists()
+        assert not any(path.exists() for path in LITTER)
     finally:
         running.stop()
 
@@ -217,4 +232,78 @@ def test_executors_run_unprivileged_and_confined(executor_user, shared_tmp, tcp_
         keeps_serving(f"unix://{shared_tmp}/vm1.sock")
     finally:
         agent.kill()  # its executors end on their lifeline
+        agent.wait()
+
+
+def namespace_attack(conn: Connection, tmp: Path, own: Path) -> dict:
+    """What a mount namespace must stop: the same files (they no longer exist for the
+    executor, or are read-only); it restricts neither TCP nor signals."""
+    image = probe_image(
+        read=["/etc/shadow", str(tmp / "state" / "slices.db"), str(tmp / "secret"),
+              "/var/lib", "/root"],
+        listdir=["/home", "/var"],
+        write=["/tmp/hvgpu-probe", str(REPO / "hvgpu-probe"), str(tmp / "state" / "slices.db"),
+               str(tmp / "cache" / "vms" / "vm2" / "probe"), str(tmp / "run" / "probe"),
+               "/usr/lib/hvgpu-probe", "/hvgpu-probe", str(own / "probe")])
+    (tmp / "secret").write_text("the host's\n")
+    seen = probe_image(listdir=[str(tmp), "/"])
+    with pytest.raises(CudaError) as info:
+        ObjectCode.from_cubin(image, connection=conn)
+    found = results(info.value.detail)
+    if found["confinement"].startswith("working directory only"):
+        pytest.skip(f"no Landlock fallback works here: {found['confinement']}")
+    assert found["confinement"].startswith("mount namespace"), found["confinement"]
+    assert found.pop(f"write {own / 'probe'}") == "ALLOWED", found
+    allowed = {k: v for k, v in found.items() if k not in ("pid", "uid", "confinement")
+               and not v.startswith("denied")}
+    assert not allowed, f"a compromised executor could: {allowed} ({found['confinement']})"
+    with pytest.raises(CudaError) as info:  # directories on the way to allowed paths: no more
+        ObjectCode.from_cubin(seen, connection=conn)
+    listed = results(info.value.detail)
+    assert not {"secret", "state", "control.sock"} & set(_names(listed[f"listdir {tmp}"]))
+    assert not {"home", "var", "srv", "mnt", "boot"} & set(_names(listed["listdir /"]))
+    return found
+
+
+def _names(result: str) -> list[str]:
+    return json.loads(result.partition(" ")[2]) if result.startswith("ALLOWED ") else []
+
+
+def test_without_landlock_a_mount_namespace_confines(shared_tmp):
+    running = RunningAgent(shared_tmp, HOSTILE, slices=True, vms=("vm1", "vm2"),
+                           confine="namespace")
+    try:
+        control = ControlClient(running.control)
+        control.call("attach", vm="vm1", mem="40M")
+        control.call("attach", vm="vm2", mem="40M")
+        control.close()
+        keeps_serving(running.vm_address("vm2"))
+        own = shared_tmp / "cache" / "vms" / "vm1"
+        with Connection(running.vm_address("vm1")) as conn:
+            namespace_attack(conn, shared_tmp, own)
+            Device(connection=conn).allocate(1 << 20).close()
+        keeps_serving(running.vm_address("vm1"))
+        assert not any(path.exists() for path in LITTER)
+    finally:
+        running.stop()
+
+
+def test_without_landlock_an_unprivileged_executor_gets_a_user_and_mount_namespace(
+        executor_user, shared_tmp):
+    agent = start_agent(shared_tmp, USER, confine="namespace")
+    try:
+        control = ControlClient(str(shared_tmp / "control.sock"))
+        control.call("attach", vm="vm1", mem="40M")
+        control.call("attach", vm="vm2", mem="40M")
+        control.close()
+        keeps_serving(f"unix://{shared_tmp}/vm2.sock")
+        own = shared_tmp / "cache" / "vms" / "vm1"
+        with Connection(f"unix://{shared_tmp}/vm1.sock") as conn:
+            found = namespace_attack(conn, shared_tmp, own)
+            st = status_of(found["pid"])
+            assert st["Uid"].split() == [str(executor_user.pw_uid)] * 4, st["Uid"]
+            assert st["NoNewPrivs"] == "1" and int(st["CapEff"], 16) == 0
+        keeps_serving(f"unix://{shared_tmp}/vm1.sock")
+    finally:
+        agent.kill()
         agent.wait()

@@ -148,8 +148,8 @@ def main(argv=None) -> int:
     # Confined before any guest input is read: first while this process has one
     # thread, then, narrower, once the driver has loaded what it needs.
     sandbox.private_dirs(args.cache_dir)
-    sandbox.enter(sandbox.startup_paths(sandbox.serving_paths(args.cache_dir, args.allow_read,
-                                                               args.allow_write)), args.confine)
+    sandbox.enter(sandbox.serving_paths(args.cache_dir, args.allow_read, args.allow_write),
+                  args.confine)
     if args.lifeline is not None:
         watch_lifeline(args.lifeline)
     cache = CompileCache(args.cache_dir)

@@ -33,6 +33,7 @@ import sysconfig
 from dataclasses import dataclass, field
 
 from hvgpu.host import landlock
+from hvgpu.host.executor import mountns
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,9 @@ DEVICES = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/null", "/dev/zero", "/dev/f
 # What the driver's start may also touch, before it has run (step 1 only).
 STARTUP_READ = ("/usr", "/lib", "/lib64", "/opt", "/etc")
 STARTUP_WRITE = ("/dev",)
+# A mount namespace is the only layer where there is no Landlock: of /etc it
+# holds only what name lookups and the driver may read, never /etc/shadow.
+NAMESPACE_ETC = ("/etc/passwd", "/etc/group", "/etc/nsswitch.conf", "/etc/nvidia")
 TOOLKIT_DEFAULT = "/usr/local/cuda"
 JIT_CACHE, TMP = "cuda-jit", "tmp"  # under the executor's own cache directory
 
@@ -130,8 +134,16 @@ def startup_paths(serving: Paths) -> Paths:
     return Paths(read=[*serving.read, *STARTUP_READ], write=[*serving.write, *STARTUP_WRITE])
 
 
-def enter(paths: Paths, mode: str = "auto") -> str:
-    """Step 1 (the process must still have one thread). Returns what is in force."""
+def namespace_paths(serving: Paths) -> Paths:
+    """What a mount namespace holds: the driver's start and serving, in one layer."""
+    return Paths(read=[*serving.read, *(p for p in STARTUP_READ if p != "/etc"), *NAMESPACE_ETC],
+                 write=[*serving.write, *STARTUP_WRITE])
+
+
+def enter(serving: Paths, mode: str = "auto") -> str:
+    """Step 1 (the process must still have one thread), given what serving will need.
+    Returns what is in force."""
+    paths = startup_paths(serving)
     if mode == "none":
         return _record("none: --confine none (tests and debugging only)")
     abi = landlock.abi_version() if mode == "auto" else 0
@@ -146,14 +158,13 @@ def enter(paths: Paths, mode: str = "auto") -> str:
             return _record(_landlock_words(abi, paths, "startup"))
     elif mode == "auto":
         log.info("this kernel has no Landlock; trying a mount namespace")
+    paths = namespace_paths(serving)
     try:
-        from hvgpu.host.executor import mountns
-
-        mountns.enter(paths)
-    except (OSError, ImportError) as exc:
+        mountns.enter(paths.read, paths.write)
+    except OSError as exc:
         log.warning("no mount namespace either (%s): only the empty working directory", exc)
-        return _record(f"working directory only: no Landlock, no mount namespace ({exc}); "
-                       f"the executor's uid is all that confines it")
+        return _record(f"working directory only (no Landlock; no mount namespace: {exc}): "
+                       "the executor's uid is all that confines it")
     _log_rules("mount namespace", paths)
     _layers.append("namespace")
     return _record(f"mount namespace ({len(paths.read)} paths read-only, "
