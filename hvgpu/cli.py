@@ -144,6 +144,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
       hvgpu agent --listen hvsock:///run/firecracker/vm1.vsock:5170=vm1
     """
     from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir, default_state_dir
+    from hvgpu.host.launch import default_run_dir
     from hvgpu.host.control import ControlAPI
     from hvgpu.host.control_lane import default_socket, serve
     from hvgpu.host.inventory import read_gpus
@@ -154,7 +155,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
-                         placement=placement, executor_user=executor_user)
+                         placement=placement, executor_user=executor_user,
+                         run_dir=default_run_dir())
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()

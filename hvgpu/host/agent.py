@@ -30,7 +30,7 @@ from typing import Callable
 
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.executor import sandbox
-from hvgpu.host.launch import Launcher, default_run_dir
+from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
 from hvgpu.host.slices import MAX_VGPUS, SliceManager
@@ -61,7 +61,9 @@ class AgentConfig:
     # Executors run as this user (as root; `hvgpu agent` says "hvgpu"); None: as the
     # agent's own user (tests, the demo). See hvgpu.host.launch.
     executor_user: str | None = None
-    run_dir: str | None = None  # MPS pipes and logs, executors' empty cwd; None: default_run_dir()
+    # MPS pipes and logs, executors' empty cwd (`hvgpu agent`: launch.default_run_dir());
+    # None: a private temporary one
+    run_dir: str | None = None
     confine: str = "auto"  # executor/sandbox.MODES; "none" for tests and debugging only
     executor_read: list[str] = field(default_factory=list)  # more paths executors may read
     executor_write: list[str] = field(default_factory=list)  # ... and write (tests' doubles)
@@ -121,8 +123,7 @@ class Agent:
                 self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
         self.libvirt_reason = "no libvirt URI configured"
-        self.launcher = Launcher(config.executor_user, config.run_dir or default_run_dir(),
-                                 config.cache_dir)
+        self.launcher = Launcher(config.executor_user, config.run_dir, config.cache_dir)
         self.mps = MpsDaemon(self.launcher.run_dir / "mps")
         self._mps_started = False
         self._selector = selectors.DefaultSelector()

@@ -20,8 +20,10 @@ import logging
 import os
 import pwd
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,8 +32,7 @@ from hvgpu.errors import HvgpuError
 log = logging.getLogger(__name__)
 
 DEFAULT_USER = "hvgpu"
-CREATE_USER = ("useradd --system --no-create-home --shell /usr/sbin/nologin hvgpu "
-               "(install.sh does it when run as root)")
+CREATE_USER = "useradd --system --no-create-home --shell /usr/sbin/nologin {name}"
 # The agent's environment may hold secrets; an executor gets only these.
 ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH"}
 ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "__NV", "HVGPU_", "PYTHON", "COV_CORE_")
@@ -78,8 +79,10 @@ def resolve_user(name: str | None) -> ExecutorUser:
     except KeyError:
         raise ExecutorUserError(
             f"no user {name!r} to run executors as: create it with "
-            f"`{CREATE_USER.replace('hvgpu', name, 2)}`, or start the agent with "
-            "--executor-user root to run executors as root, unconfined by uid") from None
+            f"`{CREATE_USER.format(name=name)}`"
+            + (" (install.sh does, run as root)" if name == DEFAULT_USER else "")
+            + ", or start the agent with --executor-user root to run executors as root, "
+            "unconfined by uid") from None
     if pw.pw_uid == 0:
         return own
     groups = [pw.pw_gid]
@@ -132,10 +135,12 @@ class Lifeline:
 class Launcher:
     """Starts executor processes with the identity and directories they may use."""
 
-    def __init__(self, user: str | None, run_dir: str, cache_dir: str | None):
+    def __init__(self, user: str | None, run_dir: str | None, cache_dir: str | None):
+        """``run_dir`` None: a private one of this launcher's, removed by close()."""
         self.requested = user
         self.user = resolve_user(None)  # until prepare() resolves the one asked for
-        self.run_dir = Path(run_dir)
+        self._own_run_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="hvgpu-run-"))
         self.workdir = self.run_dir / "empty"
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.lifeline = Lifeline()
@@ -145,13 +150,13 @@ class Launcher:
         that user can start one; raises ExecutorUserError with what to fix."""
         self.user = resolve_user(self.requested)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.run_dir, 0o755)  # executors traverse it to their MPS pipes
+        os.chmod(self.run_dir, 0o711)  # executors traverse it to their MPS pipes, list nothing
         self.workdir.mkdir(exist_ok=True)
         os.chmod(self.workdir, 0o555)  # empty, and nobody's to fill
         if self.cache_dir is not None:
             (self.cache_dir / "vms").mkdir(parents=True, exist_ok=True)
             for d in (self.cache_dir, self.cache_dir / "vms"):
-                os.chmod(d, 0o755)
+                os.chmod(d, 0o711)  # traversed to each VM's own; VM names not listed
         if self.user.switch:
             self._check_reachable()
 
@@ -211,12 +216,16 @@ class Launcher:
 
     def _check_reachable(self) -> None:
         """The executor user must be able to run the interpreter and import hvgpu."""
-        probe = subprocess.run([sys.executable, "-c", "import hvgpu.host.executor.__main__"],
-                               env=self.environment(), cwd=self.workdir, capture_output=True,
-                               text=True, timeout=120, stdin=subprocess.DEVNULL,
-                               **self.user.popen_args())
-        if probe.returncode != 0:
-            why = (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[-1]
+        try:
+            probe = subprocess.run([sys.executable, "-c", "import hvgpu.host.executor.__main__"],
+                                   env=self.environment(), cwd=self.workdir, capture_output=True,
+                                   text=True, timeout=120, stdin=subprocess.DEVNULL,
+                                   **self.user.popen_args())
+            why = "" if probe.returncode == 0 else \
+                (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[-1]
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = str(exc)
+        if why:
             raise ExecutorUserError(
                 f"user {self.user.name!r} cannot start an executor with {sys.executable} "
                 f"({why}): install hvgpu where that user can read and execute it (every "
@@ -225,3 +234,5 @@ class Launcher:
 
     def close(self) -> None:
         self.lifeline.close()
+        if self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)

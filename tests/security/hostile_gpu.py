@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 
 from hvgpu.errors import CudaError
 from tests.fake_gpu import FakeDevice
@@ -25,7 +26,8 @@ PROBE = b"HVGPU-PROBE\n"
 
 def probe_image(**targets) -> bytes:
     """The module image that asks for ``targets``: read=[...], write=[...], listdir=[...],
-    unix=[socket paths], tcp=PORT, signal=PID, run=[argv]."""
+    unix=[socket paths], tcp=PORT, signal=PID, run=[argv], python=True (start the
+    interpreter as the NVRTC child would: the one thing that must work)."""
     return PROBE + json.dumps(targets).encode()
 
 
@@ -91,6 +93,9 @@ def run_probes(targets: dict) -> dict:
         out["SIGCONT"] = _attempt(lambda: os.kill(pid, signal.SIGCONT))  # harmless if it lands
     if "run" in targets:
         out["run"] = _attempt(lambda: _run(targets["run"]))
+    if targets.get("python"):  # what the NVRTC child needs: the interpreter and hvgpu
+        out["python child"] = _attempt(lambda: _run(
+            [sys.executable, "-c", "import hvgpu.host.executor.__main__, numpy"]))
     try:
         from hvgpu.host.executor import sandbox
         out["confinement"] = sandbox.describe()

@@ -89,7 +89,7 @@ def attack(conn: Connection, tmp: Path, agent_pid: int, port: int, own: Path,
         write=["/tmp/hvgpu-probe", str(REPO / "hvgpu-probe"), str(tmp / "state" / "slices.db"),
                str(tmp / "cache" / "vms" / "vm2" / "probe"), str(tmp / "run" / "probe"),
                str(tmp / "reports" / ".." / "probe"), str(own / "probe")],
-        unix=list(unix), tcp=port, signal=agent_pid, run=["/bin/true"])
+        unix=list(unix), tcp=port, signal=agent_pid, run=["/bin/true"], python=True)
     with pytest.raises(CudaError) as info:
         ObjectCode.from_cubin(image, connection=conn)
     return results(info.value.detail)
@@ -97,8 +97,10 @@ def attack(conn: Connection, tmp: Path, agent_pid: int, port: int, own: Path,
 
 def check(found: dict, own: Path) -> None:
     """Every attempt refused by the kernel (EACCES/EPERM, not a missing file); the
-    executor's own cache directory writable (the confinement is not just broken)."""
+    executor's own cache directory writable and a Python child (NVRTC's) startable:
+    the confinement is not just broken."""
     assert found.pop(f"write {own / 'probe'}") == "ALLOWED", found
+    assert found.pop("python child") == "ALLOWED", found
     allowed = {k: v for k, v in found.items() if k not in ("pid", "uid", "confinement")
                and not v.startswith("denied: PermissionError")}
     assert not allowed, f"a compromised executor could: {allowed} ({found['confinement']})"
@@ -244,7 +246,7 @@ def namespace_attack(conn: Connection, tmp: Path, own: Path) -> dict:
         listdir=["/home", "/var"],
         write=["/tmp/hvgpu-probe", str(REPO / "hvgpu-probe"), str(tmp / "state" / "slices.db"),
                str(tmp / "cache" / "vms" / "vm2" / "probe"), str(tmp / "run" / "probe"),
-               "/usr/lib/hvgpu-probe", "/hvgpu-probe", str(own / "probe")])
+               "/usr/lib/hvgpu-probe", "/hvgpu-probe", str(own / "probe")], python=True)
     (tmp / "secret").write_text("the host's\n")
     seen = probe_image(listdir=[str(tmp), "/"])
     with pytest.raises(CudaError) as info:
@@ -254,6 +256,7 @@ def namespace_attack(conn: Connection, tmp: Path, own: Path) -> dict:
         pytest.skip(f"no Landlock fallback works here: {found['confinement']}")
     assert found["confinement"].startswith("mount namespace"), found["confinement"]
     assert found.pop(f"write {own / 'probe'}") == "ALLOWED", found
+    assert found.pop("python child") == "ALLOWED", found
     allowed = {k: v for k, v in found.items() if k not in ("pid", "uid", "confinement")
                and not v.startswith("denied")}
     assert not allowed, f"a compromised executor could: {allowed} ({found['confinement']})"
