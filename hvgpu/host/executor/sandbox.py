@@ -7,8 +7,10 @@ in two steps:
 1. :func:`enter`, while the process has one thread, before the GPU is opened:
    Landlock over everything the driver's start may touch (:func:`startup_paths`);
    where the kernel has no Landlock, a private mount namespace that holds only
-   those paths; where neither can be had, only the empty working directory the
-   agent gave it. Every thread the driver starts later inherits this layer.
+   those paths, with just a few files of /etc (:func:`namespace_paths`: it is
+   the only layer then); where neither can be had, only the empty working
+   directory the agent gave it. Every thread the driver starts later inherits
+   this layer.
 2. :func:`narrow`, once the GPU is open and the driver's libraries are loaded:
    a second Landlock layer over what serving needs (:func:`serving_paths`).
    Landlock binds the calling thread and the threads and processes it starts
