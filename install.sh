@@ -23,7 +23,26 @@ if [ -n "$missing" ]; then
         exit 1
     fi
 fi
+# Executors (the processes that run guests' CUDA work) run as this system user,
+# without capabilities (hvgpu agent --executor-user); it needs the GPU's device
+# nodes, which some hosts give to group video.
+if [ "$(id -u)" = 0 ]; then
+    if ! id -u hvgpu >/dev/null 2>&1; then
+        echo "install.sh: creating the system user hvgpu for executors"
+        useradd --system --no-create-home --shell /usr/sbin/nologin hvgpu
+    fi
+    if getent group video >/dev/null && [[ " $(id -nG hvgpu) " != *" video "* ]]; then
+        usermod -a -G video hvgpu
+    fi
+else
+    echo "install.sh: not root: the agent will run executors as your own user" >&2
+fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 echo "install.sh: installing hvgpu[$extra] into .venv (CuPy and cuda-bindings are large downloads)"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extra]"
+if [ "$(id -u)" = 0 ] && ! su -s /bin/sh hvgpu -c "$PWD/.venv/bin/python -c 'import hvgpu'" >/dev/null 2>&1; then
+    echo "install.sh: warning: user hvgpu cannot run $PWD/.venv/bin/python (a directory above" \
+         "it is not searchable?); the agent refuses to start executors until it can:" \
+         "install under /opt, for example" >&2
+fi
 echo "install.sh: done; try .venv/bin/hvgpu demo"

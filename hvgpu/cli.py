@@ -126,11 +126,15 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               show_default=True, metavar="N",
               help="Open connections a VM may have at once, over all its vGPUs; more are "
                    "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
+@click.option("--executor-user", default="hvgpu", show_default=True, metavar="NAME",
+              help="Run executors (the processes that run guests' CUDA work) as this user, "
+                   "without capabilities; install.sh creates it. `root` runs them as root, "
+                   "unconfined by uid. Ignored when the agent is not root.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, log_level):
+          placement, max_connections_per_vm, executor_user, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -145,6 +149,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
       hvgpu agent --listen hvsock:///run/firecracker/vm1.vsock:5170=vm1
     """
     from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir, default_state_dir
+    from hvgpu.host.launch import default_run_dir
     from hvgpu.host.control import ControlAPI
     from hvgpu.host.control_lane import default_socket, serve
     from hvgpu.host.inventory import read_gpus
@@ -155,7 +160,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
-                         placement=placement, max_connections_per_vm=max_connections_per_vm)
+                         placement=placement, max_connections_per_vm=max_connections_per_vm,
+                         executor_user=executor_user, run_dir=default_run_dir())
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()

@@ -52,15 +52,23 @@ def pytest_collection_modifyitems(config, items):
 
 class RunningAgent:
     """An agent in a thread; with ``slices``, a state directory, a control lane
-    and unix sockets bound to VMs (``vm_address(name)``)."""
+    and unix sockets bound to VMs (``vm_address(name)``).
+
+    Executors confine themselves as in production (``confine``), as the agent's
+    own user unless ``executor_user`` says otherwise; what the test double
+    writes (``reports``) is the one extra path they may write."""
 
     def __init__(self, tmp_path: Path, device: str | None, extra_listen=(), *,
                  slices: bool = False, vms=(), gpus=None, mps: bool = False,
-                 connect: str | None = None):
+                 connect: str | None = None, executor_user: str | None = None,
+                 confine: str = "auto", executor_read=(), executor_write=()):
         self.tmp = tmp_path
         self.socket = tmp_path / "agent.sock"
         self.address = f"unix://{self.socket}"
         self.reports = tmp_path / "reports"
+        self.reports.mkdir(exist_ok=True)
+        if executor_user:
+            os.chmod(self.reports, 0o777)  # the double writes there as that user
         self.control = str(tmp_path / "control.sock")
         env = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
                "HVGPU_FAKE_REPORT": str(self.reports)}
@@ -69,7 +77,10 @@ class RunningAgent:
         self.config = AgentConfig(listen=listen, vsock_port=None,
                                   cache_dir=str(tmp_path / "cache"), device=device,
                                   state_dir=str(tmp_path / "state") if slices else None,
-                                  mps=mps, log_level="DEBUG", env=env, connect=connect)
+                                  mps=mps, log_level="DEBUG", env=env, connect=connect,
+                                  executor_user=executor_user, run_dir=str(tmp_path / "run"),
+                                  confine=confine, executor_read=list(executor_read),
+                                  executor_write=[str(self.reports), *executor_write])
         self.gpus = gpus or fake_gpus
         self.agent = Agent(self.config, gpus=self.gpus)
         self.agent.start()

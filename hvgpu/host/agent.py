@@ -26,7 +26,6 @@ import os
 import selectors
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -36,6 +35,8 @@ from typing import Callable
 
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.executor import lane
+from hvgpu.host.executor import sandbox
+from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
 from hvgpu.host.names import MAX_VGPUS, VgpuKey
@@ -67,6 +68,15 @@ class AgentConfig:
     connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
     placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
     max_connections_per_vm: int = 64  # open at once, over all of a VM's vGPUs
+    # Executors run as this user (as root; `hvgpu agent` says "hvgpu"); None: as the
+    # agent's own user (tests, the demo). See hvgpu.host.launch.
+    executor_user: str | None = None
+    # MPS pipes and logs, executors' empty cwd (`hvgpu agent`: launch.default_run_dir());
+    # None: a private temporary one
+    run_dir: str | None = None
+    confine: str = "auto"  # executor/sandbox.MODES; "none" for tests and debugging only
+    executor_read: list[str] = field(default_factory=list)  # more paths executors may read
+    executor_write: list[str] = field(default_factory=list)  # ... and write (tests' doubles)
 
 
 @dataclass
@@ -159,7 +169,8 @@ class Agent:
                 self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
         self.libvirt_reason = "no libvirt URI configured"
-        self.mps = MpsDaemon(Path(config.state_dir or "/tmp/hvgpu") / "mps")
+        self.launcher = Launcher(config.executor_user, config.run_dir, config.cache_dir)
+        self.mps = MpsDaemon(self.launcher.run_dir / "mps")
         self._mps_started = False
         self._selector = selectors.DefaultSelector()
         self._stop = threading.Event()
@@ -209,6 +220,12 @@ class Agent:
         if not self.listeners:
             raise TransportError("the agent has nowhere to listen: "
                                  + ("; ".join(failures) or "no address configured"))
+        self.launcher.prepare()  # on failure, start() closes what was opened
+        if self.launcher.user.switch:
+            self.mps.group = self.launcher.user.gid
+        log.log(logging.WARNING if self.launcher.requested == "root" else logging.INFO,
+                "executors run %s; confined by %s", self.launcher.describe(),
+                sandbox.available(self.config.confine))
         self._selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
         if self.slices is not None:
             if self.config.mps:
@@ -482,7 +499,7 @@ class Agent:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
                                                       "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
-                                                      "--gpu", "0"], env)
+                                                      "--gpu", "0"], env, vm=key.vm)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
                              default=0)
@@ -646,16 +663,21 @@ class Agent:
         return self._start_executor(fd, ["--fd", str(fd), "--peer", peer,
                                          "--gpu", str(self.config.gpu)], {})
 
-    def _start_executor(self, fd: int, args: list[str], env: dict) -> subprocess.Popen:
-        """An executor process inheriting ``fd``, with the agent's common options."""
-        cmd = [sys.executable, "-m", "hvgpu.host.executor", *args,
-               "--log-level", self.config.log_level]
-        if self.config.cache_dir:
-            cmd += ["--cache-dir", self.config.cache_dir]
+    def _start_executor(self, fd: int, args: list[str], env: dict,
+                        vm: str | None = None) -> subprocess.Popen:
+        """An executor process inheriting ``fd``, with the agent's common options; ``vm``:
+        whose cache directory it gets (None: a host-local one)."""
+        args = [*args, "--log-level", self.config.log_level, "--confine", self.config.confine]
+        cache = self.launcher.cache_for(vm)
+        if cache:
+            args += ["--cache-dir", cache]
         if self.config.device:
-            cmd += ["--device", self.config.device]
-        return subprocess.Popen(cmd, pass_fds=(fd,), env={**os.environ, **self.config.env, **env},
-                                stdin=subprocess.DEVNULL)
+            args += ["--device", self.config.device]
+        for flag, paths in (("--allow-read", self.config.executor_read),
+                            ("--allow-write", self.config.executor_write)):
+            for path in paths:
+                args += [flag, path]
+        return self.launcher.popen(args, fd, self.launcher.environment(self.config.env, env))
 
     def _reap(self) -> None:
         for sx in list(self.ending):
@@ -729,6 +751,7 @@ class Agent:
         if self._state_lock is not None:
             self._state_lock.close()
             self._state_lock = None
+        self.launcher.close()  # any executor still alive ends on its lifeline
         log.info("agent stopped")
 
 

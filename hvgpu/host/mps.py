@@ -5,6 +5,13 @@ Each slice's executor is an MPS client started with
 ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (its memory quota), so the driver itself
 enforces both. The limits are read once, when the client process starts:
 a running executor keeps the ones it started with. Must not start clients.
+
+The pipe and log directories live in the agent's runtime directory, not its
+state directory (0700): executors run as another user and must reach them.
+MPS starts one server per client uid, as that uid, so the server (the
+executor user) writes there too: with ``group`` (the executor user's gid)
+both directories are the agent's and that group's (2770), reachable by no one
+else.
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ CONTROL = "nvidia-cuda-mps-control"
 
 
 class MpsDaemon:
-    def __init__(self, directory: str | os.PathLike):
+    def __init__(self, directory: str | os.PathLike, group: int | None = None):
         self.directory = Path(directory)
+        self.group = group
         self.pipe_dir = self.directory / "pipe"
         self.log_dir = self.directory / "log"
         self.running = False
@@ -38,8 +46,7 @@ class MpsDaemon:
         if binary is None:
             self.reason = f"{CONTROL} is not installed; compute is time-shared"
             return False
-        self.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._make_dirs()
         env = dict(os.environ, **self.base_env)
         if (self.pipe_dir / "control").exists():
             probe = subprocess.run([binary], input="get_server_list\n", env=env, text=True,
@@ -57,6 +64,14 @@ class MpsDaemon:
         log.info("started the MPS control daemon (pipes in %s)", self.pipe_dir)
         self.running = True
         return True
+
+    def _make_dirs(self) -> None:
+        for d in (self.directory, self.pipe_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+            if self.group is not None:
+                os.chown(d, os.geteuid(), self.group, follow_symlinks=False)
+            os.chmod(d, (0o750 if d == self.directory else 0o2770) if self.group is not None
+                     else 0o700, follow_symlinks=False)
 
     def client_env(self, mem: int, compute: int) -> dict:
         """Environment of an executor that must stay within (mem, compute)."""

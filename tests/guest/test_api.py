@@ -115,10 +115,10 @@ def test_compile_errors_carry_the_log_and_options_travel(conn):
 
 def test_compiled_modules_are_cached_on_the_host(conn, fake_agent):
     Program(SAXPY, connection=conn).compile()
-    cached = list((fake_agent.socket.parent / "cache").glob("*.cubin"))
+    cached = list((fake_agent.socket.parent / "cache").rglob("*.cubin"))
     assert len(cached) == 1
     Program(SAXPY, connection=conn).compile()
-    assert list((fake_agent.socket.parent / "cache").glob("*.cubin")) == cached
+    assert list((fake_agent.socket.parent / "cache").rglob("*.cubin")) == cached
 
 
 def test_ptx_loads_and_unloading_drops_its_kernels(conn):

@@ -62,6 +62,7 @@ def test_a_second_agent_on_the_same_control_socket_leaves_it_alone(first, tmp_pa
     with pytest.raises(TransportError, match="already listening"):
         serve(ControlAPI.__new__(ControlAPI), first.control)
     out = CliRunner().invoke(cli, ["--control", first.control, "agent", "--no-vsock",
+                                   "--executor-user", "root",  # (not what is tried here)
                                    "--state-dir", str(tmp_path / "other-state"),
                                    "--listen", f"unix://{tmp_path}/other.sock"])
     assert out.exit_code == 1 and "already listening on" in out.output

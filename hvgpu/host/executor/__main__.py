@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import socket
 import sys
 import threading
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor import lane
+from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
 from hvgpu.host.executor.session import Session
@@ -50,6 +52,21 @@ def open_device(spec: str, gpu: int, vgpu: int = 0):
     except Exception as exc:  # keep answering the guests, with the reason
         log.exception("device setup failed")
         return None, CudaError(P.HV_INTERNAL, f"executor could not open GPU {gpu}: {exc!r}")
+
+
+def watch_lifeline(fd: int) -> None:
+    """End this process once the agent is gone: only the agent holds the pipe's write
+    end, so EOF here means it exited or was killed (even with SIGKILL)."""
+    def wait() -> None:
+        try:
+            while os.read(fd, 64):
+                pass
+        except OSError:
+            pass
+        log.warning("the agent is gone: ending")
+        os._exit(0)
+
+    threading.Thread(target=wait, name="lifeline", daemon=True).start()
 
 
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
@@ -135,13 +152,27 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--device", default=DEFAULT_DEVICE)
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--lifeline", type=int, help="read end of the agent's lifeline pipe")
+    ap.add_argument("--confine", default="auto", choices=sandbox.MODES)
+    ap.add_argument("--allow-read", action="append", default=[], metavar="PATH")
+    ap.add_argument("--allow-write", action="append", default=[], metavar="PATH")
     args = ap.parse_args(argv)
     name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
     who = f"slice {name}" if args.control_fd is not None else args.peer
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
+    # Confined before any guest input is read: first while this process has one
+    # thread, then, narrower, once the driver has loaded what it needs.
+    sandbox.private_dirs(args.cache_dir)
+    sandbox.enter(sandbox.serving_paths(args.cache_dir, args.allow_read, args.allow_write),
+                  args.confine)
+    if args.lifeline is not None:
+        watch_lifeline(args.lifeline)
     cache = CompileCache(args.cache_dir)
     device, error = open_device(args.device, args.gpu, args.vgpu)
+    log.info("confinement: %s; uid %d, gid %d", sandbox.narrow(
+        sandbox.serving_paths(args.cache_dir, args.allow_read, args.allow_write)),
+        os.getuid(), os.getgid())
     if args.control_fd is not None:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
                     args.compute)

@@ -1,0 +1,238 @@
+"""How the agent starts an executor process: as which user, with which
+environment, working directory, cache directory and lifeline.
+
+Executors parse guest modules and run NVRTC on guest source, so they are
+treated as compromisable: they run as a dedicated unprivileged user (no
+capabilities), get an environment stripped of the agent's own variables, an
+empty working directory, a cache directory of their VM's own, and the read
+end of a pipe whose write end only the agent holds (the executor ends itself
+when it reads EOF: an executor never outlives the agent, even after kill -9).
+The executor then confines itself (``executor/sandbox.py``).
+
+Must not decide which executors run or talk to them (``agent.py`` does), and
+must not confine them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from hvgpu.errors import HvgpuError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_USER = "hvgpu"
+CREATE_USER = "useradd --system --no-create-home --shell /usr/sbin/nologin {name}"
+# The agent's environment may hold secrets; an executor gets only these.
+ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH"}
+ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "__NV", "HVGPU_", "PYTHON", "COV_CORE_")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+class ExecutorUserError(HvgpuError):
+    """The executor user cannot be used."""
+
+    code = "executor-user"
+
+
+@dataclass(frozen=True)
+class ExecutorUser:
+    """Who executors run as; ``switch`` is False when they run as the agent's own user."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...] = ()
+    switch: bool = False
+
+    def popen_args(self) -> dict:
+        if not self.switch:
+            return {}
+        return {"user": self.uid, "group": self.gid, "extra_groups": list(self.groups)}
+
+    def __str__(self) -> str:
+        return f"{self.name} (uid {self.uid}, gid {self.gid})"
+
+
+def resolve_user(name: str | None) -> ExecutorUser:
+    """The identity executors get. ``None``: the agent's own user (tests, demos).
+
+    As root, a missing user is an error that says how to create it; ``root``
+    keeps executors as root (the caller logs that they are not confined by uid).
+    Not as root there is nothing to drop: executors run as the agent's user."""
+    uid, gid = os.geteuid(), os.getegid()
+    own = ExecutorUser(_user_name(uid), uid, gid)
+    if name is None or uid != 0 or name == "root":
+        return own
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise ExecutorUserError(
+            f"no user {name!r} to run executors as: create it with "
+            f"`{CREATE_USER.format(name=name)}`"
+            + (" (install.sh does, run as root)" if name == DEFAULT_USER else "")
+            + ", or start the agent with --executor-user root to run executors as root, "
+            "unconfined by uid") from None
+    if pw.pw_uid == 0:
+        return own
+    groups = [pw.pw_gid]
+    try:
+        groups = os.getgrouplist(name, pw.pw_gid)
+    except OSError:
+        pass
+    extra = tuple(sorted({g for g in groups if g != pw.pw_gid}))
+    return ExecutorUser(name, pw.pw_uid, pw.pw_gid, extra, switch=True)
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def safe_name(vm: str) -> str:
+    """A directory name for a VM: the name itself when it is plainly safe, else a hash."""
+    if _SAFE_NAME.fullmatch(vm) and vm not in (".", ".."):
+        return vm
+    return "vm-" + hashlib.sha256(vm.encode()).hexdigest()[:16]
+
+
+def default_run_dir() -> str:
+    """/run/hvgpu for root, $XDG_RUNTIME_DIR/hvgpu (or /tmp/hvgpu-UID) otherwise."""
+    if os.geteuid() == 0:
+        return "/run/hvgpu"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return str(Path(runtime) / "hvgpu") if runtime else f"/tmp/hvgpu-{os.geteuid()}"
+
+
+class Lifeline:
+    """A pipe whose write end only the agent holds (close-on-exec, never passed on):
+    every executor gets the read end and sees EOF once the agent is gone."""
+
+    def __init__(self):
+        self.read_fd, self._write_fd = os.pipe()  # both close-on-exec
+
+    def close(self) -> None:
+        for fd in (self._write_fd, self.read_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.read_fd = self._write_fd = -1
+
+
+class Launcher:
+    """Starts executor processes with the identity and directories they may use."""
+
+    def __init__(self, user: str | None, run_dir: str | None, cache_dir: str | None):
+        """``run_dir`` None: a private one of this launcher's, removed by close()."""
+        self.requested = user
+        self.user = resolve_user(None)  # until prepare() resolves the one asked for
+        self._own_run_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="hvgpu-run-"))
+        self.workdir = self.run_dir / "empty"
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.lifeline = Lifeline()
+
+    def prepare(self) -> None:
+        """Resolve the executor user, create the directories executors need and check
+        that user can start one; raises ExecutorUserError with what to fix."""
+        self.user = resolve_user(self.requested)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.run_dir, 0o711)  # executors traverse it to their MPS pipes, list nothing
+        self.workdir.mkdir(exist_ok=True)
+        os.chmod(self.workdir, 0o555)  # empty, and nobody's to fill
+        if self.cache_dir is not None:
+            (self.cache_dir / "vms").mkdir(parents=True, exist_ok=True)
+            for d in (self.cache_dir, self.cache_dir / "vms"):
+                os.chmod(d, 0o711)  # traversed to each VM's own; VM names not listed
+        if self.user.switch:
+            self._check_reachable()
+
+    def describe(self) -> str:
+        if self.user.switch:
+            return f"as user {self.user}, no capabilities"
+        if os.geteuid() != 0:
+            return f"as the agent's own user {self.user} (the agent is not root: nothing to drop)"
+        if self.requested == "root":
+            return "as ROOT: an executor is not confined by uid (--executor-user root)"
+        return f"as the agent's own user {self.user}"
+
+    def cache_for(self, vm: str | None) -> str | None:
+        """The cache directory of one VM's executors (``None``: host-local ones), owned by
+        the executor user and reachable by no other VM's executor."""
+        if self.cache_dir is None:
+            return None
+        path = self.cache_dir / ("local" if vm is None else f"vms/{safe_name(vm)}")
+        self.own_dir(path, 0o700)
+        return str(path)
+
+    def own_dir(self, path: Path, mode: int) -> None:
+        """Create ``path`` (if needed) as the executor user's, with ``mode``."""
+        path.mkdir(parents=True, exist_ok=True)
+        if self.user.switch:
+            os.chown(path, self.user.uid, self.user.gid, follow_symlinks=False)
+        os.chmod(path, mode, follow_symlinks=False)
+
+    def group_dir(self, path: Path) -> None:
+        """Create ``path`` (if needed) shared between the agent and the executor user:
+        the MPS daemon (the agent's user) and the MPS server it starts for executors
+        (the executor user) both write there."""
+        path.mkdir(parents=True, exist_ok=True)
+        if self.user.switch:
+            os.chown(path, os.geteuid(), self.user.gid, follow_symlinks=False)
+            os.chmod(path, 0o2770, follow_symlinks=False)
+        else:
+            os.chmod(path, 0o700, follow_symlinks=False)
+
+    def environment(self, *extra: dict) -> dict:
+        env = {k: v for k, v in os.environ.items()
+               if k in ENV_NAMES or k.startswith(ENV_PREFIXES)}
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        for more in extra:
+            env.update(more)
+        # nothing in an executor may need the agent's home or a passwd lookup
+        env.update(HOME=str(self.workdir), USER=self.user.name, LOGNAME=self.user.name)
+        return env
+
+    def popen(self, args: list[str], fd: int, env: dict) -> subprocess.Popen:
+        """``python -m hvgpu.host.executor ARGS`` inheriting ``fd`` and the lifeline."""
+        cmd = [sys.executable, "-m", "hvgpu.host.executor", *args,
+               "--lifeline", str(self.lifeline.read_fd)]
+        return subprocess.Popen(cmd, pass_fds=(fd, self.lifeline.read_fd), env=env,
+                                cwd=self.workdir, stdin=subprocess.DEVNULL,
+                                **self.user.popen_args())
+
+    def _check_reachable(self) -> None:
+        """The executor user must be able to run the interpreter and import hvgpu."""
+        try:
+            probe = subprocess.run([sys.executable, "-c", "import hvgpu.host.executor.__main__"],
+                                   env=self.environment(), cwd=self.workdir, capture_output=True,
+                                   text=True, timeout=120, stdin=subprocess.DEVNULL,
+                                   **self.user.popen_args())
+            why = "" if probe.returncode == 0 else \
+                (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[-1]
+        except (OSError, subprocess.SubprocessError) as exc:
+            why = str(exc)
+        if why:
+            raise ExecutorUserError(
+                f"user {self.user.name!r} cannot start an executor with {sys.executable} "
+                f"({why}): install hvgpu where that user can read and execute it (every "
+                "directory above the venv must be searchable, e.g. /opt/hvgpu, not /root), "
+                "or start the agent with --executor-user root (unconfined by uid)")
+
+    def close(self) -> None:
+        self.lifeline.close()
+        if self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
