@@ -11,6 +11,9 @@ Two modes, both started by the agent, never by hand:
   when told to retire and its last connection has closed.
 
 Every CUDA resource a guest held goes with its session, or with the process.
+The process's sessions share one pinned staging pool (its size bounds what
+copies pin, however many guests copy) and one heartbeat thread (progress
+frames for guests waiting on long work).
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ import threading
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
+from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.session import Session
+from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.state import split_key
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
@@ -55,21 +60,28 @@ def open_device(spec: str, gpu: int, vgpu: int = 0):
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 compute: int = 0) -> None:
     quota = RemoteQuota(link)
+    staging = StagingPool(device) if device is not None else None
+    heartbeat = Heartbeat()
     sessions: dict[str, tuple[Session, threading.Thread]] = {}
     lock = threading.Lock()
     retiring = threading.Event()
 
     def run(session: Session, key: str) -> None:
-        session.serve()
-        with lock:
-            sessions.pop(key, None)
-            idle = not sessions
         try:
-            link.send({"op": "closed", "peer": session.peer})
-        except OSError:
-            pass
-        if idle and retiring.is_set():
-            link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
+            session.serve()  # ends closed, whatever happened
+        finally:
+            with lock:
+                sessions.pop(key, None)
+                idle = not sessions
+            try:
+                link.send({"op": "closed", "peer": session.peer})
+            except OSError:
+                pass
+            if idle and retiring.is_set():
+                try:
+                    link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
+                except OSError:
+                    pass
 
     counter = 0
     while True:
@@ -82,7 +94,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             key = f"{msg['peer']}#{counter}"
             session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
                               device_error=error, quota=quota, owns_device=False,
-                              slice_name=name, compute=compute, vgpus=quota.vgpus)
+                              slice_name=name, compute=compute, vgpus=quota.vgpus,
+                              staging=staging, heartbeat=heartbeat)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             with lock:
                 sessions[key] = (session, thread)
@@ -105,6 +118,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             pass
     for _, thread in live:
         thread.join(timeout=10)
+    if staging is not None:
+        staging.close()
     if device is not None:
         device.close()
 
@@ -130,9 +145,8 @@ def main(argv=None) -> int:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, args.slice,
                     args.compute)
         return 0
-    sock = adopt(args.fd)
-    Session(sock, device, peer=args.peer, cache=cache, device_error=error).serve()
-    sock.close()
+    Session(adopt(args.fd), device, peer=args.peer, cache=cache, device_error=error,
+            heartbeat=Heartbeat()).serve()  # its own staging pool, closed with it
     return 0
 
 
