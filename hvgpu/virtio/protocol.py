@@ -34,9 +34,10 @@ MAX_MESSAGE = 64 << 10  # error messages and compile logs are cut here
 
 FLAG_ONEWAY = 0x01  # request: the sender expects no reply
 FLAG_REPLY = 0x02  # this frame answers the request with the same seq
-# With FLAG_REPLY, no body and no payload: "still working on seq N", sent while the
-# executor has been busy with a frame for a while, only to guests that set
-# CAP_PROGRESS in HELLO. The real reply still follows; a guest's silence timer restarts.
+# With FLAG_REPLY, no body and no payload: "still working on seq N" (for a run of
+# launches, the run's first), sent while the executor has been busy with a frame for
+# a while, only to guests that set CAP_PROGRESS in HELLO. A guest restarts its silence
+# timer and reads on; the real reply still follows.
 FLAG_PROGRESS = 0x04
 
 # Capability bits exchanged in HELLO.

@@ -60,15 +60,15 @@ def frames_in(data: bytes) -> list:
 def read_reply(sock: socket.socket) -> tuple:
     """The next whole frame (flags, op, seq, status, body), progress frames skipped."""
     while True:
-        head = _exactly(sock, P.HEADER.size)
+        head = exactly(sock, P.HEADER.size)
         (_, _, flags, op, _, seq, status, blen, _, plen) = P.HEADER.unpack(head)
-        body = _exactly(sock, blen)
-        _exactly(sock, plen)
+        body = exactly(sock, blen)
+        exactly(sock, plen)
         if not flags & P.FLAG_PROGRESS:
             return flags, op, seq, status, body
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
+def exactly(sock: socket.socket, n: int) -> bytes:
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import logging
 import socket
+import struct
 import threading
 import time
 from typing import Any, Callable
@@ -48,6 +49,7 @@ _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _HEADER_SIZE = P.HEADER.size
+_SEQ = struct.Struct("<8xI")  # a header's seq, read in place
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
 
@@ -224,7 +226,7 @@ class Session:
             self.busy = None
             if burst is not None and reader.end - reader.start >= _HEADER_SIZE \
                     and not reader.payload_left:
-                self.busy = (monotonic(), _LAUNCH, 0)
+                self.busy = (monotonic(), _LAUNCH, _SEQ.unpack_from(reader.buf, reader.start)[0])
                 self._run_burst(burst)
                 self.busy = None
             try:
