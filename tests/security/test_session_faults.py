@@ -99,3 +99,37 @@ def test_an_unexpected_error_ends_the_session_with_hv_internal_logged_once(caplo
     assert session.sock.fileno() == -1  # closed, not left to the garbage collector
     guest.close()
 
+
+
+class FlakyEntryDevice(FakeDevice):
+    """Every other session cannot be set up: its launch entry point fails."""
+
+    sessions = 0
+
+    def launch_entry(self):
+        FlakyEntryDevice.sessions += 1
+        if FlakyEntryDevice.sessions % 2 == 0:
+            raise RuntimeError("no launch entry point this time")
+        return super().launch_entry()
+
+
+def test_a_session_that_cannot_be_set_up_costs_only_its_connection(tmp_path):
+    agent = RunningAgent(tmp_path, "tests.security.test_session_faults:FlakyEntryDevice",
+                         slices=True, vms=("vm1",))
+    try:
+        agent.api.attach("vm1", "64M")
+        with Connection(agent.vm_address("vm1")) as conn:  # session 1: served
+            conn.call("PING")
+        pid = executor_pid(agent)
+        with raw(agent.vm_address("vm1")) as sock:  # session 2: let go at once
+            try:
+                sock.sendall(hello())
+                assert read_to_eof(sock) == b""
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed even before the HELLO arrived
+        with Connection(agent.vm_address("vm1")) as conn:  # session 3: the same executor
+            conn.call("PING")
+        assert executor_pid(agent) == pid
+        wait_for(lambda: vm_status(agent)["connections"] == 0, "the agent to count 0 connections")
+    finally:
+        agent.stop()

@@ -83,6 +83,30 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 except OSError:
                     pass
 
+    def start(sock: socket.socket, peer: str, key: str) -> None:
+        """A session and its thread; where they cannot be had, the guest is let go."""
+        session = None
+        try:
+            session = Session(sock, device, peer=peer, cache=cache, device_error=error,
+                              quota=quota, owns_device=False, slice_name=name, compute=compute,
+                              vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat)
+            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            with lock:
+                sessions[key] = (session, thread)
+            thread.start()
+        except Exception:  # this connection's failure, never the executor's
+            log.error("%s: cannot serve this connection; closing it", peer, exc_info=True)
+            with lock:
+                sessions.pop(key, None)
+            if session is not None:
+                session.close()
+            else:
+                sock.close()
+            try:
+                link.send({"op": "closed", "peer": peer})
+            except OSError:
+                pass
+
     counter = 0
     while True:
         msg, fds = link.receive()
@@ -92,14 +116,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
         if op == "conn" and fds:
             counter += 1
             key = f"{msg['peer']}#{counter}"
-            session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
-                              device_error=error, quota=quota, owns_device=False,
-                              slice_name=name, compute=compute, vgpus=quota.vgpus,
-                              staging=staging, heartbeat=heartbeat)
-            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
-            with lock:
-                sessions[key] = (session, thread)
-            thread.start()
+            start(adopt(fds[0]), msg["peer"], key)
         elif op == "reply":
             link.deliver(msg)
         elif op == "retire":

@@ -422,6 +422,8 @@ class Session:
             self.heartbeat.remove(self)
         try:
             self._release()
+        except Exception:  # releasing must not outlive the session: say so once, close anyway
+            log.error("%s: releasing the session failed", self.peer, exc_info=True)
         finally:
             with self.send_lock:
                 try:
