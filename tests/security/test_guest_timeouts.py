@@ -18,10 +18,11 @@ import sys
 import threading
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hvgpu.errors import CudaError, HvgpuError
-from hvgpu.guest import Connection, LaunchConfig, Program, launch
+from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
 from hvgpu.guest.client import timeout_seconds
 from hvgpu.guest.shim import library
 from hvgpu.virtio import codec
@@ -33,6 +34,7 @@ HERE = Path(__file__).parent
 GIVE_UP = 90  # the silent agent hangs up after this, so code without timeouts fails, not hangs
 SLOW_MS = 7000  # a kernel this long, against a timeout of:
 TIMEOUT = "3"
+STALL_TIMEOUT = "2"  # where a send stalls: twice this passes before it is judged silent
 
 
 class SilentAgent:
@@ -108,8 +110,8 @@ def long_wait(tmp_path_factory):
     return exe
 
 
-def _run(exe, address, *args):
-    env = dict(os.environ, HVGPU_AGENT=address, HVGPU_TIMEOUT=TIMEOUT,
+def _run(exe, address, *args, timeout=TIMEOUT):
+    env = dict(os.environ, HVGPU_AGENT=address, HVGPU_TIMEOUT=timeout,
                LD_LIBRARY_PATH=str(library().parent))
     return subprocess.run([str(exe), *args], capture_output=True, text=True,
                           timeout=GIVE_UP + 30, env=env)
@@ -131,6 +133,15 @@ def test_a_long_synchronize_under_the_shim_is_not_cut_short(long_wait, fake_agen
                           "sync: 0 CUDA_SUCCESS\n"), out.stderr
 
 
+def test_a_copy_under_the_shim_stalled_behind_a_long_kernel_is_not_cut_short(long_wait,
+                                                                             fake_agent):
+    out = _run(long_wait, fake_agent.address, str(SLOW_MS), "64", timeout=STALL_TIMEOUT)
+    assert out.returncode == 0, out
+    assert out.stdout == ("init: 0 CUDA_SUCCESS\nlaunch: 0 CUDA_SUCCESS\n"
+                          "copy: 0 CUDA_SUCCESS\nsync: 0 CUDA_SUCCESS\n"
+                          "copy back: 0 CUDA_SUCCESS, 0 wrong\n"), out.stderr
+
+
 def test_a_long_synchronize_in_python_is_not_cut_short(fake_agent, monkeypatch):
     monkeypatch.setenv("HVGPU_TIMEOUT", TIMEOUT)
     with Connection(fake_agent.address) as conn:
@@ -138,6 +149,19 @@ def test_a_long_synchronize_in_python_is_not_cut_short(fake_agent, monkeypatch):
         launch(kernel, LaunchConfig(), SLOW_MS)
         conn.call("CTX_SYNCHRONIZE")
         conn.call("PING")
+
+
+def test_a_copy_stalled_behind_a_long_kernel_is_not_cut_short(fake_agent, monkeypatch):
+    monkeypatch.setenv("HVGPU_TIMEOUT", STALL_TIMEOUT)
+    data = np.arange(16 << 20, dtype=np.uint32)  # 64 MiB: far more than the socket buffers
+    with Connection(fake_agent.address) as conn:
+        kernel = Program(SLEEP, connection=conn).compile().get_kernel("sleep_ms")
+        buf = Device(connection=conn).allocate(data.nbytes)
+        launch(kernel, LaunchConfig(), SLOW_MS)
+        buf.copy_from(data)  # the executor takes nothing while the kernel runs
+        out = np.empty_like(data)
+        buf.copy_to(out)
+        assert np.array_equal(out, data)
 
 
 def _long_sync_frames(address: str, caps: int) -> list:

@@ -172,6 +172,11 @@ class StagingPool:
             self.closed = True
             slots, self.idle = list(self.idle), deque()
             self.cond.notify_all()
+        if slots:
+            try:
+                self.device.bind_thread()  # closed by whichever thread ends the executor
+            except Exception:
+                pass
         for slot in slots:
             try:
                 if slot.busy:
