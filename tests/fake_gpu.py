@@ -6,7 +6,8 @@ are a handful of Python functions found by name in the "compiled" source.
 Lives under tests/ only; the product never loads it.
 
 Set HVGPU_FAKE_REPORT to a directory to get one JSON file per executor on
-close, saying what the session left allocated (it must be nothing).
+close, saying what the session left allocated (it must be nothing); with
+HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class FakeDevice:
         self.window = address_window
         self.pinned: dict[int, ctypes.Array] = {}
         self.module_bytes: dict[int, int] = {}  # module -> its __device__ arrays (not backed)
+        self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
         self.allocated = 0
         self.freed = 0
@@ -164,6 +166,7 @@ class FakeDevice:
         buf = (ctypes.c_char * size)()
         addr = ctypes.addressof(buf)
         self.pinned[addr] = buf
+        self.pinned_peak = max(self.pinned_peak, sum(len(b) for b in self.pinned.values()))
         return addr, memoryview(buf).cast("B")
 
     def host_free(self, addr):
@@ -350,10 +353,12 @@ class FakeDevice:
         report = os.environ.get("HVGPU_FAKE_REPORT")
         if report:
             os.makedirs(report, exist_ok=True)
+            what = {"allocated": self.allocated, "freed": self.freed, "left": len(self.mem),
+                    "launches": self.launches, "c_launches": self.c_launches}
+            if os.environ.get("HVGPU_FAKE_REPORT_PINNED"):
+                what["pinned_peak"] = self.pinned_peak
             with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:
-                json.dump({"allocated": self.allocated, "freed": self.freed,
-                           "left": len(self.mem), "launches": self.launches,
-                           "c_launches": self.c_launches}, f)
+                json.dump(what, f)
 
 
 class NoDriver:

@@ -34,7 +34,7 @@ def collect(agent: str | None = None) -> dict:
     """Everything ``info`` and ``smi`` show, as one dict: every vGPU of this VM."""
     address = default_address(0, agent)
     try:
-        conn = Connection(address, timeout=5)
+        conn = Connection(address)
     except TransportError as exc:
         raise TransportError(
             f"{exc}\nIn a VM this needs a vsock device and a GPU slice: on the host, "
@@ -47,7 +47,7 @@ def collect(agent: str | None = None) -> dict:
         agent_version, version, peer = conn.agent, conn.version, conn.peer
     for index in range(1, count):
         try:
-            with Connection(default_address(index, agent), timeout=5) as other:
+            with Connection(default_address(index, agent)) as other:
                 gpus.append(_vgpu(index, other)[1])
         except (HvgpuError, OSError) as exc:
             gpus.append({"index": index, "error": str(exc)})

@@ -10,6 +10,12 @@ A reply that carries the error of an earlier one-way op raises ``CudaError``
 with ``deferred=True``. Every call holds the connection's lock, so threads may
 share a connection.
 
+An agent that stays silent for the connection's timeout ($HVGPU_TIMEOUT
+seconds, default 60) while a reply is awaited, or takes none of what is sent
+for that long, gives ``CudaError`` CUDA_ERROR_DEVICE_UNAVAILABLE (46) and the
+connection is closed; the agent's progress frames, sent while it works on
+something long (a synchronize behind a long kernel), restart that clock.
+
 Must not import ``hvgpu.host`` or anything the guest package does not ship.
 """
 
@@ -23,14 +29,18 @@ import time
 
 from hvgpu import __version__
 from hvgpu.errors import (AddressError, CompileError, ConnectionLost, CudaError, HvgpuError,
-                          ProtocolError)
+                          ProtocolError, TransportError)
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import Address, parse_address
-from hvgpu.virtio.framing import FrameReader, pack_header, send_frame
+from hvgpu.virtio.framing import (FrameReader, PeerSilent, pack_header, send_all, send_frame,
+                                  set_silence_timeout)
 from hvgpu.virtio.transport import connect
 
 ENV_ADDRESS = "HVGPU_AGENT"
+ENV_TIMEOUT = "HVGPU_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0  # seconds of silence from the agent before giving up
+MIN_TIMEOUT = 2.0  # the agent's progress frames come every second
 CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
 BATCH_BYTES = 64 << 10  # coalesced one-way frames leave once this much gathered
 SMALL_COPY = 16 << 10  # host-to-device copies up to this size are coalesced too
@@ -42,6 +52,23 @@ _LAUNCH_OP = P.OP["LAUNCH_KERNEL"]
 _HTOD_OP, _FREE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"]
 _COMPILE_OPS = (P.OP["MODULE_COMPILE"], P.OP["MODULE_COMPILE_HEADERS"])
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
+_DEVICE_UNAVAILABLE = 46
+
+
+def timeout_seconds(text: str | None = None) -> float | None:
+    """$HVGPU_TIMEOUT (or ``text``) in seconds: unset gives the default, 0 never
+    gives up (None), values under the minimum are raised to it."""
+    text = os.environ.get(ENV_TIMEOUT, "") if text is None else text
+    if not text.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise HvgpuError(f"{ENV_TIMEOUT}={text!r} is not a number of seconds (0: no timeout)",
+                         code="bad-timeout")
+    return None if seconds == 0 else max(seconds, MIN_TIMEOUT)
 
 
 def default_address(device: int = 0, text: str | None = None) -> Address:
@@ -68,10 +95,22 @@ def default_address(device: int = 0, text: str | None = None) -> Address:
 class Connection:
     """A handshaken connection to the agent; one CUDA context on the host."""
 
-    def __init__(self, address: Address | str | None = None, *, timeout: float = 30.0):
+    def __init__(self, address: Address | str | None = None, *, timeout: float | None = None):
+        """``timeout``: seconds for connecting and of silence while waiting for the
+        agent (default $HVGPU_TIMEOUT, else 60; 0: none)."""
         self.address = parse_address(address) if isinstance(address, str) else (
             address or default_address())
-        self.sock = connect(self.address, timeout=timeout)
+        self.timeout = timeout_seconds() if timeout is None else (
+            timeout_seconds(str(timeout)) if timeout else None)
+        try:
+            self.sock = connect(self.address, timeout=self.timeout)
+        except TransportError as exc:
+            if exc.code != "connect-timeout":
+                raise
+            raise CudaError(_DEVICE_UNAVAILABLE, f"the hvgpu agent at {self.address} did not "
+                            f"accept a connection within {self.timeout:g} s "
+                            f"({ENV_TIMEOUT})") from None
+        set_silence_timeout(self.sock, self.timeout)
         self.reader = FrameReader(self.sock, bufsize=1 << 16)
         self.lock = threading.RLock()
         self.seq = 0
@@ -81,7 +120,7 @@ class Connection:
         self._out_pending = threading.Event()
         self._flusher: threading.Thread | None = None
         version, _, caps, max_payload, _, peer, agent = self.call(
-            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO,
+            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS,
             f"hvgpu-guest {__version__} pid {os.getpid()}")
         self.version, self.caps, self.peer, self.agent = version, caps, peer, agent
         self.max_payload = max_payload
@@ -113,8 +152,14 @@ class Connection:
         self._flush_out()
         seq = self._next_seq()
         try:
-            send_frame(self.sock, code, 0, seq, 0, body, payload)
-            hdr, rbody = self.reader.read_frame()
+            send_frame(self.sock, code, 0, seq, 0, body, payload, self._stalled)
+            while True:
+                hdr, rbody = self.reader.read_frame()
+                if not hdr.flags & P.FLAG_PROGRESS:
+                    break
+                self.reader.skip_payload()  # the agent is still at it: wait on
+        except PeerSilent:
+            self._silent(code)
         except (ConnectionLost, ProtocolError, OSError) as exc:
             self._broken(exc)
         if hdr.seq != seq or not hdr.flags & P.FLAG_REPLY:
@@ -128,6 +173,8 @@ class Connection:
                 if reply_into is None:
                     return values + (self.reader.read_payload(),)
                 self.reader.read_payload_into(reply_into)
+            except PeerSilent:
+                self._silent(code)
             except (ConnectionLost, OSError) as exc:
                 self._broken(exc)
         return values
@@ -143,7 +190,10 @@ class Connection:
                 return
             self._flush_out()
             try:
-                send_frame(self.sock, code, P.FLAG_ONEWAY, self._next_seq(), 0, body, payload)
+                send_frame(self.sock, code, P.FLAG_ONEWAY, self._next_seq(), 0, body, payload,
+                           self._stalled)
+            except PeerSilent:
+                self._silent(code)
             except (ConnectionLost, OSError) as exc:
                 self._broken(exc)
 
@@ -176,8 +226,11 @@ class Connection:
         """Send the coalesced frames now (lock held)."""
         if self._out:
             try:
-                self.sock.sendall(self._out)
-            except OSError as exc:
+                send_all(self.sock, self._out, self._stalled)
+            except PeerSilent:
+                self._out.clear()
+                self._silent(None)
+            except (ConnectionLost, OSError) as exc:
                 self._out.clear()
                 self._broken(exc)
             self._out.clear()
@@ -212,7 +265,10 @@ class Connection:
             for off in range(0, n, CHUNK):
                 try:
                     send_frame(self.sock, _HTOD_OP, P.FLAG_ONEWAY, self._next_seq(), 0,
-                               body.encode((dst + off, stream)), view[off:off + CHUNK])
+                               body.encode((dst + off, stream)), view[off:off + CHUNK],
+                               self._stalled)
+                except PeerSilent:
+                    self._silent(_HTOD_OP)
                 except (ConnectionLost, OSError) as exc:
                     self._broken(exc)
 
@@ -246,6 +302,18 @@ class Connection:
         if status in (P.HV_VERSION, P.HV_HANDSHAKE, P.HV_OVERSIZE):
             self.close()  # the agent closes its end after these
         raise err
+
+    def _stalled(self) -> bool:
+        """A send made no headway for the timeout: is the agent still there?"""
+        return self.reader.drain_progress() > 0
+
+    def _silent(self, code: int | None):
+        self._out.clear()  # an agent that takes nothing is sent nothing more
+        self.close()
+        raise CudaError(_DEVICE_UNAVAILABLE,
+                        f"the hvgpu agent at {self.address} did not answer for "
+                        f"{self.timeout:g} s ({ENV_TIMEOUT}); the connection is closed",
+                        op=P.op_name(code) if code is not None else "")
 
     def _broken(self, exc: Exception):
         self.close()

@@ -26,7 +26,9 @@ def render_header() -> str:
     return env.get_template("hvgpu_wire.h.j2").render(
         version=P.VERSION, min_version=P.MIN_VERSION, magic=P.MAGIC,
         default_port=P.DEFAULT_PORT, host_cid=P.HOST_CID, max_body=P.MAX_BODY,
-        max_payload=P.MAX_PAYLOAD, flag_oneway=P.FLAG_ONEWAY, flag_reply=P.FLAG_REPLY,
+        max_payload=P.MAX_PAYLOAD,
+        flags=sorted(((name, getattr(P, name)) for name in dir(P) if name.startswith("FLAG_")),
+                     key=lambda item: item[1]),
         caps=[(name, getattr(P, name)) for name in dir(P) if name.startswith("CAP_")],
         header=[(name, P.C_TYPES[t]) for name, t in P.HEADER_FIELDS],
         ops=P.OPS, ctypes=P.C_TYPES, variable=P.VARIABLE, error=P.ERROR_FIELDS,

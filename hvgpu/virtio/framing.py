@@ -2,7 +2,17 @@
 
 :class:`FrameReader` buffers small frames so that a burst of pipelined
 one-way frames costs one ``recv`` and reads bulk payload straight into the
-caller's destination (``recv_into``) without an intermediate copy.
+caller's destination (``recv_into``) without an intermediate copy. What it
+holds grows with the bytes that arrived, never with what a header announces:
+a peer that announces a large body or payload and then goes quiet costs only
+what it sent.
+
+A socket given a silence timeout (:func:`set_silence_timeout`) raises
+:class:`PeerSilent` when the peer sends nothing, or takes nothing, for that
+long; a busy peer says it is still there with progress frames
+(``FLAG_PROGRESS``), which :meth:`FrameReader.drain_progress` consumes while
+a send is stalled.
+
 It must not interpret bodies or know any op: that is ``codec``'s and the
 session's job.
 """
@@ -10,13 +20,16 @@ session's job.
 from __future__ import annotations
 
 import socket
-from typing import NamedTuple
+import struct
+from typing import Callable, NamedTuple
 
 from hvgpu.errors import ConnectionLost, ProtocolError
 from hvgpu.virtio import protocol as P
 
 _HDR = P.HEADER
 _SMALL_PAYLOAD = 64 << 10  # below this, header and payload go in one send
+_CHUNK = 1 << 20  # a payload read whole, or skipped, moves through this much at a time
+_SILENT = (BlockingIOError, TimeoutError)  # a kernel (SO_RCVTIMEO) or Python timeout passed
 
 
 class Header(NamedTuple):
@@ -35,26 +48,65 @@ class PeerClosed(ConnectionLost):
     code = "peer-closed"
 
 
+class PeerSilent(ConnectionLost):
+    """The peer sent nothing, or took nothing, for the socket's silence timeout."""
+
+    code = "peer-silent"
+
+
+def set_silence_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """Make a blocking socket's receives and sends give up after ``seconds``
+    without progress (None or 0: never).
+
+    The kernel keeps the timeout (SO_RCVTIMEO/SO_SNDTIMEO), so a frame costs
+    no extra system call; a receive or send that times out raises
+    :class:`PeerSilent` here and in :func:`send_all`.
+    """
+    seconds = max(0.0, seconds or 0.0)
+    whole = int(seconds)
+    tv = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def send_all(sock: socket.socket, data, on_stall: Callable[[], bool] | None = None) -> None:
+    """Send every byte of ``data``.
+
+    When a send timeout passes with nothing sent, ``on_stall()`` says whether
+    the peer is still there (True: keep trying); without it, or when it says
+    False, the peer is silent.
+    """
+    view = memoryview(data).cast("B")
+    try:
+        while view.nbytes:
+            try:
+                view = view[sock.send(view):]
+            except _SILENT:
+                if on_stall is None or not on_stall():
+                    raise PeerSilent("the peer took no data for the connection's "
+                                     "timeout") from None
+    except (BrokenPipeError, ConnectionResetError) as exc:
+        raise ConnectionLost(f"peer went away while sending: {exc}") from None
+
+
 def pack_header(op: int, flags: int, seq: int, status: int, body_len: int,
                 payload_len: int = 0) -> bytes:
     return _HDR.pack(P.MAGIC, P.VERSION, flags, op, 0, seq, status, body_len, 0, payload_len)
 
 
 def send_frame(sock: socket.socket, op: int, flags: int, seq: int, status: int,
-               body: bytes = b"", payload=None) -> None:
+               body: bytes = b"", payload=None, on_stall: Callable[[], bool] | None = None
+               ) -> None:
     """Send one frame; ``payload`` is any buffer, sent without re-encoding."""
     plen = 0 if payload is None else memoryview(payload).nbytes
     head = pack_header(op, flags, seq, status, len(body), plen) + body
-    try:
-        if plen == 0:
-            sock.sendall(head)
-        elif plen < _SMALL_PAYLOAD:
-            sock.sendall(head + bytes(payload))
-        else:
-            sock.sendall(head)
-            sock.sendall(memoryview(payload).cast("B"))
-    except (BrokenPipeError, ConnectionResetError) as exc:
-        raise ConnectionLost(f"peer went away while sending: {exc}") from None
+    if plen == 0:
+        send_all(sock, head, on_stall)
+    elif plen < _SMALL_PAYLOAD:
+        send_all(sock, head + bytes(payload), on_stall)
+    else:
+        send_all(sock, head, on_stall)
+        send_all(sock, payload, on_stall)
 
 
 class FrameReader:
@@ -63,12 +115,16 @@ class FrameReader:
     The body returned by :meth:`read_frame` is a view into the reader's
     buffer, valid until the next call to :meth:`read_frame`. The frame's
     payload must be consumed (read or skipped) before the next frame.
+    The buffer starts at ``bufsize`` and grows, by replacing it, only when a
+    frame whose header has arrived needs more (at most ``max_body`` plus a
+    header); ``buf``, ``start`` and ``end`` may be read directly (the C launch
+    loop does).
     """
 
-    def __init__(self, sock: socket.socket, bufsize: int = 1 << 20,
+    def __init__(self, sock: socket.socket, bufsize: int = 64 << 10,
                  max_body: int = P.MAX_BODY, max_payload: int = P.MAX_PAYLOAD):
         self.sock = sock
-        self.buf = bytearray(max(bufsize, max_body + _HDR.size))
+        self.buf = bytearray(max(bufsize, _HDR.size))
         self.view = memoryview(self.buf)
         self.start = 0
         self.end = 0
@@ -76,17 +132,30 @@ class FrameReader:
         self.max_payload = max_payload
         self.payload_left = 0
 
+    def _recv_into(self, view: memoryview, flags: int = 0) -> int:
+        try:
+            return self.sock.recv_into(view, 0, flags)
+        except ConnectionResetError:
+            return 0
+        except _SILENT:
+            if flags & socket.MSG_DONTWAIT:
+                raise
+            raise PeerSilent("the peer sent nothing for the connection's timeout") from None
+
     def _fill(self, need: int) -> None:
         """Make at least ``need`` bytes available from ``start``."""
         if self.start + need > len(self.buf):
             n = self.end - self.start
-            self.buf[:n] = self.buf[self.start:self.end]
+            if need > len(self.buf):  # a larger body than any before: only now, as it comes
+                size = max(need, min(2 * len(self.buf), self.max_body + _HDR.size))
+                grown = bytearray(size)
+                grown[:n] = self.view[self.start:self.end]
+                self.buf, self.view = grown, memoryview(grown)
+            else:
+                self.buf[:n] = self.buf[self.start:self.end]
             self.start, self.end = 0, n
         while self.end - self.start < need:
-            try:
-                got = self.sock.recv_into(self.view[self.end:])
-            except ConnectionResetError:
-                got = 0
+            got = self._recv_into(self.view[self.end:])
             if got == 0:
                 if self.end == self.start:
                     raise PeerClosed("peer closed the connection")
@@ -116,6 +185,32 @@ class FrameReader:
         self.payload_left = payload_len
         return hdr, self.view[body_at:self.start]
 
+    def drain_progress(self) -> int:
+        """Consume the progress frames already received, without waiting; how many.
+
+        Anything else that arrived stays buffered for :meth:`read_frame`.
+        """
+        if self.payload_left:
+            return 0
+        if self.end == len(self.buf) and self.start:
+            n = self.end - self.start
+            self.buf[:n] = self.buf[self.start:self.end]
+            self.start, self.end = 0, n
+        if self.end < len(self.buf):
+            try:
+                self.end += self._recv_into(self.view[self.end:], socket.MSG_DONTWAIT)
+            except OSError:  # nothing there yet, or gone: read_frame will say which
+                pass
+        count = 0
+        while self.end - self.start >= _HDR.size:
+            (magic, _, flags, _, _, _, _, body_len, _,
+             payload_len) = _HDR.unpack_from(self.buf, self.start)
+            if magic != P.MAGIC or not flags & P.FLAG_PROGRESS or body_len or payload_len:
+                break
+            self.start += _HDR.size
+            count += 1
+        return count
+
     def read_payload_into(self, dest) -> None:
         """Fill ``dest`` (a writable buffer) with the next len(dest) payload bytes."""
         dest = memoryview(dest).cast("B")
@@ -128,22 +223,24 @@ class FrameReader:
             self.start += have
         pos = have
         while pos < n:
-            try:
-                got = self.sock.recv_into(dest[pos:])
-            except ConnectionResetError:
-                got = 0
+            got = self._recv_into(dest[pos:])
             if got == 0:
                 raise ConnectionLost(f"peer vanished mid-payload ({pos} of {n} bytes)")
             pos += got
         self.payload_left -= n
 
     def read_payload(self) -> bytes:
-        data = bytearray(self.payload_left)
-        self.read_payload_into(data)
+        """The whole payload. It is held as it arrives, so a peer that announces
+        more than it sends costs what it sent, not what it announced."""
+        data = bytearray()
+        scratch = memoryview(bytearray(min(self.payload_left, _CHUNK)))
+        while self.payload_left:
+            k = min(self.payload_left, len(scratch))
+            self.read_payload_into(scratch[:k])
+            data += scratch[:k]
         return bytes(data)
 
     def skip_payload(self) -> None:
-        scratch = bytearray(min(self.payload_left, 1 << 20) or 1)
+        scratch = memoryview(bytearray(min(self.payload_left, _CHUNK) or 1))
         while self.payload_left:
-            k = min(self.payload_left, len(scratch))
-            self.read_payload_into(memoryview(scratch)[:k])
+            self.read_payload_into(scratch[:min(self.payload_left, len(scratch))])

@@ -34,10 +34,16 @@ MAX_MESSAGE = 64 << 10  # error messages and compile logs are cut here
 
 FLAG_ONEWAY = 0x01  # request: the sender expects no reply
 FLAG_REPLY = 0x02  # this frame answers the request with the same seq
+# With FLAG_REPLY, no body and no payload: "still working on seq N" (for a run of
+# launches, the run's first), sent while the executor has been busy with a frame for
+# a while, only to guests that set CAP_PROGRESS in HELLO. A guest restarts its silence
+# timer and reads on; the real reply still follows.
+FLAG_PROGRESS = 0x04
 
 # Capability bits exchanged in HELLO.
 CAP_NVRTC = 1 << 0  # the agent compiles CUDA C++ source (MODULE_COMPILE)
 CAP_PARAM_INFO = 1 << 1  # FUNC_GET_PARAM_INFO is served from cuFuncGetParamInfo
+CAP_PROGRESS = 1 << 2  # the guest accepts FLAG_PROGRESS frames (and the agent sends them)
 
 # Field types: name -> struct code ("" marks a variable-length field).
 SCALARS = {"u8": "B", "u16": "H", "u32": "I", "i32": "i", "u64": "Q",

@@ -180,8 +180,9 @@ def connect(address: Address | str, timeout: float | None = 10.0) -> socket.sock
         hint = ""
         if exc.errno in (errno.ECONNREFUSED, errno.ENOENT, errno.ECONNRESET):
             hint = ": is the hvgpu agent running and listening there?"
-        raise TransportError(f"cannot connect to {address}: "
-                             f"{exc.strerror or exc}{hint}") from None
+        raise TransportError(f"cannot connect to {address}: {exc.strerror or exc}{hint}",
+                             code="connect-timeout" if isinstance(exc, TimeoutError)
+                             else None) from None
     sock.settimeout(None)
     return _tune(sock)
 

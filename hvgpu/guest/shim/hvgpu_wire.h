@@ -22,9 +22,11 @@
 #define HVGPU_MAX_PAYLOAD 1073741824ull
 #define HVGPU_FLAG_ONEWAY 0x01
 #define HVGPU_FLAG_REPLY 0x02
+#define HVGPU_FLAG_PROGRESS 0x04
 
 #define HVGPU_CAP_NVRTC 0x1ull
 #define HVGPU_CAP_PARAM_INFO 0x2ull
+#define HVGPU_CAP_PROGRESS 0x4ull
 
 
 typedef struct __attribute__((packed)) hvgpu_header {

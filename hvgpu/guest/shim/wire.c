@@ -8,6 +8,13 @@
  * context unless hv_route() names another. It knows frames, not CUDA: it must
  * not interpret op bodies. Writes use MSG_NOSIGNAL so a vanished agent is an
  * error, never SIGPIPE.
+ *
+ * A silent agent is an error, never a hang: connecting, and every wait for the
+ * agent to send or to take bytes, gives up after $HVGPU_TIMEOUT seconds
+ * (default 60, at least 2, 0: never) with CUDA_ERROR_DEVICE_UNAVAILABLE. The
+ * kernel keeps that clock (SO_RCVTIMEO/SO_SNDTIMEO); the agent's progress
+ * frames (we announce HVGPU_CAP_PROGRESS), sent while it works on something
+ * long, restart it.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -18,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -53,6 +61,9 @@ static struct wire wires[HV_MAX_DEVICES] = {
     [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "" }
 };
 static int trace_level = -1;
+#define DEFAULT_TIMEOUT 60.0
+#define MIN_TIMEOUT 2.0 /* the agent's progress frames come every second */
+static double timeout_s = -1; /* $HVGPU_TIMEOUT once read; 0: no timeout */
 static __thread int routed = -1; /* the device hv_route() named, or -1 */
 
 int hv_route(int device) {
@@ -124,6 +135,50 @@ static const char *address_of(struct wire *w) {
 
 const char *hv_agent_address(void) { return address_of(&wires[0]); }
 
+static double timeout_seconds(void) {
+    if (timeout_s < 0) {
+        const char *t = getenv("HVGPU_TIMEOUT");
+        char *end = NULL;
+        double v = t && *t ? strtod(t, &end) : DEFAULT_TIMEOUT;
+        if (t && *t && (end == t || *end || !(v >= 0) || v > 1e9)) {
+            hv_log("HVGPU_TIMEOUT=%s is not a number of seconds; using %g", t, DEFAULT_TIMEOUT);
+            v = DEFAULT_TIMEOUT;
+        }
+        timeout_s = v > 0 && v < MIN_TIMEOUT ? MIN_TIMEOUT : v;
+    }
+    return timeout_s;
+}
+
+/* Blocking calls on fd give up (EAGAIN) after the timeout without progress. */
+static void set_timeouts(int fd) {
+    double t = timeout_seconds();
+    struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+static int new_socket(int domain, int type) {
+    int fd = socket(domain, type | SOCK_CLOEXEC, 0);
+    if (fd >= 0) set_timeouts(fd); /* connect() waits no longer either */
+    return fd;
+}
+
+static int timed_out(int e) { return e == EAGAIN || e == EWOULDBLOCK || e == EINPROGRESS || e == ETIMEDOUT; }
+
+/* Take the progress frames that have arrived, without waiting: how many. Anything
+   else stays unread for the reply that is awaited. */
+static int drain_progress(int fd) {
+    int n = 0;
+    hvgpu_header_t h;
+    while (recv(fd, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof h &&
+           h.magic == HVGPU_MAGIC && (h.flags & HVGPU_FLAG_PROGRESS) && !h.body_len &&
+           !h.payload_len) {
+        if (recv(fd, &h, sizeof h, MSG_DONTWAIT) != (ssize_t)sizeof h) break;
+        n++;
+    }
+    return n;
+}
+
 static int send_all(int fd, struct iovec *iov, int n) {
     while (n > 0) {
         struct msghdr m = {0};
@@ -132,6 +187,8 @@ static int send_all(int fd, struct iovec *iov, int n) {
         ssize_t sent = sendmsg(fd, &m, MSG_NOSIGNAL);
         if (sent < 0) {
             if (errno == EINTR) continue;
+            if ((errno == EAGAIN || errno == EWOULDBLOCK) && drain_progress(fd) > 0)
+                continue; /* the agent is busy, not gone: it still takes nothing, so wait on */
             return -1;
         }
         while (n > 0 && (size_t)sent >= iov->iov_len) {
@@ -174,10 +231,16 @@ static int discard(int fd, uint64_t n) {
 
 /* The connection is gone: every later call fails the same clear way. */
 static CUresult lost(struct wire *w, const char *what) {
-    if (w->state != ST_LOST) {
+    if (w->state != ST_LOST && timed_out(errno)) {
+        hv_log("the hvgpu agent at %s did not answer for %g s (HVGPU_TIMEOUT) while %s; "
+               "the connection is closed, GPU work of this process is gone, calls now fail "
+               "with CUDA_ERROR_DEVICE_UNAVAILABLE", address_of(w), timeout_seconds(), what);
+    } else if (w->state != ST_LOST) {
         hv_log("lost the connection to the hvgpu agent at %s (%s: %s); GPU work of this "
                "process is gone, calls now fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
                address_of(w), what, strerror(errno));
+    }
+    if (w->state != ST_LOST) {
         if (w->fd >= 0) close(w->fd);
         w->fd = -1;
         w->state = ST_LOST;
@@ -191,7 +254,7 @@ static int connect_unix(const char *path) {
     if (strlen(path) >= sizeof a.sun_path) { errno = ENAMETOOLONG; return -1; }
     a.sun_family = AF_UNIX;
     strcpy(a.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = new_socket(AF_UNIX, SOCK_STREAM);
     if (fd < 0) return -1;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
         int e = errno; close(fd); errno = e; return -1;
@@ -217,8 +280,10 @@ static int open_socket(const char *addr, char *why, size_t whylen) {
         struct iovec iov = { line, (size_t)n };
         char c; size_t i = 0; char reply[64];
         if (send_all(fd, &iov, 1) < 0) { close(fd); return -1; }
-        while (i < sizeof reply - 1 && recv_all(fd, &c, 1) == 0 && c != '\n') reply[i++] = c;
+        int got = 0;
+        while (i < sizeof reply - 1 && (got = recv_all(fd, &c, 1)) == 0 && c != '\n') reply[i++] = c;
         reply[i] = 0;
+        if (got < 0 && timed_out(errno)) { close(fd); errno = ETIMEDOUT; return -1; } /* silent */
         if (strncmp(reply, "OK", 2) != 0) {
             snprintf(why, whylen, "the VMM refused CONNECT %s: %s", colon + 1, reply);
             close(fd); errno = ECONNREFUSED; return -1;
@@ -233,7 +298,7 @@ static int open_socket(const char *addr, char *why, size_t whylen) {
         a.svm_family = AF_VSOCK;
         a.svm_cid = !strcmp(buf + 8, "host") ? HVGPU_HOST_CID : (unsigned)strtoul(buf + 8, NULL, 10);
         a.svm_port = (unsigned)strtoul(colon + 1, NULL, 10);
-        int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = new_socket(AF_VSOCK, SOCK_STREAM);
         if (fd < 0) return -1;
         if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
             int e = errno; close(fd); errno = e; return -1;
@@ -251,7 +316,7 @@ static int open_socket(const char *addr, char *why, size_t whylen) {
         if (rc) { snprintf(why, whylen, "%s", gai_strerror(rc)); errno = EINVAL; return -1; }
         int fd = -1;
         for (struct addrinfo *r = res; r; r = r->ai_next) {
-            fd = socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, r->ai_protocol);
+            fd = new_socket(r->ai_family, r->ai_socktype);
             if (fd >= 0 && connect(fd, r->ai_addr, r->ai_addrlen) == 0) break;
             if (fd >= 0) close(fd);
             fd = -1;
@@ -313,7 +378,13 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
     struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
                             { (void *)payload, (size_t)payload_len } };
     if (send_all(w->fd, iov, 3) < 0) return lost(w, "sending");
-    if (recv_all(w->fd, &h, sizeof h) < 0) return lost(w, "waiting for a reply");
+    for (;;) {
+        if (recv_all(w->fd, &h, sizeof h) < 0) return lost(w, "waiting for a reply");
+        if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_PROGRESS)) break;
+        /* still working on it: the clock starts again */
+        if (discard(w->fd, h.body_len) < 0 || discard(w->fd, h.payload_len) < 0)
+            return lost(w, "waiting for a reply");
+    }
     if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_REPLY) || h.seq != seq || h.op != op) {
         errno = EPROTO;
         return lost(w, "reading a reply");
@@ -378,6 +449,11 @@ static CUresult handshake_locked(struct wire *w) {
     char why[256] = "";
     const char *addr = address_of(w);
     w->fd = open_socket(addr, why, sizeof why);
+    if (w->fd < 0 && !why[0] && timed_out(errno)) {
+        hv_log("the hvgpu agent at %s did not accept a connection within %g s (HVGPU_TIMEOUT); "
+               "calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE", addr, timeout_seconds());
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
     if (w->fd < 0) {
         hv_log("cannot reach the hvgpu agent at %s: %s; is a GPU slice attached to this VM "
                "(hvgpu attach on the host)? Set HVGPU_AGENT to use another address",
@@ -387,7 +463,8 @@ static CUresult handshake_locked(struct wire *w) {
     const char client[] = "hvgpu libcuda shim";
     unsigned char body[sizeof(hvgpu_hello_req_t) + sizeof client];
     hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION,
-                              HVGPU_CAP_PARAM_INFO, (uint32_t)(sizeof client - 1) };
+                              HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS,
+                              (uint32_t)(sizeof client - 1) };
     memcpy(body, &req, sizeof req);
     memcpy(body + sizeof req, client, sizeof client - 1);
     unsigned char rep[512];

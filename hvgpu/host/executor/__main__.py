@@ -11,6 +11,9 @@ Two modes, both started by the agent, never by hand:
   when told to retire and its last connection has closed.
 
 Every CUDA resource a guest held goes with its session, or with the process.
+The process's sessions share one pinned staging pool (its size bounds what
+copies pin, however many guests copy) and one heartbeat thread (progress
+frames for guests waiting on long work).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from hvgpu.host.executor import lane
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
+from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.session import Session
+from hvgpu.host.executor.staging import StagingPool
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
 
@@ -72,21 +77,53 @@ def watch_lifeline(fd: int) -> None:
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 compute: int = 0) -> None:
     quota = RemoteQuota(link)
-    sessions: dict[int, tuple[Session, threading.Thread]] = {}  # by arrival number
+    staging = StagingPool(device) if device is not None else None
+    heartbeat = Heartbeat()
+    sessions: dict[str, tuple[Session, threading.Thread]] = {}
     lock = threading.Lock()
     retiring = threading.Event()
 
-    def run(session: Session, key: int) -> None:
-        session.serve()
-        with lock:
-            sessions.pop(key, None)
-            idle = not sessions
+    def run(session: Session, key: str) -> None:
         try:
-            link.send(lane.CLOSED, peer=session.peer)
-        except OSError:
-            pass
-        if idle and retiring.is_set():
-            link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
+            session.serve()  # ends closed, whatever happened
+        finally:
+            with lock:
+                sessions.pop(key, None)
+                idle = not sessions
+            try:
+                link.send(lane.CLOSED, peer=session.peer)
+            except OSError:
+                pass
+            if idle and retiring.is_set():
+                try:
+                    link.sock.shutdown(socket.SHUT_RD)  # ends the main loop below
+                except OSError:
+                    pass
+
+    def start(sock: socket.socket, peer: str, key: str) -> None:
+        """A session and its thread; where they cannot be had, the guest is let go."""
+        session = None
+        try:
+            session = Session(sock, device, peer=peer, cache=cache, device_error=error,
+                              quota=quota, owns_device=False, slice_name=name, compute=compute,
+                              vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
+                              on_poisoned=poison)
+            thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            with lock:
+                sessions[key] = (session, thread)
+            thread.start()
+        except Exception:  # this connection's failure, never the executor's
+            log.error("%s: cannot serve this connection; closing it", peer, exc_info=True)
+            with lock:
+                sessions.pop(key, None)
+            if session is not None:
+                session.close()
+            else:
+                sock.close()
+            try:
+                link.send(lane.CLOSED, peer=peer)
+            except OSError:
+                pass
 
     poisoned = threading.Event()
 
@@ -108,16 +145,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             break
         if message is lane.CONN:
             counter += 1
-            key = counter
-            session = Session(adopt(fds[0]), device, peer=msg["peer"], cache=cache,
-                              device_error=error, quota=quota, owns_device=False,
-                              slice_name=name, compute=compute, vgpus=quota.vgpus,
-                              on_poisoned=poison)
-            thread = threading.Thread(target=run, args=(session, key),
-                                      name=f"{msg['peer']} ({key})", daemon=True)
-            with lock:
-                sessions[key] = (session, thread)
-            thread.start()
+            key = f"{msg['peer']}#{counter}"
+            start(adopt(fds[0]), msg["peer"], key)
         elif message is lane.REPLY:
             link.deliver(msg)
         elif message is lane.RETIRE:
@@ -136,6 +165,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             pass
     for _, thread in live:
         thread.join(timeout=10)
+    if staging is not None:
+        staging.close()
     if device is not None:
         device.close()
 
@@ -177,9 +208,8 @@ def main(argv=None) -> int:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
                     args.compute)
         return 0
-    sock = adopt(args.fd)
-    Session(sock, device, peer=args.peer, cache=cache, device_error=error).serve()
-    sock.close()
+    Session(adopt(args.fd), device, peer=args.peer, cache=cache, device_error=error,
+            heartbeat=Heartbeat()).serve()  # its own staging pool, closed with it
     return 0
 
 

@@ -127,8 +127,12 @@ def private_dirs(cache_dir: str | None) -> None:
 def serving_paths(cache_dir: str | None, extra_read=(), extra_write=()) -> Paths:
     """What an executor needs once its GPU is open."""
     mps = [os.environ.get(v) for v in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")]
+    # cuInit writes under the process's own /proc entry (on the H200 it failed with
+    # 304 until /proc/<pid> was writable); its own entries only, never /proc/sys.
+    own_proc = os.path.realpath("/proc/self")
     return Paths(read=[*python_paths(), *toolkit_paths(), *SYSTEM_READ, *extra_read],
-                 write=[*device_paths(), *(p for p in mps if p), cache_dir or "", *extra_write])
+                 write=[*device_paths(), *(p for p in mps if p), cache_dir or "", own_proc,
+                        *extra_write])
 
 
 def startup_paths(serving: Paths) -> Paths:

@@ -6,7 +6,17 @@ One-way ops are never answered; their first error is kept and reported by
 the next synchronising op instead of running it (CUDA's asynchronous-error
 model). A malformed frame whose length is known gets an error and the
 session goes on; a frame that breaks the framing (bad magic, oversize)
-ends the connection after saying why.
+ends the connection after saying why. Anything unexpected ends the session
+alone: the guest gets HV_INTERNAL where a reply can still be framed, then the
+connection closes; the error is logged once, and everything the guest held,
+its socket included, is released at once.
+
+What a guest can make the session hold is bounded: payloads are kept as
+their bytes arrive (``framing``), payloads kept whole are capped
+(:data:`MAX_MODULE_IMAGE`, :data:`MAX_SOURCE`), and copies go through the
+executor's one staging pool. Every send on the guest's socket holds the
+session's send lock, so a progress frame (``progress``) never lands inside
+a reply.
 
 Must not import CUDA (``cuda_device`` does) and must not touch other guests.
 """
@@ -16,7 +26,9 @@ from __future__ import annotations
 import bisect
 import logging
 import socket
+import struct
 import threading
+import time
 from typing import Any, Callable
 
 from hvgpu import __version__
@@ -26,10 +38,11 @@ from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
-from hvgpu.host.executor.staging import StagingRing
+from hvgpu.host.executor.progress import Heartbeat
+from hvgpu.host.executor.staging import StagingPool
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
-from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header, send_frame
+from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +50,18 @@ _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _HEADER_SIZE = P.HEADER.size
+_SEQ = struct.Struct("<8xI")  # a header's seq, read in place
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
+
+# Payloads a session holds whole before using them; larger ones are refused
+# (CUDA_ERROR_INVALID_VALUE) and skipped, so the session goes on.
+MAX_MODULE_IMAGE = 256 << 20  # MODULE_LOAD_DATA: a PTX, cubin or fatbin image
+MAX_SOURCE = 16 << 20  # MODULE_COMPILE: CUDA C++ source
+_PAYLOAD_LIMITS = {P.OP["MODULE_LOAD_DATA"]: (MAX_MODULE_IMAGE, "module image"),
+                   P.OP["MODULE_COMPILE"]: (MAX_SOURCE, "source")}
+_TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
+_PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
 
 
 class Allocations:
@@ -114,9 +137,18 @@ class Session:
                  cache: CompileCache | None = None, device_error: CudaError | None = None,
                  quota=None, owns_device: bool = True, slice_name: str = "",
                  compute: int = 0, vgpus: Callable[[], int] | None = None,
+                 staging: StagingPool | None = None, heartbeat: Heartbeat | None = None,
                  on_poisoned: Callable[[int], None] | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
+        self.send_lock = threading.Lock()
+        self.busy: tuple[float, int, int] | None = None  # (since, op, seq) of the frame in work
+        self.streaming = False  # a reply's payload is being sent: no other frame may cut in
+        self.progress = False  # the guest set CAP_PROGRESS
+        self.last_progress = 0.0
+        self.tail = b""  # unsent end of a progress frame (send lock held to touch it)
+        self.closed = False
+        self.heartbeat = heartbeat
         self.device = device
         self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
         # How many vGPUs the guest's VM has (each its own connection): its device count.
@@ -140,7 +172,8 @@ class Session:
         self.layouts: dict[int, list] = {}
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
-        self.staging: StagingRing | None = None
+        self.staging = staging  # the executor's pool; None: one of its own, made on first use
+        self.owns_staging = staging is None
         self.version = 0
         self.handlers: dict[int, Callable] = {
             code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
@@ -164,7 +197,10 @@ class Session:
     # -- the loop ---------------------------------------------------------
 
     def serve(self) -> None:
+        """Serve until the guest leaves or something fails; always ends closed."""
         try:
+            if self.heartbeat is not None:
+                self.heartbeat.add(self)
             if self.device is not None:
                 self.device.bind_thread()
             self._serve()
@@ -172,6 +208,15 @@ class Session:
             log.info("%s closed the connection", self.peer)
         except ConnectionLost as exc:
             log.warning("%s: %s", self.peer, exc)
+        except OSError as exc:  # the guest's socket failed under us: it is gone
+            log.warning("%s: the connection failed: %s", self.peer, exc)
+        except Exception as exc:  # a bug or a broken host: this session ends, the executor goes on
+            log.error("%s: unexpected %s; closing the connection", self.peer,
+                      type(exc).__name__, exc_info=True)
+            busy = self.busy
+            self._last_word(busy[1] if busy else 0, busy[2] if busy else 0, P.HV_INTERNAL,
+                            f"the executor failed unexpectedly ({type(exc).__name__}); "
+                            "closing the connection")
         finally:
             self.close()
 
@@ -183,15 +228,20 @@ class Session:
         handlers = self.handlers
         request = codec.REQUEST
         burst = self.burst
+        monotonic = time.monotonic
         while True:
+            self.busy = None
             if burst is not None and reader.end - reader.start >= _HEADER_SIZE \
                     and not reader.payload_left:
+                self.busy = (monotonic(), _LAUNCH, _SEQ.unpack_from(reader.buf, reader.start)[0])
                 self._run_burst(burst)
+                self.busy = None
             try:
                 hdr, body = read_frame()
             except ProtocolError as exc:
                 self._fatal(0, 0, exc)
                 return
+            self.busy = (monotonic(), hdr.op, hdr.seq)
             self.counts["frames"] += 1
             oneway = hdr.flags & P.FLAG_ONEWAY
             if hdr.version != self.version:
@@ -204,6 +254,12 @@ class Session:
                 self._failed(hdr, oneway, CudaError(
                     P.HV_UNKNOWN_OP, f"op 0x{hdr.op:02x} is not part of protocol v{self.version}"))
                 continue
+            if hdr.payload_len:
+                refused = self._refuse_payload(hdr)
+                if refused is not None:
+                    self._failed(hdr, oneway, refused)  # answered before the bytes are skipped
+                    self.reader.skip_payload()
+                    continue
             if not oneway and self.deferred is not None:
                 self.reader.skip_payload()
                 err, op, seq = self.deferred
@@ -228,8 +284,19 @@ class Session:
             if self.reader.payload_left:
                 self.reader.skip_payload()
             if not oneway and result is not _ALREADY_REPLIED:
-                send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0,
-                           codec.REPLY[hdr.op].encode(result or ()))
+                self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[hdr.op].encode(result or ())))
+
+    def _refuse_payload(self, hdr) -> CudaError | None:
+        """Why this frame's payload is not accepted, or None."""
+        if hdr.op not in _TAKES_PAYLOAD:
+            return CudaError(P.HV_BAD_FRAME, f"{P.op_name(hdr.op)} carries no payload, "
+                                             f"this frame announced {hdr.payload_len} bytes")
+        limit = _PAYLOAD_LIMITS.get(hdr.op)
+        if limit is not None and hdr.payload_len > limit[0]:
+            return CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                             f"a {limit[1]} of {hdr.payload_len} bytes exceeds the agent's "
+                             f"limit of {limit[0] >> 20} MiB")
+        return None
 
     def _run_burst(self, burst: LaunchBurst) -> None:
         """Launch the buffered run of launches in C; the frame it stops at is read next."""
@@ -258,6 +325,13 @@ class Session:
             self._reply_error(hdr.op, hdr.seq, P.HV_HANDSHAKE,
                               f"the first frame must be HELLO, not {P.op_name(hdr.op)}")
             return False
+        if hdr.payload_len:
+            log.warning("%s: HELLO with a %d-byte payload; closing the connection", self.peer,
+                        hdr.payload_len)
+            self._reply_error(hdr.op, hdr.seq, P.HV_BAD_FRAME,
+                              f"HELLO carries no payload, this one announced {hdr.payload_len} "
+                              "bytes; closing the connection")
+            return False
         try:
             version, min_version, caps, client = codec.REQUEST[_HELLO].decode(body)
         except ProtocolError as exc:
@@ -271,11 +345,12 @@ class Session:
             log.warning("%s: refused protocol v%d..v%d", self.peer, min_version, version)
             return False
         self.version = chosen
-        mycaps = self.device.caps if self.device is not None else 0
+        mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS
         log.info("%s: connected, protocol v%d, client %r", self.peer, chosen, client)
         reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
                  f"hvgpu {__version__}")
-        send_frame(self.sock, hdr.op, P.FLAG_REPLY, hdr.seq, 0, codec.REPLY[_HELLO].encode(reply))
+        self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[_HELLO].encode(reply)))
+        self.progress = bool(caps & P.CAP_PROGRESS)
         return True
 
     def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
@@ -292,7 +367,7 @@ class Session:
                      failed_op: int | None = None, failed_seq: int | None = None) -> None:
         body = codec.encode_error(op if failed_op is None else failed_op,
                                   seq if failed_seq is None else failed_seq, message)
-        send_frame(self.sock, op, P.FLAG_REPLY, seq, status, body)
+        self._send(_reply_frame(op, seq, body, status))
 
     def _fatal(self, op: int, seq: int, exc: ProtocolError) -> None:
         status = P.HV_OVERSIZE if exc.code == "oversize" else P.HV_BAD_FRAME
@@ -302,8 +377,73 @@ class Session:
         except (ConnectionLost, OSError):
             pass
 
+    # -- sending: one frame at a time on the guest's socket ------------------------
+
+    def _send(self, data) -> None:
+        with self.send_lock:
+            try:
+                self._sendall_locked(data)
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise ConnectionLost(f"guest went away while sending: {exc}") from None
+
+    def _sendall_locked(self, data) -> None:
+        if self.tail:  # the rest of a progress frame the heartbeat could not finish
+            self.sock.sendall(self.tail)
+            self.tail = b""
+        self.sock.sendall(data)
+
+    def _last_word(self, op: int, seq: int, status: int, message: str) -> None:
+        """An error reply before closing, where the frame allows one; never waits."""
+        with self.send_lock:
+            if self.streaming or self.closed:
+                return  # inside a reply's payload: the guest sees the connection end instead
+            try:
+                self.sock.send(_reply_frame(op, seq, codec.encode_error(op, seq, message), status),
+                               socket.MSG_DONTWAIT)
+            except OSError:
+                pass
+
+    def send_progress(self, now: float, after: float, every: float) -> None:
+        """Called by the heartbeat: a progress frame if the guest waits on long work."""
+        busy = self.busy
+        if busy is None or not self.progress or now - busy[0] < after \
+                or now - self.last_progress < every:
+            return
+        if not self.send_lock.acquire(blocking=False):
+            return  # a reply is going out: that says enough
+        try:
+            if self.busy is not busy or self.streaming or self.closed:
+                return
+            frame = self.tail or pack_header(busy[1], _PROGRESS_FLAGS, busy[2], 0, 0)
+            try:
+                sent = self.sock.send(frame, socket.MSG_DONTWAIT)
+            except OSError:
+                return  # its buffer is full, or it is gone: the session finds out itself
+            self.tail = frame[sent:]  # rare: finished at the next chance, never left half-sent
+            self.last_progress = now
+        finally:
+            self.send_lock.release()
+
     def close(self) -> None:
-        """Free everything this guest held; the process exits right after."""
+        """Free everything this guest held and close its socket, at once."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.heartbeat is not None:
+            self.heartbeat.remove(self)
+        try:
+            self._release()
+        except Exception:  # releasing must not outlive the session: say so once, close anyway
+            log.error("%s: releasing the session failed", self.peer, exc_info=True)
+        finally:
+            with self.send_lock:
+                try:
+                    self.sock.close()
+                except OSError:
+                    pass
+            self.handlers = {}  # its bound methods would keep this session for the cyclic GC
+
+    def _release(self) -> None:
         if self.device is None:
             return
         c = self.counts
@@ -312,8 +452,9 @@ class Session:
                  self.peer, c["frames"], c["launches"], c["h2d_bytes"], c["d2h_bytes"],
                  len(self.allocs), self.allocs.total, len(self.modules.objects),
                  len(self.streams.objects), len(self.events.objects))
-        if self.staging is not None:
+        if self.staging is not None and self.owns_staging:
             self.staging.close()
+        self.staging = None
         for release, table in ((self.device.event_destroy, self.events.objects),
                                (self.device.stream_destroy, self.streams.objects),
                                (self.device.module_unload, self.modules.objects)):
@@ -322,7 +463,7 @@ class Session:
             table.clear()
         for ptr in list(self.allocs.starts):
             _quietly(self.device.mem_free, ptr)
-        self._release(self.charged)
+        self._uncharge(self.charged)
         self.alloc_charges.clear()
         self.module_charges.clear()
         self.allocs = Allocations()
@@ -353,9 +494,9 @@ class Session:
                     pass
             raise
 
-    def _staging(self) -> StagingRing:
+    def _staging(self) -> StagingPool:
         if self.staging is None:
-            self.staging = StagingRing(self.device)
+            self.staging = StagingPool(self.device)
         return self.staging
 
     # -- ops (names follow protocol.OPS; each returns the reply's values) ----
@@ -425,13 +566,13 @@ class Session:
             return (max(0, min(limit - used, free)), limit)
         return (free, total)
 
-    def _reserve(self, n: int) -> None:
+    def _charge(self, n: int) -> None:
         """Charge ``n`` bytes to the slice; CUDA_ERROR_OUT_OF_MEMORY past its quota."""
         if self.quota is not None and n:
             self.quota.reserve(n)
             self.charged += n
 
-    def _release(self, n: int) -> None:
+    def _uncharge(self, n: int) -> None:
         if self.quota is not None and n:
             self.charged -= n
             _quietly(self.quota.release, n)
@@ -442,12 +583,12 @@ class Session:
         # Charged as the driver takes it (its granularity), not as asked, so that
         # many small allocations cannot hold more than the quota.
         charge = self.device.footprint(size)
-        self._reserve(charge)
+        self._charge(charge)
         try:
             with DEVICE_MEMORY:
                 ptr = self.device.mem_alloc(size)
         except CudaError:
-            self._release(charge)
+            self._uncharge(charge)
             raise
         self.allocs.add(ptr, size)
         self.alloc_charges[ptr] = charge
@@ -457,7 +598,7 @@ class Session:
         self.allocs.remove(dptr)
         with DEVICE_MEMORY:
             self.device.mem_free(dptr)
-        self._release(self.alloc_charges.pop(dptr, 0))
+        self._uncharge(self.alloc_charges.pop(dptr, 0))
 
     def _load_module(self, image) -> int:
         """Load and charge what the load took of device memory (module variables:
@@ -469,7 +610,7 @@ class Session:
             module = self.device.module_load(image)
             taken = max(0, free_before - self.device.mem_info()[0])
         try:
-            self._reserve(taken)
+            self._charge(taken)
         except CudaError as exc:
             _quietly(self.device.module_unload, module)
             raise CudaError(exc.status, f"the module's variables take {taken} bytes of device "
@@ -488,17 +629,19 @@ class Session:
     def op_memcpy_dtoh(self, hdr, src, size, stream):
         self._check_range(src, size, "source")
         s = self._stream(stream)
-        sock = self.sock
+        lock = self.send_lock
         started = False
 
         def start():
             nonlocal started
+            with lock:
+                self.streaming = started = True  # until the last byte: no progress frame cuts in
             send(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size))
-            started = True
 
         def send(view):
             try:
-                sock.sendall(view)
+                with lock:
+                    self._sendall_locked(view)
             except OSError as exc:
                 raise ConnectionLost(f"guest went away during a copy: {exc}") from None
 
@@ -510,6 +653,7 @@ class Session:
                                      "closing the connection") from None
             raise
         self.counts["d2h_bytes"] += size
+        self.streaming = False
         return _ALREADY_REPLIED
 
     def op_memcpy_dtod(self, hdr, dst, src, size, stream):
@@ -572,7 +716,7 @@ class Session:
         with DEVICE_MEMORY:
             self.device.module_unload(obj)
         self.modules.pop(module)
-        self._release(self.module_charges.pop(module, 0))
+        self._uncharge(self.module_charges.pop(module, 0))
         self.globals.pop(module, None)
         for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
             self.functions.pop(fid)
@@ -738,6 +882,10 @@ _ALREADY_REPLIED = object()
 # One per executor process: a module's cost is the driver's free memory before and
 # after its load, which another session's allocation must not change in between.
 DEVICE_MEMORY = threading.Lock()
+
+
+def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:
+    return pack_header(op, P.FLAG_REPLY, seq, status, len(body)) + body
 
 
 def _quietly(fn, *args) -> None:

@@ -1,21 +1,33 @@
-"""Pinned staging ring for bulk copies between a socket and device memory.
+"""Pinned staging for bulk copies between guest sockets and device memory.
 
-Host-to-device: payload bytes are received straight into a page-locked slot
-and copied to the device asynchronously on the guest's stream, while the next
-slot is being received. Device-to-host: copies into several slots are queued
-ahead, and each slot is sent as soon as its copy is done. A slot is reused
-only after the event recorded behind its last copy has completed.
+One :class:`StagingPool` per executor process: a few page-locked slots, lent
+to a copy a slot at a time and given back, so the pinned memory an executor
+holds is bounded however many connections copy at once (a copy waits for a
+free slot rather than pinning more). Host-to-device: payload bytes are
+received straight into a slot and copied to the device asynchronously on the
+guest's stream while the next slot is being received. Device-to-host: copies
+into the slots a copy holds are queued ahead, and each slot is sent as soon as
+its copy is done. A slot is reused only after the event recorded behind its
+last copy has completed.
 
-Must not parse frames or validate guest addresses (the session does both).
+A copy waits for a slot only while it holds none, so copies cannot deadlock
+each other. Must not parse frames or validate guest addresses (the session
+does both).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections import deque
 from typing import Any, Callable
 
+from hvgpu.errors import CudaError
+
 SLOT_SIZE = 8 << 20
-SLOTS = 4
+SLOTS = 4  # per executor process: 32 MiB pinned at most
+
+log = logging.getLogger(__name__)
 
 
 class _Slot:
@@ -25,23 +37,67 @@ class _Slot:
         self.addr, self.view, self.event, self.busy = addr, view, event, False
 
 
-class StagingRing:
+class StagingPool:
+    """At most ``slots`` pinned slots of ``slot_size`` bytes, pinned on first use."""
+
     def __init__(self, device, slot_size: int = SLOT_SIZE, slots: int = SLOTS):
         self.device = device
         self.slot_size = slot_size
-        self.slots: list[_Slot] = []
-        self.next = 0
-        for _ in range(slots):
-            addr, view = device.host_alloc(slot_size)
-            self.slots.append(_Slot(addr, view, device.event_create(0x2)))  # disable timing
+        self.limit = slots
+        self.pinned = 0  # slots allocated so far
+        self.idle: deque[_Slot] = deque()  # given back, oldest first
+        self.cond = threading.Condition()
+        self.closed = False
 
-    def _take(self) -> _Slot:
-        slot = self.slots[self.next]
-        self.next = (self.next + 1) % len(self.slots)
-        if slot.busy:
+    def _take(self, wait: bool = True) -> _Slot | None:
+        with self.cond:
+            while True:
+                if self.closed:
+                    raise CudaError(10006, "the executor is shutting down")
+                ready = next((s for s in self.idle if not s.busy), None)
+                if ready is not None:
+                    self.idle.remove(ready)
+                    return ready
+                if self.pinned < self.limit:
+                    self.pinned += 1
+                    slot = None
+                    break
+                if self.idle:  # every slot is still copying: the oldest finishes first
+                    slot = self.idle.popleft()
+                    break
+                if not wait:
+                    return None
+                self.cond.wait()
+        if slot is None:
+            return self._new_slot()
+        try:
             self.device.event_synchronize(slot.event)
-            slot.busy = False
+        except CudaError as exc:  # the last borrower's copy failed; that copy reported it
+            log.debug("staging slot's last copy failed: %s", exc)
+        slot.busy = False
         return slot
+
+    def _new_slot(self) -> _Slot:
+        try:
+            addr, view = self.device.host_alloc(self.slot_size)
+        except BaseException:
+            with self.cond:
+                self.pinned -= 1
+                self.cond.notify()
+            raise
+        try:
+            return _Slot(addr, view, self.device.event_create(0x2))  # disable timing
+        except BaseException:
+            self.device.host_free(addr)
+            with self.cond:
+                self.pinned -= 1
+                self.cond.notify()
+            raise
+
+    def _give(self, slot: _Slot) -> None:
+        with self.cond:
+            self.idle.append(slot)
+            self.cond.notify()
 
     def upload(self, read_into: Callable[[memoryview], None], dst: int, n: int, stream: Any) -> None:
         """Receive ``n`` bytes through ``read_into`` and copy them to ``dst``."""
@@ -49,10 +105,13 @@ class StagingRing:
         while off < n:
             k = min(self.slot_size, n - off)
             slot = self._take()
-            read_into(slot.view[:k])
-            self.device.memcpy_htod_async(dst + off, slot.addr, k, stream)
-            self.device.event_record(slot.event, stream)
-            slot.busy = True
+            try:
+                read_into(slot.view[:k])
+                self.device.memcpy_htod_async(dst + off, slot.addr, k, stream)
+                slot.busy = True
+                self.device.event_record(slot.event, stream)
+            finally:
+                self._give(slot)
             off += k
 
     def download(self, src: int, n: int, stream: Any, start: Callable[[], None],
@@ -66,34 +125,59 @@ class StagingRing:
         queued: deque = deque()
         off = 0
 
-        def enqueue():
+        def enqueue(slot: _Slot) -> None:
             nonlocal off
             k = min(self.slot_size, n - off)
-            slot = self._take()
-            self.device.memcpy_dtoh_async(slot.addr, src + off, k, stream)
-            self.device.event_record(slot.event, stream)
-            slot.busy = True
             queued.append((slot, k))
+            self.device.memcpy_dtoh_async(slot.addr, src + off, k, stream)
+            slot.busy = True
+            self.device.event_record(slot.event, stream)
             off += k
 
-        while off < n and len(queued) < len(self.slots):
-            enqueue()
-        first = True
-        while queued:
-            slot, k = queued.popleft()
-            self.device.event_synchronize(slot.event)
-            slot.busy = False
+        try:
+            if off < n:
+                enqueue(self._take())
+            while off < n and len(queued) < self.limit:
+                extra = self._take(wait=False)
+                if extra is None:
+                    break
+                enqueue(extra)
+            first = True
+            while queued:
+                slot, k = queued[0]
+                self.device.event_synchronize(slot.event)
+                slot.busy = False
+                queued.popleft()
+                if first:
+                    first = False
+                    start()
+                try:
+                    send(slot.view[:k])
+                except BaseException:
+                    self._give(slot)
+                    raise
+                if off < n:
+                    enqueue(slot)
+                else:
+                    self._give(slot)
             if first:
                 start()
-                first = False
-            send(slot.view[:k])
-            if off < n:
-                enqueue()
-        if first:
-            start()
+        finally:
+            for slot, _ in queued:
+                self._give(slot)
 
     def close(self) -> None:
-        for slot in self.slots:
+        """Free every slot; copies still running get an error."""
+        with self.cond:
+            self.closed = True
+            slots, self.idle = list(self.idle), deque()
+            self.cond.notify_all()
+        if slots:
+            try:
+                self.device.bind_thread()  # closed by whichever thread ends the executor
+            except Exception:
+                pass
+        for slot in slots:
             try:
                 if slot.busy:
                     self.device.event_synchronize(slot.event)
@@ -101,4 +185,3 @@ class StagingRing:
                 self.device.host_free(slot.addr)
             except Exception:  # the context may already be gone; the process exits next
                 pass
-        self.slots = []
