@@ -220,7 +220,7 @@ class Agent:
         if not self.listeners:
             raise TransportError("the agent has nowhere to listen: "
                                  + ("; ".join(failures) or "no address configured"))
-        self.launcher.prepare()  # on failure, start() closes what was opened
+        self.launcher.prepare(self.config.env)  # on failure, start() closes what was opened
         if self.launcher.user.switch:
             self.mps.group = self.launcher.user.gid
         log.log(logging.WARNING if self.launcher.requested == "root" else logging.INFO,

@@ -145,9 +145,10 @@ class Launcher:
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.lifeline = Lifeline()
 
-    def prepare(self) -> None:
+    def prepare(self, env: dict | None = None) -> None:
         """Resolve the executor user, create the directories executors need and check
-        that user can start one; raises ExecutorUserError with what to fix."""
+        that user can start one (with ``env``, the agent's extra environment for
+        executors); raises ExecutorUserError with what to fix."""
         self.user = resolve_user(self.requested)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.run_dir, 0o711)  # executors traverse it to their MPS pipes, list nothing
@@ -158,7 +159,7 @@ class Launcher:
             for d in (self.cache_dir, self.cache_dir / "vms"):
                 os.chmod(d, 0o711)  # traversed to each VM's own; VM names not listed
         if self.user.switch:
-            self._check_reachable()
+            self._check_reachable(env or {})
 
     def describe(self) -> str:
         if self.user.switch:
@@ -214,11 +215,11 @@ class Launcher:
                                 cwd=self.workdir, stdin=subprocess.DEVNULL,
                                 **self.user.popen_args())
 
-    def _check_reachable(self) -> None:
+    def _check_reachable(self, env: dict) -> None:
         """The executor user must be able to run the interpreter and import hvgpu."""
         try:
             probe = subprocess.run([sys.executable, "-c", "import hvgpu.host.executor.__main__"],
-                                   env=self.environment(), cwd=self.workdir, capture_output=True,
+                                   env=self.environment(env), cwd=self.workdir, capture_output=True,
                                    text=True, timeout=120, stdin=subprocess.DEVNULL,
                                    **self.user.popen_args())
             why = "" if probe.returncode == 0 else \

@@ -226,6 +226,8 @@ STATUSES: dict[int, tuple[str, str]] = {
     719: ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
     800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    805: ("CUDA_ERROR_MPS_CONNECTION_FAILED", "the MPS client could not reach the MPS server"),
+    807: ("CUDA_ERROR_MPS_SERVER_NOT_READY", "the MPS server takes no new client yet"),
     999: ("CUDA_ERROR_UNKNOWN", "unknown error"),
     10001: ("HVGPU_ERROR_BAD_FRAME", "the frame is malformed"),
     10002: ("HVGPU_ERROR_UNKNOWN_OP", "the operation is not part of this protocol"),

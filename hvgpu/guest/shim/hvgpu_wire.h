@@ -502,6 +502,8 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_FAILED = 719,
     HVGPU_STATUS_CUDA_ERROR_NOT_PERMITTED = 800,
     HVGPU_STATUS_CUDA_ERROR_NOT_SUPPORTED = 801,
+    HVGPU_STATUS_CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
+    HVGPU_STATUS_CUDA_ERROR_MPS_SERVER_NOT_READY = 807,
     HVGPU_STATUS_CUDA_ERROR_UNKNOWN = 999,
     HVGPU_STATUS_HVGPU_ERROR_BAD_FRAME = 10001,
     HVGPU_STATUS_HVGPU_ERROR_UNKNOWN_OP = 10002,
@@ -547,6 +549,8 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 719: *name = "CUDA_ERROR_LAUNCH_FAILED"; *text = "unspecified launch failure"; return 1;
     case 800: *name = "CUDA_ERROR_NOT_PERMITTED"; *text = "operation not permitted"; return 1;
     case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; *text = "operation not supported"; return 1;
+    case 805: *name = "CUDA_ERROR_MPS_CONNECTION_FAILED"; *text = "the MPS client could not reach the MPS server"; return 1;
+    case 807: *name = "CUDA_ERROR_MPS_SERVER_NOT_READY"; *text = "the MPS server takes no new client yet"; return 1;
     case 999: *name = "CUDA_ERROR_UNKNOWN"; *text = "unknown error"; return 1;
     case 10001: *name = "HVGPU_ERROR_BAD_FRAME"; *text = "the frame is malformed"; return 1;
     case 10002: *name = "HVGPU_ERROR_UNKNOWN_OP"; *text = "the operation is not part of this protocol"; return 1;

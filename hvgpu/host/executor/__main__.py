@@ -37,6 +37,7 @@ from hvgpu.host.executor.staging import StagingPool
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
 
+_FAULT_GRACE = 1.0  # seconds a faulted MPS client's guests have to read their error
 DEFAULT_DEVICE = "hvgpu.host.executor.cuda_device:CudaDevice"
 log = logging.getLogger("hvgpu.executor")
 
@@ -135,6 +136,21 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                         "replace it for the VM's next programs", name, status)
             try:
                 link.send(lane.POISONED, status=status)
+            except OSError:
+                pass
+            if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+                # MPS takes no new client, for any VM, while a faulted one lives: end
+                # this one's guests once their error replies are out, so it exits.
+                threading.Timer(_FAULT_GRACE, disconnect_all).start()
+
+    def disconnect_all() -> None:
+        with lock:
+            live = [s for s, _ in sessions.values()]
+        log.warning("slice %s: ending the %d connections of this faulted MPS client so the "
+                    "MPS server takes clients again", name, len(live))
+        for session in live:
+            try:
+                session.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
+import time
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor import compiler
@@ -35,6 +36,8 @@ _MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
 _WINDOW_BASE = 0x6000_0000_0000
 _WINDOW_SIZE = 1 << 40
 _CU_STREAM_NON_BLOCKING = 1
+_MPS_SERVER_NOT_READY = 807
+_MPS_NOT_READY_WAIT = 30.0
 
 
 # cuMemAlloc's footprint, measured on the H200 (driver 580) with cuMemGetInfo:
@@ -191,10 +194,19 @@ class CudaDevice:
         if cu is None:
             raise CudaError(P.HV_NO_GPU, "cuda-python (cuda-bindings) is not installed on "
                             f"the host ({_IMPORT_ERROR}); install hvgpu[host]")
-        try:
-            err, = cu.cuInit(0)
-        except RuntimeError as exc:  # libcuda.so.1 could not be loaded
-            raise CudaError(P.HV_NO_GPU, f"no NVIDIA driver on the host: {exc}") from None
+        # After a kernel fault, MPS takes no new client until the faulted one has
+        # exited (seen on the H200: 807 meanwhile); that executor is on its way out.
+        deadline = time.monotonic() + _MPS_NOT_READY_WAIT
+        while True:
+            try:
+                err, = cu.cuInit(0)
+            except RuntimeError as exc:  # libcuda.so.1 could not be loaded
+                raise CudaError(P.HV_NO_GPU, f"no NVIDIA driver on the host: {exc}") from None
+            if _status(err) != _MPS_SERVER_NOT_READY or time.monotonic() > deadline:
+                break
+            log.info("MPS server not ready for a new client yet (a faulted one is ending); "
+                     "trying again")
+            time.sleep(0.25)
         if _status(err) != 0:
             _raise(err, "cuInit: no usable NVIDIA driver/GPU on the host")
         self.ordinal = ordinal
