@@ -27,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import hvgpu
 from hvgpu.errors import HvgpuError
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,10 @@ class Launcher:
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         for more in extra:
             env.update(more)
+        # The same hvgpu as the agent's, whatever the executor's working directory.
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(hvgpu.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH"))
+                                            if p)
         # nothing in an executor may need the agent's home or a passwd lookup
         env.update(HOME=str(self.workdir), USER=self.user.name, LOGNAME=self.user.name)
         return env

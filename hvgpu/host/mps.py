@@ -55,7 +55,11 @@ class MpsDaemon:
                 log.info("joined the MPS control daemon at %s", self.pipe_dir)
                 self.running = True
                 return True
-        proc = subprocess.run([binary, "-d"], env=env, capture_output=True, text=True, timeout=30)
+        # Its sockets must admit the executor user's group: the directories are setgid
+        # to that group, and this umask leaves group rights on what the daemon makes
+        # (seen on the H200: with the default, an hvgpu-user client got 805).
+        proc = subprocess.run([binary, "-d"], env=env, capture_output=True, text=True, timeout=30,
+                              umask=0o007 if self.group is not None else 0o077)
         if proc.returncode != 0:
             self.reason = (f"{CONTROL} -d failed: {(proc.stderr or proc.stdout).strip()}; "
                            "compute is time-shared")
