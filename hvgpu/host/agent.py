@@ -223,6 +223,7 @@ class Agent:
         self.launcher.prepare(self.config.env)  # on failure, start() closes what was opened
         if self.launcher.user.switch:
             self.mps.group = self.launcher.user.gid
+            self.mps.owner = self.launcher.user.uid
         log.log(logging.WARNING if self.launcher.requested == "root" else logging.INFO,
                 "executors run %s; confined by %s", self.launcher.describe(),
                 sandbox.available(self.config.confine))

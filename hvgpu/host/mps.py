@@ -8,10 +8,11 @@ a running executor keeps the ones it started with. Must not start clients.
 
 The pipe and log directories live in the agent's runtime directory, not its
 state directory (0700): executors run as another user and must reach them.
-MPS starts one server per client uid, as that uid, so the server (the
-executor user) writes there too: with ``group`` (the executor user's gid)
-both directories are the agent's and that group's (2770), reachable by no one
-else.
+MPS starts one server per client uid, as that uid but not with its group
+(seen on the H200: a server for the executor user, with the directories
+root's and that user's group's, exited at once and its client got 805), so
+with ``owner`` (the executor user) the directories are that user's (0770,
+group theirs too): the root daemon reaches them anyway, nobody else does.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ CONTROL = "nvidia-cuda-mps-control"
 
 
 class MpsDaemon:
-    def __init__(self, directory: str | os.PathLike, group: int | None = None):
+    def __init__(self, directory: str | os.PathLike, group: int | None = None,
+                 owner: int | None = None):
         self.directory = Path(directory)
         self.group = group
+        self.owner = owner
         self.pipe_dir = self.directory / "pipe"
         self.log_dir = self.directory / "log"
         self.running = False
@@ -73,7 +76,8 @@ class MpsDaemon:
         for d in (self.directory, self.pipe_dir, self.log_dir):
             d.mkdir(parents=True, exist_ok=True)
             if self.group is not None:
-                os.chown(d, os.geteuid(), self.group, follow_symlinks=False)
+                os.chown(d, os.geteuid() if self.owner is None else self.owner, self.group,
+                         follow_symlinks=False)
             os.chmod(d, (0o750 if d == self.directory else 0o2770) if self.group is not None
                      else 0o700, follow_symlinks=False)
 
