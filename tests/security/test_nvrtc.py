@@ -217,3 +217,25 @@ def test_agent_compiles_with_real_nvrtc(tmp_path):
             assert "error" in info.value.log
     finally:
         running.stop()
+
+
+def test_each_vm_compiles_into_a_cache_of_its_own(tmp_path):
+    from hvgpu.host.control_lane import ControlClient
+    from tests.conftest import FAKE_DEVICE, RunningAgent
+
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
+    try:
+        control = ControlClient(running.control)
+        for vm in ("vm1", "vm2"):
+            control.call("attach", vm=vm, mem="64M")
+            with Connection(running.vm_address(vm)) as c:
+                Program(SAXPY, connection=c).compile()
+        control.close()
+        cache = tmp_path / "cache"
+        mine = {vm: sorted(p.name for p in (cache / "vms" / vm).glob("*.cubin"))
+                for vm in ("vm1", "vm2")}
+        # the same source compiled by both: one entry in each VM's cache, none shared
+        assert len(mine["vm1"]) == 1 and mine["vm1"] == mine["vm2"]
+        assert not list(cache.glob("*.cubin"))
+    finally:
+        running.stop()
