@@ -43,7 +43,12 @@ def reply(reader):
 
 
 def saxpy_works(agent) -> bool:
-    with Connection(agent.address) as conn:
+    return saxpy_works_at(agent.address)
+
+
+def saxpy_works_at(address) -> bool:
+    """A whole program (allocate, copy, compile, launch, copy back) gives the right y."""
+    with Connection(address) as conn:
         dev = Device(connection=conn)
         kernel = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
         x = np.arange(1000, dtype=np.float32)

@@ -13,26 +13,10 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, Program
-from hvgpu.host.control_lane import ControlClient
 from hvgpu.host.executor.cuda_device import driver_footprint
-from tests.conftest import FAKE_DEVICE, RunningAgent
 
 M = 1 << 20
 BIG = '__device__ char big[{n}];\nextern "C" __global__ void noop() {{}}\n'
-
-
-@pytest.fixture
-def agent(tmp_path):
-    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
-    yield running
-    running.stop()
-
-
-@pytest.fixture
-def control(agent):
-    client = ControlClient(agent.control)
-    yield client
-    client.close()
 
 
 def test_footprint_follows_the_driver():

@@ -15,7 +15,6 @@ import os
 import pwd
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys

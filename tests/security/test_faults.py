@@ -12,41 +12,16 @@ from __future__ import annotations
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
-from hvgpu.host.control_lane import ControlClient
-from tests.conftest import FAKE_DEVICE, RunningAgent
-from tests.host.test_agent import SAXPY
+from tests.host.test_agent import saxpy_works_at
 
 FAULT = 'extern "C" __global__ void fault() {}'
 
 
-@pytest.fixture
-def agent(tmp_path):
-    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
-    yield running
-    running.stop()
-
-
-def saxpy_on(address) -> bool:
-    with Connection(address) as conn:
-        dev = Device(connection=conn)
-        kernel = Program(SAXPY, connection=conn).compile().get_kernel("saxpy")
-        x = np.arange(256, dtype=np.float32)
-        dx, dy = dev.allocate(x.nbytes), dev.allocate(x.nbytes)
-        dx.copy_from(x)
-        dy.copy_from(np.ones_like(x))
-        launch(kernel, LaunchConfig(grid=1, block=256), np.float32(2), dx, dy, 256)
-        out = np.empty_like(x)
-        dy.copy_to(out)
-        return bool(np.array_equal(out, 2 * x + 1))
-
-
-def test_later_and_concurrent_programs_work_after_a_fault(agent):
-    control = ControlClient(agent.control)
+def test_later_and_concurrent_programs_work_after_a_fault(agent, control):
     control.call("attach", vm="vm1", mem="64M")
     address = agent.vm_address("vm1")
     faulty = Connection(address)
@@ -59,9 +34,9 @@ def test_later_and_concurrent_programs_work_after_a_fault(agent):
         with pytest.raises(CudaError):  # the faulting program keeps its error, as in CUDA
             dev.sync()
         # while the faulting program is still connected: a later program, and two at once
-        assert saxpy_on(address)
+        assert saxpy_works_at(address)
         results = []
-        threads = [threading.Thread(target=lambda: results.append(saxpy_on(address)))
+        threads = [threading.Thread(target=lambda: results.append(saxpy_works_at(address)))
                    for _ in range(2)]
         for t in threads:
             t.start()
@@ -76,17 +51,14 @@ def test_later_and_concurrent_programs_work_after_a_fault(agent):
     while time.monotonic() < deadline and len(control.call("status")[0]["executors"]) > 1:
         time.sleep(0.05)
     assert len(control.call("status")[0]["executors"]) == 1
-    assert saxpy_on(address)
-    control.close()
+    assert saxpy_works_at(address)
 
 
-def test_a_fault_in_one_vm_leaves_another_vm_alone(agent):
-    control = ControlClient(agent.control)
+def test_a_fault_in_one_vm_leaves_another_vm_alone(agent, control):
     control.call("attach", vm="vm1", mem="64M")
     control.call("attach", vm="vm2", mem="64M")
     with Connection(agent.vm_address("vm1")) as faulty:
         launch(Program(FAULT, connection=faulty).compile().get_kernel("fault"), LaunchConfig())
         with pytest.raises(CudaError):
             Device(connection=faulty).sync()
-        assert saxpy_on(agent.vm_address("vm2"))
-    control.close()
+        assert saxpy_works_at(agent.vm_address("vm2"))
