@@ -124,6 +124,17 @@ def test_lying_header_sizes_are_refused(conn):
     Program(SAXPY, connection=conn).compile()  # still served
 
 
+def test_an_oversize_source_with_headers_is_refused_before_it_is_held(conn):
+    from hvgpu.host.executor.nvrtc_policy import MAX_SOURCE
+
+    n = MAX_SOURCE + 1
+    with pytest.raises(CudaError, match=f"limit of {MAX_SOURCE >> 20} MiB") as info:
+        conn.call("MODULE_COMPILE_HEADERS", "p.cu", "", "a.h",
+                  (n - 1).to_bytes(8, "little") + (1).to_bytes(8, "little"), payload=b" " * n)
+    assert info.value.status == 1
+    Program(SAXPY, connection=conn).compile()  # still served
+
+
 def test_the_compile_cache_is_bounded_least_recently_used_first(tmp_path):
     cache = CompileCache(tmp_path, max_bytes=10_000, max_entries=3)
     for i in range(5):

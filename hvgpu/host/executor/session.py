@@ -57,9 +57,10 @@ _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold
 # Payloads a session holds whole before using them; larger ones are refused
 # (CUDA_ERROR_INVALID_VALUE) and skipped, so the session goes on.
 MAX_MODULE_IMAGE = 256 << 20  # MODULE_LOAD_DATA: a PTX, cubin or fatbin image
-MAX_SOURCE = 16 << 20  # MODULE_COMPILE: CUDA C++ source
+MAX_SOURCE = nvrtc_policy.MAX_SOURCE  # MODULE_COMPILE(_HEADERS): source and its headers
 _PAYLOAD_LIMITS = {P.OP["MODULE_LOAD_DATA"]: (MAX_MODULE_IMAGE, "module image"),
-                   P.OP["MODULE_COMPILE"]: (MAX_SOURCE, "source")}
+                   P.OP["MODULE_COMPILE"]: (MAX_SOURCE, "source"),
+                   P.OP["MODULE_COMPILE_HEADERS"]: (MAX_SOURCE, "source with its headers")}
 _TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
 _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
 
@@ -691,10 +692,6 @@ class Session:
 
     def _compile(self, hdr, name, options, names: list[str], counts: list[int]):
         """NVRTC through nvrtc_policy's checks, then the per-VM cache or a confined child."""
-        if hdr.payload_len > nvrtc_policy.MAX_SOURCE:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"{hdr.payload_len} bytes of source and headers; at most "
-                            f"{nvrtc_policy.MAX_SOURCE}")
         name = nvrtc_policy.check_program_name(name)
         nvrtc_policy.check_header_names(names)
         opts = nvrtc_policy.check_options([o for o in options.split("\0") if o], names)
