@@ -216,3 +216,22 @@ def test_a_vgpu_the_program_cannot_reach_leaves_it_the_others(programs, tmp_path
     assert out.returncode == 0, out.stderr
     assert "copy back: no error" in out.stdout
     assert "device 1 of this VM's 2 vGPUs cannot be reached" in out.stderr
+
+
+@pytest.mark.parametrize("trace", ["1", None])
+def test_a_crash_under_trace_names_the_address_and_still_kills_the_program(tmp_path, trace):
+    exe = tmp_path / "crash_report"
+    subprocess.run(["cc", "-o", str(exe), str(HERE / "cuda" / "crash_report.c"),
+                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(library().parent),
+               HVGPU_AGENT=f"unix://{tmp_path / 'nobody.sock'}")
+    env.pop("HVGPU_SHIM_TRACE", None)
+    if trace:
+        env["HVGPU_SHIM_TRACE"] = trace
+    p = subprocess.run([str(exe)], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == -11  # the program dies as it would have without the shim's handler
+    if trace:
+        assert "fatal signal 11 (Segmentation fault) at address 0x18" in p.stderr
+        assert "libcuda.so.1" in p.stderr or "crash_report" in p.stderr  # the native stack
+    else:
+        assert "fatal signal" not in p.stderr
