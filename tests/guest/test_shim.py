@@ -235,3 +235,20 @@ def test_a_crash_under_trace_names_the_address_and_still_kills_the_program(tmp_p
         assert "libcuda.so.1" in p.stderr or "crash_report" in p.stderr  # the native stack
     else:
         assert "fatal signal" not in p.stderr
+
+
+def test_the_cluster_table_answers_what_it_carries_and_refuses_the_rest(lib):
+    """cuBLASLt calls into this table without checking it was given one: every slot is
+    a real function, and the GPU-layout slot refuses instead of inventing a layout."""
+    table = ctypes.c_void_p()
+    uuid = (ctypes.c_ubyte * 16)(*bytes.fromhex("1734dc26800d47458726c0f1e7dd8bca"))
+    assert lib.cuGetExportTable(ctypes.byref(table), uuid) == 0 and table.value
+    slots = (ctypes.c_void_p * 17).from_address(table.value)
+    assert slots[0] == 17 * 8 and all(slots[1:])  # its size in bytes, as the driver's
+    vgpc, mtpc = ctypes.c_void_p(1), ctypes.c_void_p(1)
+    layout = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(slots[4])
+    assert layout(ctypes.byref(vgpc), ctypes.byref(mtpc)) == 801  # CUDA_ERROR_NOT_SUPPORTED
+    assert vgpc.value is None and mtpc.value is None
+    flag = ctypes.c_int(7)
+    absent = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(slots[14])
+    assert absent(ctypes.byref(flag)) == 0 and flag.value == 0

@@ -364,6 +364,142 @@ static CUresult integrity_check(uint32_t version, uint64_t unix_seconds, uint64_
 
 static fnptr integrity_table[3] = { SLOTS(3), (fnptr)integrity_check, NULL };
 
+/* -- clusters: thread-block cluster settings of functions ---------------------------
+ * cuBLASLt's matmul heuristics ask for this table on GPUs with thread-block clusters
+ * (sm90) and call into it without checking that the driver gave one (a NULL table
+ * crashed them at slot 4). Its slots get and set a function's cluster settings and
+ * answer cluster occupancy, all of which the documented driver API also carries
+ * (function attributes 10-15, cuOccupancyMaxPotentialClusterSize/MaxActiveClusters,
+ * device attribute 120), so each slot here is that documented call, forwarded like
+ * any other. The slots that describe the GPU's internal layout (which GPC each TPC
+ * sits in), override driver limits or report features the shim does not carry say
+ * so and give nothing: no slot hands back memory or state the shim does not own. */
+
+enum {
+    FUNC_CLUSTER_SIZE_MUST_BE_SET = 10,
+    FUNC_REQUIRED_CLUSTER_WIDTH = 11, /* HEIGHT 12, DEPTH 13 */
+    FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+    FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
+    DEVICE_CLUSTER_LAUNCH = 120,
+    LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+};
+
+CUresult cuFuncGetAttribute(int *value, int attrib, CUfunction f);
+CUresult cuFuncSetAttribute(CUfunction f, int attrib, int value);
+
+typedef struct { int id; char pad[4]; char value[64]; } cluster_launch_attribute;
+typedef struct {
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    CUstream stream;
+    cluster_launch_attribute *attrs;
+    unsigned nattrs;
+} cluster_launch_config; /* CUlaunchConfig, as cuOccupancy*Cluster* take it */
+CUresult cuOccupancyMaxActiveClusters(int *clusters, CUfunction f, const cluster_launch_config *c);
+CUresult cuOccupancyMaxPotentialClusterSize(int *size, CUfunction f,
+                                            const cluster_launch_config *c);
+
+static CUresult cluster_set_dim(CUfunction f, int x, int y, int z) {
+    CUresult r = cuFuncSetAttribute(f, FUNC_REQUIRED_CLUSTER_WIDTH, x);
+    if (!r) r = cuFuncSetAttribute(f, FUNC_REQUIRED_CLUSTER_WIDTH + 1, y);
+    return r ? r : cuFuncSetAttribute(f, FUNC_REQUIRED_CLUSTER_WIDTH + 2, z);
+}
+
+static CUresult cluster_set_policy(CUfunction f, int policy) {
+    return cuFuncSetAttribute(f, FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE, policy);
+}
+
+static CUresult cluster_set_non_portable(CUfunction f, int enable) {
+    return cuFuncSetAttribute(f, FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, enable);
+}
+
+static CUresult cluster_gpc_layout(unsigned char **vgpc, unsigned char **mtpc) {
+    static int once;
+    if (vgpc) *vgpc = NULL;
+    if (mtpc) *mtpc = NULL;
+    return hv_unsupported("the GPU's TPC-to-GPC layout (cluster table slot 4)", &once);
+}
+
+static CUresult cluster_get_dim(CUfunction f, int *x, int *y, int *z) {
+    if (!x || !y || !z) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuFuncGetAttribute(x, FUNC_REQUIRED_CLUSTER_WIDTH, f);
+    if (!r) r = cuFuncGetAttribute(y, FUNC_REQUIRED_CLUSTER_WIDTH + 1, f);
+    return r ? r : cuFuncGetAttribute(z, FUNC_REQUIRED_CLUSTER_WIDTH + 2, f);
+}
+
+static CUresult cluster_get_policy(CUfunction f, int *policy) {
+    return cuFuncGetAttribute(policy, FUNC_CLUSTER_SCHEDULING_POLICY_PREFERENCE, f);
+}
+
+static CUresult cluster_get_non_portable(CUfunction f, int *enable) {
+    return cuFuncGetAttribute(enable, FUNC_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, f);
+}
+
+static CUresult cluster_launch_supported(CUdevice dev, int *supported) {
+    return cuDeviceGetAttribute(supported, DEVICE_CLUSTER_LAUNCH, dev);
+}
+
+static CUresult cluster_max_size(CUfunction f, int block, size_t smem, int *size) {
+    if (!size || block <= 0 || smem > UINT32_MAX) return CUDA_ERROR_INVALID_VALUE;
+    cluster_launch_config c = { 1, 1, 1, (unsigned)block, 1, 1, (unsigned)smem, NULL, NULL, 0 };
+    return cuOccupancyMaxPotentialClusterSize(size, f, &c);
+}
+
+static CUresult cluster_max_active(CUfunction f, int block, size_t smem, int cluster, int *n) {
+    if (!n || block <= 0 || cluster <= 0 || smem > UINT32_MAX) return CUDA_ERROR_INVALID_VALUE;
+    cluster_launch_attribute a = { LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, { 0 }, { 0 } };
+    unsigned dims[3] = { (unsigned)cluster, 1, 1 };
+    memcpy(a.value, dims, sizeof dims);
+    cluster_launch_config c = { (unsigned)cluster, 1, 1, (unsigned)block, 1, 1, (unsigned)smem,
+                                NULL, &a, 1 };
+    return cuOccupancyMaxActiveClusters(n, f, &c);
+}
+
+/* Returns the limit, not a status: the one it keeps, since the shim overrides nothing. */
+static uint32_t cluster_override_max(int device, uint32_t size) {
+    static int once;
+    (void)size;
+    hv_unsupported("overriding the GPU's cluster size limit (cluster table slot 11)", &once);
+    int clusters = 0;
+    (void)cuDeviceGetAttribute(&clusters, DEVICE_CLUSTER_LAUNCH, device);
+    return clusters ? 8 : 0; /* the portable cluster size, the one CUDA guarantees */
+}
+
+static CUresult cluster_get_must_be_set(CUfunction f, int *must) {
+    return cuFuncGetAttribute(must, FUNC_CLUSTER_SIZE_MUST_BE_SET, f);
+}
+
+static CUresult cluster_free_layout(unsigned char *vgpc, unsigned char *mtpc) {
+    (void)vgpc; (void)mtpc; /* slot 4 never hands any out */
+    return CUDA_SUCCESS;
+}
+
+/* Features the shim does not carry: "not supported" is their honest answer. */
+static CUresult cluster_feature_absent(int *supported) {
+    if (!supported) return CUDA_ERROR_INVALID_VALUE;
+    *supported = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult cluster_singleton_base(CUdevice dev, unsigned char *base) {
+    static int once;
+    (void)dev; (void)base;
+    return hv_unsupported("the GPU's singleton GPC base (cluster table slot 15)", &once);
+}
+
+static CUresult cluster_preferred_absent(CUdevice dev, int *supported) {
+    (void)dev;
+    return cluster_feature_absent(supported);
+}
+
+static fnptr cluster_table[17] = {
+    SLOTS(17), (fnptr)cluster_set_dim, (fnptr)cluster_set_policy,
+    (fnptr)cluster_set_non_portable, (fnptr)cluster_gpc_layout, (fnptr)cluster_get_dim,
+    (fnptr)cluster_get_policy, (fnptr)cluster_get_non_portable, (fnptr)cluster_launch_supported,
+    (fnptr)cluster_max_size, (fnptr)cluster_max_active, (fnptr)cluster_override_max,
+    (fnptr)cluster_get_must_be_set, (fnptr)cluster_free_layout, (fnptr)cluster_feature_absent,
+    (fnptr)cluster_singleton_base, (fnptr)cluster_preferred_absent,
+};
+
 /* -- the lookup ------------------------------------------------------------------ */
 
 static const struct { unsigned char id[16]; const void *table; const char *name; } TABLES[] = {
@@ -381,6 +517,8 @@ static const struct { unsigned char id[16]; const void *table; const char *name;
       context_table, "context table" },
     { { 0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2 },
       integrity_table, "integrity check" },
+    { { 0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca },
+      cluster_table, "clusters" },
 };
 
 HV_EXPORT CUresult cuGetExportTable(const void **table, const unsigned char *id) {
