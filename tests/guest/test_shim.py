@@ -252,3 +252,14 @@ def test_the_cluster_table_answers_what_it_carries_and_refuses_the_rest(lib):
     flag = ctypes.c_int(7)
     absent = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(slots[14])
     assert absent(ctypes.byref(flag)) == 0 and flag.value == 0
+
+
+@needs_nvcc
+def test_the_runtime_makes_the_primary_context_current_on_a_new_thread(fake_agent, tmp_path):
+    exe = tmp_path / "thread_context"
+    subprocess.run([NVCC, "-arch=sm_90", "-o", str(exe), str(HERE / "cuda/thread_context.cu"),
+                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True, capture_output=True,
+                   timeout=300)
+    out = _guest("run", "--", str(exe), env=_env(fake_agent.address))
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    assert "after the primary context" in out.stdout

@@ -155,12 +155,18 @@ typedef void (*cls_dtor)(CUcontext, void *, void *);
 static struct { CUcontext ctx; void *key, *value; cls_dtor dtor; } cls[256];
 static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* NULL is the calling thread's current context, and a thread with none has no storage:
+   the runtime reads that as "this thread's context is not set up yet" and makes the
+   primary context current on it, as the driver would have it (answering with the
+   primary's storage left new threads without a current context, which cuBLAS then
+   finds missing: PyTorch's autograd threads warned so). */
 static CUcontext ctx_or_current(CUcontext ctx) {
-    return ctx ? ctx : hv_current_or_primary();
+    return ctx ? ctx : hv_current();
 }
 
 static CUresult cls_put(CUcontext ctx, void *key, void *value, cls_dtor dtor) {
     ctx = ctx_or_current(ctx);
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
     CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&cls_lock);
     int free_slot = -1;
@@ -181,6 +187,7 @@ static CUresult cls_put(CUcontext ctx, void *key, void *value, cls_dtor dtor) {
 
 static CUresult cls_delete(CUcontext ctx, void *key) {
     ctx = ctx_or_current(ctx);
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&cls_lock);
     for (int i = 0; i < 256; i++)
         if (cls[i].key == key && cls[i].ctx == ctx) cls[i].key = NULL;
@@ -190,6 +197,7 @@ static CUresult cls_delete(CUcontext ctx, void *key) {
 
 static CUresult cls_get(void **value, CUcontext ctx, void *key) {
     ctx = ctx_or_current(ctx);
+    if (!ctx) return CUDA_ERROR_INVALID_CONTEXT;
     CUresult r = CUDA_ERROR_INVALID_HANDLE;
     pthread_mutex_lock(&cls_lock);
     for (int i = 0; i < 256; i++) {
