@@ -52,6 +52,7 @@ _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _HEADER_SIZE = P.HEADER.size
 _SEQ = struct.Struct("<8xI")  # a header's seq, read in place
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
+_MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
 
 # Payloads a session holds whole before using them; larger ones are refused
@@ -736,8 +737,27 @@ class Session:
     def op_func_get_attribute(self, hdr, function, attrib):
         return (self.device.func_attribute(self.functions.get(function)[1], attrib),)
 
+    def op_func_get_attributes(self, hdr, function, count):
+        if not 0 < count <= _MAX_FUNC_ATTRIBUTES:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"{count} function attributes asked for (1..{_MAX_FUNC_ATTRIBUTES})")
+        fn = self.functions.get(function)[1]
+        known, values = 0, []
+        for attrib in range(count):
+            try:
+                values.append(self.device.func_attribute(fn, attrib))
+                known |= 1 << attrib
+            except CudaError as exc:
+                if exc.status != P.CUDA_ERROR_INVALID_VALUE:
+                    raise
+                values.append(0)  # an attribute this driver does not have
+        return (known, struct.pack(f"<{count}i", *values))
+
     def op_func_set_attribute(self, hdr, function, attrib, value):
         self.device.func_set_attribute(self.functions.get(function)[1], attrib, value)
+
+    def op_func_set_cache_config(self, hdr, function, config):
+        self.device.func_set_cache_config(self.functions.get(function)[1], config)
 
     def op_occupancy_max_blocks(self, hdr, function, block_size, shared_mem, flags):
         fn = self.functions.get(function)[1]
