@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+_LAUNCH_ONEWAY = _LAUNCH << 1 | 1  # Session.by_op's key for the C loop's launches
+_OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
 _SEQ = struct.Struct("<8xI")  # a header's seq, read in place
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
@@ -180,6 +182,7 @@ class Session:
         self.handlers: dict[int, Callable] = {
             code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
         self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+        self.by_op: dict[int, int] = {}  # op << 1 | one-way -> frames (see op_counts)
         self.burst = self._launch_burst()
 
     def _launch_burst(self) -> LaunchBurst | None:
@@ -246,6 +249,8 @@ class Session:
             self.busy = (monotonic(), hdr.op, hdr.seq)
             self.counts["frames"] += 1
             oneway = hdr.flags & P.FLAG_ONEWAY
+            key = hdr.op << 1 | (oneway != 0)
+            self.by_op[key] = self.by_op.get(key, 0) + 1
             if hdr.version != self.version:
                 self._fatal(hdr.op, hdr.seq, ProtocolError(
                     f"frame of protocol version {hdr.version} on a v{self.version} connection"))
@@ -309,6 +314,8 @@ class Session:
         if consumed:
             self.counts["frames"] += launched + (status != 0)
             self.counts["launches"] += launched
+            self.by_op[_LAUNCH_ONEWAY] = self.by_op.get(_LAUNCH_ONEWAY, 0) + launched \
+                + (status != 0)
         if status:
             if status in P.STICKY_STATUSES:
                 self.on_poisoned(status)
@@ -454,6 +461,8 @@ class Session:
                  self.peer, c["frames"], c["launches"], c["h2d_bytes"], c["d2h_bytes"],
                  len(self.allocs), self.allocs.total, len(self.modules.objects),
                  len(self.streams.objects), len(self.events.objects))
+        if self.by_op:
+            log.info("%s: frames by op: %s", self.peer, self.op_counts())
         if self.staging is not None and self.owns_staging:
             self.staging.close()
         self.staging = None
@@ -475,6 +484,21 @@ class Session:
         if self.owns_device:
             _quietly(self.device.close)
         self.device = None
+
+    def op_counts(self) -> str:
+        """The frames this guest sent, per op, busiest first: "LAUNCH_KERNEL 900 one-way,
+        FUNC_SET_ATTRIBUTE 2 sync + 30 one-way, ..." (sync: each was a round trip)."""
+        per_op: dict[int, list[int]] = {}
+        for key, n in self.by_op.items():
+            per_op.setdefault(key >> 1, [0, 0])[key & 1] += n
+        ranked = sorted(per_op.items(), key=lambda item: (-sum(item[1]), P.op_name(item[0])))
+        parts = [P.op_name(op) + " " + " + ".join(
+                     f"{n} {kind}" for n, kind in zip(counts, ("sync", "one-way")) if n)
+                 for op, counts in ranked[:_OPS_LOGGED]]
+        rest = ranked[_OPS_LOGGED:]
+        if rest:
+            parts.append(f"{sum(sum(c) for _, c in rest)} more in {len(rest)} other ops")
+        return ", ".join(parts)
 
     # -- helpers -------------------------------------------------------------
 
