@@ -85,6 +85,9 @@ CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *p
 CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
                    uint64_t payload_len);
 CUresult hv_flush(void);
+/* How many errors of one-way frames the routed vGPU's agent has reported (each
+   surfaced at a later call): what the guest assumed they did may not hold. */
+unsigned hv_oneway_failures(void);
 int hv_trace_enabled(void);
 void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);
