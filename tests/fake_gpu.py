@@ -59,8 +59,8 @@ KERNELS = {
 }
 
 # CUfunction_attribute 0..15 (cuda.h 13.0): what cuFuncGetAttribute answers for a kernel
-# before any cuFuncSetAttribute; a kernel's entry in FUNC_ATTRIBUTES changes some of them.
-_SHARED_PER_BLOCK, _SHARED_OPTIN, _SHARED_PER_SM = 49152, 232448, 233472
+# before any cuFuncSetAttribute; a kernel's entry in KERNEL_ATTRIBUTES changes some of them.
+_SHARED_PER_BLOCK, _SHARED_PER_SM = 49152, 233472
 FUNC_ATTRIBUTES = {0: 1024, 1: 0, 2: 0, 3: 0, 4: 32, 5: 90, 6: 90, 7: 0, 8: _SHARED_PER_BLOCK,
                    9: -1, 10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
 KERNEL_ATTRIBUTES = {"matmul": {1: 8192, 4: 64, 8: _SHARED_PER_BLOCK - 8192},
@@ -94,7 +94,7 @@ class FakeDevice:
         self.c_launches = 0  # of those, launched by the session's C loop
         self._entry = None
         self._values: dict = {}  # handle -> its C value, and back
-        self.func_attrs: dict = {}  # function -> the attributes cuFuncSetAttribute changed
+        self.func_attrs: dict = {}  # function -> its attributes, with what was set
         self.cache_configs: dict = {}  # function -> its cuFuncSetCacheConfig preference
         self._handles: dict = {}
 
@@ -237,12 +237,15 @@ class FakeDevice:
             return self.mem_alloc(256), 256
         raise CudaError(500, f"fake: no variable named {name!r}")
 
+    @staticmethod
+    def _compiled(function) -> dict:
+        name = function[1] if isinstance(function, tuple) else function
+        return {**FUNC_ATTRIBUTES, **KERNEL_ATTRIBUTES.get(name, {})}
+
     def _func_attrs(self, function) -> dict:
         attrs = self.func_attrs.get(function)
         if attrs is None:
-            name = function[1] if isinstance(function, tuple) else function
-            attrs = self.func_attrs[function] = {**FUNC_ATTRIBUTES,
-                                                 **KERNEL_ATTRIBUTES.get(name, {})}
+            attrs = self.func_attrs[function] = self._compiled(function)
         return attrs
 
     def func_attribute(self, function, attrib):
@@ -254,15 +257,13 @@ class FakeDevice:
     def func_set_attribute(self, function, attrib, value):
         """As cuFuncSetAttribute documents it (cuda.h 13.0)."""
         attrs = self._func_attrs(function)
-        compiled = {**FUNC_ATTRIBUTES, **KERNEL_ATTRIBUTES.get(
-            function[1] if isinstance(function, tuple) else function, {})}
         if attrib not in _SETTABLE:
             raise CudaError(1, f"fake: function attribute {attrib} cannot be set")
-        if attrib == 8 and not 0 <= value <= _SHARED_OPTIN - attrs[1]:
+        if attrib == 8 and not 0 <= value <= self.attribute(97) - attrs[1]:  # the opt-in limit
             raise CudaError(1, f"fake: {value} bytes of dynamic shared memory do not fit")
         if attrib == 9 and not -1 <= value <= 100:
             raise CudaError(1, f"fake: carveout {value} is not a percentage")
-        if attrib in (11, 12, 13) and compiled[attrib]:
+        if attrib in (11, 12, 13) and self._compiled(function)[attrib]:
             raise CudaError(800, "fake: the cluster shape was set when the kernel was compiled")
         if attrib in (11, 12, 13) and value < 0 or attrib in (10, 14) and value not in (0, 1) \
                 or attrib == 15 and value not in (0, 1, 2):
