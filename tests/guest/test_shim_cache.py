@@ -110,6 +110,7 @@ def test_a_library_kernel_has_its_own_attributes_on_each_vgpu(program, tmp_path)
     assert stats["FUNC_GET_ATTRIBUTES"] == (2, 0)  # once on each vGPU
     assert stats["MODULE_GET_FUNCTION"] == (2, 0)  # the second cuLibraryGetKernel asked nothing
     assert stats["FUNC_SET_ATTRIBUTE"] == (0, 2)
+    assert stats["FUNC_GET_PARAM_INFO"] == (1, 0)  # the layout: once per kernel
 
 
 def test_threads_asking_at_once_get_the_right_answers_fetched_once(program, fake_agent):

@@ -29,6 +29,8 @@ int cuLibraryLoadData(void **lib, const void *code, void *jo, void **jv, unsigne
 int cuLibraryGetKernel(void **kernel, void *lib, const char *name);
 int cuKernelGetAttribute(int *value, int attrib, void *kernel, int dev);
 int cuKernelSetAttribute(int attrib, int value, void *kernel, int dev);
+int cuKernelGetFunction(void **fn, void *kernel);
+int cuKernelGetParamInfo(void *kernel, size_t index, size_t *offset, size_t *size);
 int cuFuncGetAttribute(int *value, int attrib, void *fn);
 int cuFuncSetAttribute(void *fn, int attrib, int value);
 int cuFuncSetCacheConfig(void *fn, int config);
@@ -213,6 +215,16 @@ static int vgpus(void) {
     EXPECT("set on device 1, read there", value, 1000);
     CHECK(cuKernelGetAttribute(&value, MAX_DYNAMIC_SHARED, kernel, 0));
     EXPECT("device 0 kept its own", value, 30000);
+    void *fn;
+    size_t offset, size;
+    CHECK(cuKernelGetFunction(&fn, kernel));
+    CHECK(cuFuncGetAttribute(&value, MAX_DYNAMIC_SHARED, fn)); /* the current context's: 0 */
+    EXPECT("through cuKernelGetFunction", value, 30000);
+    for (int i = 0; i < 3; i++) {
+        CHECK(cuKernelGetParamInfo(kernel, 1, &offset, &size));
+        CHECK(cuKernelGetParamInfo(again, 2, &offset, &size));
+    }
+    EXPECT("saxpy's third parameter", (long long)(offset * 100 + size), 1608);
     printf("vgpus ok\n");
     return 0;
 }
