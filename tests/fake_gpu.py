@@ -55,7 +55,17 @@ KERNELS = {
     "fault": ([], "", _fault),
     "sleep_ms": ([(0, 4)], "<i", _sleep),
     "burn": ([(0, 8), (8, 4)], "<Qi", lambda dev, out, iters: None),  # bench/multi_tenant.py
+    "clustered": ([], "", lambda dev: None),  # its cluster shape was fixed when compiled
 }
+
+# CUfunction_attribute 0..15 (cuda.h 13.0): what cuFuncGetAttribute answers for a kernel
+# before any cuFuncSetAttribute; a kernel's entry in KERNEL_ATTRIBUTES changes some of them.
+_SHARED_PER_BLOCK, _SHARED_PER_SM = 49152, 233472
+FUNC_ATTRIBUTES = {0: 1024, 1: 0, 2: 0, 3: 0, 4: 32, 5: 90, 6: 90, 7: 0, 8: _SHARED_PER_BLOCK,
+                   9: -1, 10: 0, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}
+KERNEL_ATTRIBUTES = {"matmul": {1: 8192, 4: 64, 8: _SHARED_PER_BLOCK - 8192},
+                     "noop": {4: 8}, "clustered": {11: 2, 12: 1, 13: 1}}
+_SETTABLE = range(8, 16)  # the rest are read-only (CUDA_ERROR_INVALID_VALUE)
 
 
 # cuLaunchKernel's C signature, for the session's C launch loop (launch_burst.c).
@@ -84,6 +94,8 @@ class FakeDevice:
         self.c_launches = 0  # of those, launched by the session's C loop
         self._entry = None
         self._values: dict = {}  # handle -> its C value, and back
+        self.func_attrs: dict = {}  # function -> its attributes, with what was set
+        self.cache_configs: dict = {}  # function -> its cuFuncSetCacheConfig preference
         self._handles: dict = {}
 
     # -- helpers for kernels -------------------------------------------------
@@ -225,14 +237,52 @@ class FakeDevice:
             return self.mem_alloc(256), 256
         raise CudaError(500, f"fake: no variable named {name!r}")
 
+    @staticmethod
+    def _compiled(function) -> dict:
+        name = function[1] if isinstance(function, tuple) else function
+        return {**FUNC_ATTRIBUTES, **KERNEL_ATTRIBUTES.get(name, {})}
+
+    def _func_attrs(self, function) -> dict:
+        attrs = self.func_attrs.get(function)
+        if attrs is None:
+            attrs = self.func_attrs[function] = self._compiled(function)
+        return attrs
+
     def func_attribute(self, function, attrib):
-        return {0: 1024, 1: 0, 4: 32}.get(attrib, 0)  # max threads, static smem, registers
+        attrs = self._func_attrs(function)
+        if attrib not in attrs:
+            raise CudaError(1, f"fake: unknown function attribute {attrib}")
+        return attrs[attrib]
 
     def func_set_attribute(self, function, attrib, value):
-        pass
+        """As cuFuncSetAttribute documents it (cuda.h 13.0)."""
+        attrs = self._func_attrs(function)
+        if attrib not in _SETTABLE:
+            raise CudaError(1, f"fake: function attribute {attrib} cannot be set")
+        if attrib == 8 and not 0 <= value <= self.attribute(97) - attrs[1]:  # the opt-in limit
+            raise CudaError(1, f"fake: {value} bytes of dynamic shared memory do not fit")
+        if attrib == 9 and not -1 <= value <= 100:
+            raise CudaError(1, f"fake: carveout {value} is not a percentage")
+        if attrib in (11, 12, 13) and self._compiled(function)[attrib]:
+            raise CudaError(800, "fake: the cluster shape was set when the kernel was compiled")
+        if attrib in (11, 12, 13) and value < 0 or attrib in (10, 14) and value not in (0, 1) \
+                or attrib == 15 and value not in (0, 1, 2):
+            raise CudaError(1, f"fake: {value} is not a value of function attribute {attrib}")
+        attrs[attrib] = value
+
+    def func_set_cache_config(self, function, config):
+        if config not in (0, 1, 2, 3):
+            raise CudaError(1, f"fake: unknown cache configuration {config}")
+        self.cache_configs[function] = config
+
+    def _shared_per_sm(self, function) -> int:
+        carveout = self._func_attrs(function)[9]  # the preference decides the split
+        return _SHARED_PER_SM if carveout < 0 else _SHARED_PER_SM * carveout // 100
 
     def occupancy_max_blocks(self, function, block_size, shared_mem, flags):
-        return max(1, 2048 // max(block_size, 1))
+        blocks = max(1, 2048 // max(block_size, 1))
+        need = shared_mem + self._func_attrs(function)[1]
+        return min(blocks, self._shared_per_sm(function) // need) if need else blocks
 
     def stream_priority_range(self):
         return 0, -5
@@ -289,7 +339,8 @@ class FakeDevice:
         self.launch(function, grid, block, shared_mem, stream, params)
 
     def occupancy_available_smem(self, function, blocks, block_size):
-        return 49152
+        attrs = self._func_attrs(function)
+        return max(0, min(attrs[8], self._shared_per_sm(function) // max(blocks, 1) - attrs[1]))
 
     def occupancy_clusters(self, which, function, grid, block, shared_mem, attrs):
         return 8 if which else 16

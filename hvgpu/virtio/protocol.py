@@ -142,8 +142,9 @@ OPS: tuple[Op, ...] = (
        doc="cuModuleGetGlobal: the variable's device range becomes copyable by this guest."),
     Op(0x37, "FUNC_GET_ATTRIBUTE", SYNC, _f("u64 function, i32 attrib"), _f("i32 value"),
        doc="cuFuncGetAttribute; attrib is CUfunction_attribute's number."),
-    Op(0x38, "FUNC_SET_ATTRIBUTE", SYNC, _f("u64 function, i32 attrib, i32 value"),
-       doc="cuFuncSetAttribute (e.g. the dynamic shared memory limit)."),
+    Op(0x38, "FUNC_SET_ATTRIBUTE", ONEWAY, _f("u64 function, i32 attrib, i32 value"),
+       doc="cuFuncSetAttribute (e.g. the dynamic shared memory limit); sent as a call, "
+           "it is answered."),
     Op(0x39, "OCCUPANCY_MAX_BLOCKS", SYNC,
        _f("u64 function, i32 block_size, u64 shared_mem, u32 flags"), _f("i32 blocks"),
        doc="cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags."),
@@ -165,6 +166,11 @@ OPS: tuple[Op, ...] = (
           "u32 block_y, u32 block_z, u32 shared_mem, bytes attrs"), _f("i32 value"),
        doc="which 0: cuOccupancyMaxActiveClusters, 1: cuOccupancyMaxPotentialClusterSize, "
            "for the launch configuration given (attrs as in LAUNCH_KERNEL_EX)."),
+    Op(0x3F, "FUNC_GET_ATTRIBUTES", SYNC, _f("u64 function, u32 count"),
+       _f("u32 known, bytes values"),
+       doc="Attributes 0..count-1 (count <= 32) at once as i32 each: the shim's cache of "
+           "the function, filled in one round trip; bit i of known is set where the "
+           "driver answered attribute i (0 stands in the others)."),
     Op(0x40, "STREAM_CREATE", SYNC, _f("u32 flags"), _f("u64 stream")),
     Op(0x41, "STREAM_DESTROY", SYNC, _f("u64 stream")),
     Op(0x42, "STREAM_SYNCHRONIZE", SYNC, _f("u64 stream")),
@@ -181,6 +187,9 @@ OPS: tuple[Op, ...] = (
        doc="Replies CUDA_ERROR_NOT_READY (600) while the event is pending."),
     Op(0x54, "EVENT_SYNCHRONIZE", SYNC, _f("u64 event")),
     Op(0x55, "EVENT_ELAPSED_TIME", SYNC, _f("u64 start, u64 end"), _f("f32 ms")),
+    # 0x60-0x7F: virtual memory management and memory pools.
+    Op(0x80, "FUNC_SET_CACHE_CONFIG", ONEWAY, _f("u64 function, u32 config"),
+       doc="cuFuncSetCacheConfig; config is CUfunc_cache's number."),
 )
 
 # Body of every reply whose status is not success.

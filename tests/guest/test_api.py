@@ -173,7 +173,17 @@ def test_ops_the_driver_shim_needs(conn):
     module = ObjectCode.from_ptx(".visible .entry saxpy(\n", connection=conn)
     kernel = module.get_kernel("saxpy")
     assert conn.call("FUNC_GET_ATTRIBUTE", kernel.function, 0) == (1024,)
-    conn.call("FUNC_SET_ATTRIBUTE", kernel.function, 8, 65536)
+    conn.call("FUNC_SET_ATTRIBUTE", kernel.function, 8, 40000)  # answered when sent as a call
+    known, values = conn.call("FUNC_GET_ATTRIBUTES", kernel.function, 20)
+    attrs = np.frombuffer(values, dtype="<i4")
+    assert known == 0xFFFF and attrs[0] == 1024 and attrs[8] == 40000 and not attrs[16:].any()
+    conn.call("FUNC_SET_CACHE_CONFIG", kernel.function, 1)
+    with pytest.raises(CudaError) as info:
+        conn.call("FUNC_SET_CACHE_CONFIG", kernel.function, 9)
+    assert info.value.status == 1
+    with pytest.raises(CudaError) as info:
+        conn.call("FUNC_GET_ATTRIBUTES", kernel.function, 33)  # more than the mask holds
+    assert info.value.status == 1
     assert conn.call("OCCUPANCY_MAX_BLOCKS", kernel.function, 256, 0, 0)[0] >= 1
     with pytest.raises(CudaError) as info:
         conn.call("MODULE_GET_GLOBAL", module.module, "missing")

@@ -22,7 +22,8 @@ from hvgpu.guest.shim import library
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent / "cuda"
 NVCC = toolkit.nvcc()
-PROGRAMS = ["vector_add", "matmul_tiled", "streams_events", "copies_memset", "cublas_sgemm"]
+PROGRAMS = ["vector_add", "matmul_tiled", "streams_events", "copies_memset", "cublas_sgemm",
+            "func_attributes"]
 
 
 def _report(name: str, text: str) -> None:
@@ -98,6 +99,22 @@ def test_program_prints_the_same_through_the_shim(built, program, gpu_agent):
     assert native.returncode == 0, native.stdout + native.stderr
     assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
     assert shimmed.stdout == native.stdout
+
+
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_steady_steps_make_no_round_trip_through_the_shim_but_their_own_sync(built, cudart,
+                                                                           gpu_agent):
+    from tests.guest.test_shim_cache import added, shim_stats
+
+    exe = str(built[0][f"func_attributes_{cudart}"])
+    env = dict(_shim_env(gpu_agent), HVGPU_SHIM_STATS="1")
+    outs = [_run([exe, steps], env) for steps in ("1", "5")]
+    _report(f"func_attributes_stats_{cudart}.txt", "\n".join(o.stdout + o.stderr for o in outs))
+    for out in outs:
+        assert out.returncode == 0, out.stdout + out.stderr
+    sync, oneway = added(*(shim_stats(out.stderr) for out in outs))
+    print(f"func_attributes_{cudart}: 4 more steps added round trips {sync}, one-way {oneway}")
+    assert sync == {"STREAM_SYNCHRONIZE": 4}
 
 
 def test_cupy_runs_unmodified_through_the_shim(gpu_agent):

@@ -21,15 +21,18 @@ def test_c_header_compiles_and_agrees_with_python(tmp_path):
              "offsetof(hvgpu_header_t, seq), offsetof(hvgpu_header_t, payload_len));"]
     expected = [f"header 32 8 24"]
     for op in P.OPS:
-        lines.append(f'printf("op {op.name} %d %d\\n", HVGPU_OP_{op.name}, '
-                     f"hvgpu_op_is_oneway(HVGPU_OP_{op.name}));")
-        expected.append(f"op {op.name} {op.code} {int(op.kind == P.ONEWAY)}")
+        lines.append(f'printf("op {op.name} %d %d %s\\n", HVGPU_OP_{op.name}, '
+                     f"hvgpu_op_is_oneway(HVGPU_OP_{op.name}), "
+                     f"hvgpu_op_name(HVGPU_OP_{op.name}));")
+        expected.append(f"op {op.name} {op.code} {int(op.kind == P.ONEWAY)} {op.name}")
         for part, fields, table in (("req", op.request, codec.REQUEST),
                                     ("rep", op.reply, codec.REPLY)):
             if fields:
                 lines.append(f'printf("{op.name} {part} %zu\\n", '
                              f"sizeof(hvgpu_{op.name.lower()}_{part}_t));")
                 expected.append(f"{op.name} {part} {table[op.code].fixed.size}")
+    lines.append('printf("no name %d\\n", hvgpu_op_name(0xFFFF) == 0);')
+    expected.append("no name 1")
     lines.append('printf("oom %d\\n", HVGPU_STATUS_CUDA_ERROR_OUT_OF_MEMORY);')
     expected.append("oom 2")
     lines += ["return 0;", "}"]

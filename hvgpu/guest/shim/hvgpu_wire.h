@@ -71,12 +71,13 @@ enum hvgpu_op {
     HVGPU_OP_LAUNCH_KERNEL = 0x35,  /* params: the packed parameter buffer laid out by FUNC_GET_PARAM_INFO. */
     HVGPU_OP_MODULE_GET_GLOBAL = 0x36,  /* cuModuleGetGlobal: the variable's device range becomes copyable by this guest. */
     HVGPU_OP_FUNC_GET_ATTRIBUTE = 0x37,  /* cuFuncGetAttribute; attrib is CUfunction_attribute's number. */
-    HVGPU_OP_FUNC_SET_ATTRIBUTE = 0x38,  /* cuFuncSetAttribute (e.g. the dynamic shared memory limit). */
+    HVGPU_OP_FUNC_SET_ATTRIBUTE = 0x38,  /* cuFuncSetAttribute (e.g. the dynamic shared memory limit); sent as a call, it is answered. */
     HVGPU_OP_OCCUPANCY_MAX_BLOCKS = 0x39,  /* cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags. */
     HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM = 0x3a,  /* cuOccupancyAvailableDynamicSMemPerBlock. */
     HVGPU_OP_LAUNCH_KERNEL_EX = 0x3b,  /* cuLaunchKernelEx: attrs is the CUlaunchAttribute array as CUDA lays it out (72 bytes each); attributes naming events are not sent. */
     HVGPU_OP_TENSOR_MAP_ENCODE_TILED = 0x3c,  /* cuTensorMapEncodeTiled on the host; dims/strides are u64 arrays, box and element_strides u32 arrays; the reply is the 128-byte CUtensorMap. */
     HVGPU_OP_OCCUPANCY_CLUSTERS = 0x3d,  /* which 0: cuOccupancyMaxActiveClusters, 1: cuOccupancyMaxPotentialClusterSize, for the launch configuration given (attrs as in LAUNCH_KERNEL_EX). */
+    HVGPU_OP_FUNC_GET_ATTRIBUTES = 0x3f,  /* Attributes 0..count-1 (count <= 32) at once as i32 each: the shim's cache of the function, filled in one round trip; bit i of known is set where the driver answered attribute i (0 stands in the others). */
     HVGPU_OP_STREAM_CREATE = 0x40,
     HVGPU_OP_STREAM_DESTROY = 0x41,
     HVGPU_OP_STREAM_SYNCHRONIZE = 0x42,
@@ -90,6 +91,7 @@ enum hvgpu_op {
     HVGPU_OP_EVENT_QUERY = 0x53,  /* Replies CUDA_ERROR_NOT_READY (600) while the event is pending. */
     HVGPU_OP_EVENT_SYNCHRONIZE = 0x54,
     HVGPU_OP_EVENT_ELAPSED_TIME = 0x55,
+    HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -99,10 +101,69 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_MEMCPY_DTOD:
     case HVGPU_OP_MEMSET:
     case HVGPU_OP_LAUNCH_KERNEL:
+    case HVGPU_OP_FUNC_SET_ATTRIBUTE:
     case HVGPU_OP_LAUNCH_KERNEL_EX:
     case HVGPU_OP_STREAM_WAIT_EVENT:
     case HVGPU_OP_EVENT_RECORD:
+    case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
         return 1;
+    default:
+        return 0;
+    }
+}
+
+/* The op's name in the protocol table; NULL for codes it does not have. */
+static inline const char *hvgpu_op_name(uint16_t op) {
+    switch (op) {
+    case HVGPU_OP_HELLO: return "HELLO";
+    case HVGPU_OP_PING: return "PING";
+    case HVGPU_OP_DRIVER_GET_VERSION: return "DRIVER_GET_VERSION";
+    case HVGPU_OP_DEVICE_GET_COUNT: return "DEVICE_GET_COUNT";
+    case HVGPU_OP_DEVICE_GET_ATTRIBUTE: return "DEVICE_GET_ATTRIBUTE";
+    case HVGPU_OP_DEVICE_GET_NAME: return "DEVICE_GET_NAME";
+    case HVGPU_OP_DEVICE_GET_UUID: return "DEVICE_GET_UUID";
+    case HVGPU_OP_DEVICE_TOTAL_MEM: return "DEVICE_TOTAL_MEM";
+    case HVGPU_OP_SLICE_INFO: return "SLICE_INFO";
+    case HVGPU_OP_DEVICE_GET_ATTRIBUTES: return "DEVICE_GET_ATTRIBUTES";
+    case HVGPU_OP_CTX_SYNCHRONIZE: return "CTX_SYNCHRONIZE";
+    case HVGPU_OP_MEM_GET_INFO: return "MEM_GET_INFO";
+    case HVGPU_OP_CTX_GET_LIMIT: return "CTX_GET_LIMIT";
+    case HVGPU_OP_MEM_ALLOC: return "MEM_ALLOC";
+    case HVGPU_OP_MEM_FREE: return "MEM_FREE";
+    case HVGPU_OP_MEMCPY_HTOD: return "MEMCPY_HTOD";
+    case HVGPU_OP_MEMCPY_DTOH: return "MEMCPY_DTOH";
+    case HVGPU_OP_MEMCPY_DTOD: return "MEMCPY_DTOD";
+    case HVGPU_OP_MEMSET: return "MEMSET";
+    case HVGPU_OP_MODULE_LOAD_DATA: return "MODULE_LOAD_DATA";
+    case HVGPU_OP_MODULE_COMPILE: return "MODULE_COMPILE";
+    case HVGPU_OP_MODULE_COMPILE_HEADERS: return "MODULE_COMPILE_HEADERS";
+    case HVGPU_OP_MODULE_UNLOAD: return "MODULE_UNLOAD";
+    case HVGPU_OP_MODULE_GET_FUNCTION: return "MODULE_GET_FUNCTION";
+    case HVGPU_OP_FUNC_GET_PARAM_INFO: return "FUNC_GET_PARAM_INFO";
+    case HVGPU_OP_LAUNCH_KERNEL: return "LAUNCH_KERNEL";
+    case HVGPU_OP_MODULE_GET_GLOBAL: return "MODULE_GET_GLOBAL";
+    case HVGPU_OP_FUNC_GET_ATTRIBUTE: return "FUNC_GET_ATTRIBUTE";
+    case HVGPU_OP_FUNC_SET_ATTRIBUTE: return "FUNC_SET_ATTRIBUTE";
+    case HVGPU_OP_OCCUPANCY_MAX_BLOCKS: return "OCCUPANCY_MAX_BLOCKS";
+    case HVGPU_OP_OCCUPANCY_AVAILABLE_SMEM: return "OCCUPANCY_AVAILABLE_SMEM";
+    case HVGPU_OP_LAUNCH_KERNEL_EX: return "LAUNCH_KERNEL_EX";
+    case HVGPU_OP_TENSOR_MAP_ENCODE_TILED: return "TENSOR_MAP_ENCODE_TILED";
+    case HVGPU_OP_OCCUPANCY_CLUSTERS: return "OCCUPANCY_CLUSTERS";
+    case HVGPU_OP_FUNC_GET_ATTRIBUTES: return "FUNC_GET_ATTRIBUTES";
+    case HVGPU_OP_STREAM_CREATE: return "STREAM_CREATE";
+    case HVGPU_OP_STREAM_DESTROY: return "STREAM_DESTROY";
+    case HVGPU_OP_STREAM_SYNCHRONIZE: return "STREAM_SYNCHRONIZE";
+    case HVGPU_OP_STREAM_QUERY: return "STREAM_QUERY";
+    case HVGPU_OP_STREAM_WAIT_EVENT: return "STREAM_WAIT_EVENT";
+    case HVGPU_OP_STREAM_CREATE_PRIORITY: return "STREAM_CREATE_PRIORITY";
+    case HVGPU_OP_STREAM_PRIORITY_RANGE: return "STREAM_PRIORITY_RANGE";
+    case HVGPU_OP_EVENT_CREATE: return "EVENT_CREATE";
+    case HVGPU_OP_EVENT_DESTROY: return "EVENT_DESTROY";
+    case HVGPU_OP_EVENT_RECORD: return "EVENT_RECORD";
+    case HVGPU_OP_EVENT_QUERY: return "EVENT_QUERY";
+    case HVGPU_OP_EVENT_SYNCHRONIZE: return "EVENT_SYNCHRONIZE";
+    case HVGPU_OP_EVENT_ELAPSED_TIME: return "EVENT_ELAPSED_TIME";
+    case HVGPU_OP_FUNC_SET_CACHE_CONFIG: return "FUNC_SET_CACHE_CONFIG";
     default:
         return 0;
     }
@@ -388,6 +449,16 @@ typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_rep {
     int32_t value;
 } hvgpu_occupancy_clusters_rep_t;
 
+typedef struct __attribute__((packed)) hvgpu_func_get_attributes_req {
+    uint64_t function;
+    uint32_t count;
+} hvgpu_func_get_attributes_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_get_attributes_rep {
+    uint32_t known;
+    uint32_t values_len;
+} hvgpu_func_get_attributes_rep_t;
+
 typedef struct __attribute__((packed)) hvgpu_stream_create_req {
     uint32_t flags;
 } hvgpu_stream_create_req_t;
@@ -461,6 +532,11 @@ typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_req {
 typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_rep {
     float ms;
 } hvgpu_event_elapsed_time_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
+    uint64_t function;
+    uint32_t config;
+} hvgpu_func_set_cache_config_req_t;
 
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {

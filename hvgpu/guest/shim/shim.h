@@ -10,6 +10,7 @@
 #ifndef HVGPU_SHIM_H
 #define HVGPU_SHIM_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,15 +56,20 @@ struct hv_ctx {
     int retained;
 };
 
+struct hv_answers; /* module.c: a function's attributes and occupancy on one vGPU */
+
 struct hv_func {
     uint64_t handle;          /* the executor's function handle, on `device` */
     int device;               /* the vGPU whose executor holds it */
-    char name[128];
+    char *name;               /* whole: a library kernel is looked up by it on each vGPU */
     int nparams;              /* -1 until the layout has been fetched */
     uint32_t *offsets, *sizes;
     uint32_t params_size;     /* bytes of the packed parameter buffer */
     struct hv_library *library; /* set when found through cuLibraryGetKernel */
+    struct hv_func *next;     /* the library's next kernel */
     uint64_t on[HV_MAX_DEVICES]; /* a library kernel's function on each vGPU; 0: not yet */
+    pthread_mutex_t lock;     /* guards answers[] */
+    struct hv_answers *answers[HV_MAX_DEVICES]; /* per vGPU, where its handle is valid */
 };
 
 /* CUDA's libraries belong to no context: loaded on each vGPU where they are used. */
@@ -72,6 +78,7 @@ struct hv_library {
     const void *image;               /* kept (copied) to load it on another vGPU */
     size_t size;
     int owned;                       /* image is our copy */
+    struct hv_func *kernels;         /* cuLibraryGetKernel's, one per name */
 };
 
 /* wire.c: this process's connections to the agent, one per vGPU. Calls go to the
@@ -85,6 +92,9 @@ CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *p
 CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
                    uint64_t payload_len);
 CUresult hv_flush(void);
+/* How many errors of one-way frames the routed vGPU's agent has reported (each
+   surfaced at a later call): what the guest assumed they did may not hold. */
+unsigned hv_oneway_failures(void);
 int hv_trace_enabled(void);
 void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);

@@ -15,6 +15,9 @@
  * kernel keeps that clock (SO_RCVTIMEO/SO_SNDTIMEO); the agent's progress
  * frames (we announce HVGPU_CAP_PROGRESS), sent while it works on something
  * long, restart it.
+ *
+ * HVGPU_SHIM_STATS=1 counts the frames sent, per op, synchronous calls (each a
+ * round trip) apart from one-way frames, and prints them on stderr at exit.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,17 +57,85 @@ struct wire {
     uint32_t seq;
     unsigned char *batch;
     size_t batch_len;
+    unsigned failures;       /* errors of one-way frames the agent has reported */
     char address[512];
 };
 
 static struct wire wires[HV_MAX_DEVICES] = {
-    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, "" }
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, 0, "" }
 };
 static int trace_level = -1;
 #define DEFAULT_TIMEOUT 60.0
 #define MIN_TIMEOUT 2.0 /* the agent's progress frames come every second */
 static double timeout_s = -1; /* $HVGPU_TIMEOUT once read; 0: no timeout */
 static __thread int routed = -1; /* the device hv_route() named, or -1 */
+
+/* $HVGPU_SHIM_STATS: frames sent per op code, all vGPUs together; codes past the
+   table's range share the last slot. */
+#define STATS_OPS 256
+static int stats_level = -1;
+static uint64_t stats_sync[STATS_OPS], stats_oneway[STATS_OPS];
+
+static int stats_enabled(void) {
+    int level = __atomic_load_n(&stats_level, __ATOMIC_RELAXED);
+    if (level < 0) {
+        const char *t = getenv("HVGPU_SHIM_STATS");
+        level = t && *t && strcmp(t, "0") ? 1 : 0;
+        __atomic_store_n(&stats_level, level, __ATOMIC_RELAXED);
+    }
+    return level;
+}
+
+static void count_frame(uint16_t op, int oneway) {
+    if (stats_enabled())
+        __atomic_add_fetch(&(oneway ? stats_oneway : stats_sync)[op < STATS_OPS ? op : STATS_OPS - 1],
+                           1, __ATOMIC_RELAXED);
+}
+
+/* One table on stderr, written at once: the ops with the most round trips first. */
+static void print_stats(void) {
+    uint64_t sync[STATS_OPS], oneway[STATS_OPS], total_sync = 0, total_oneway = 0;
+    int order[STATS_OPS], n = 0;
+    for (int op = 0; op < STATS_OPS; op++) {
+        sync[op] = __atomic_load_n(&stats_sync[op], __ATOMIC_RELAXED);
+        oneway[op] = __atomic_load_n(&stats_oneway[op], __ATOMIC_RELAXED);
+        if (!sync[op] && !oneway[op]) continue;
+        int at = n++;
+        while (at > 0 && (sync[order[at - 1]] < sync[op] ||
+                          (sync[order[at - 1]] == sync[op] && oneway[order[at - 1]] < oneway[op]))) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = op;
+        total_sync += sync[op];
+        total_oneway += oneway[op];
+    }
+    if (!n) return;
+    char text[(STATS_OPS + 3) * 80];
+    size_t len = 0;
+    len += (size_t)snprintf(text + len, sizeof text - len,
+                            "hvgpu: frames sent to the agent (HVGPU_SHIM_STATS), pid %d\n"
+                            "hvgpu:   %-28s %12s %12s\n", (int)getpid(), "op", "sync", "one-way");
+    for (int i = 0; i < n && len < sizeof text; i++) {
+        const char *name = order[i] < STATS_OPS - 1 ? hvgpu_op_name((uint16_t)order[i])
+                                                    : "ops 0xff and up";
+        char unnamed[16];
+        if (!name) {
+            snprintf(unnamed, sizeof unnamed, "op 0x%02x", order[i]);
+            name = unnamed;
+        }
+        len += (size_t)snprintf(text + len, sizeof text - len, "hvgpu:   %-28s %12llu %12llu\n",
+                                name, (unsigned long long)sync[order[i]],
+                                (unsigned long long)oneway[order[i]]);
+    }
+    if (len < sizeof text)
+        len += (size_t)snprintf(text + len, sizeof text - len, "hvgpu:   %-28s %12llu %12llu\n",
+                                "total", (unsigned long long)total_sync,
+                                (unsigned long long)total_oneway);
+    if (len > sizeof text) len = sizeof text;
+    ssize_t ignored = write(2, text, len);
+    (void)ignored;
+}
 
 int hv_route(int device) {
     int previous = routed;
@@ -375,6 +446,7 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
     hvgpu_header_t h;
     uint32_t seq = ++w->seq;
     pack_header(&h, op, 0, seq, body_len, payload_len);
+    count_frame(op, 0);
     struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
                             { (void *)payload, (size_t)payload_len } };
     if (send_all(w->fd, iov, 3) < 0) return lost(w, "sending");
@@ -396,6 +468,7 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
         if (recv_all(w->fd, eb, n) < 0 || discard(w->fd, h.body_len - n) < 0 ||
             discard(w->fd, h.payload_len) < 0)
             return lost(w, "reading an error");
+        int earlier = 0; /* the error of a one-way frame, kept for this call */
         if (n >= sizeof(hvgpu_error_rep_t)) {
             hvgpu_error_rep_t e;
             memcpy(&e, eb, sizeof e);
@@ -404,8 +477,14 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
             if (len > sizeof msg - 1) len = sizeof msg - 1;
             memcpy(msg, eb + sizeof e, len);
             msg[len] = 0;
+            earlier = e.seq != seq || e.op != op;
+            if (earlier) __atomic_add_fetch(&w->failures, 1, __ATOMIC_RELEASE);
         }
-        if (hv_trace_enabled()) hv_log("op 0x%02x failed with %d: %s", op, h.status, msg);
+        if (hv_trace_enabled()) {
+            const char *name = hvgpu_op_name(op);
+            hv_log("%s%s failed with %d: %s", name ? name : "an op",
+                   earlier ? " reported an earlier one-way frame that" : "", h.status, msg);
+        }
         return to_cuda(h.status, msg);
     }
     uint32_t keep = h.body_len < reply_cap ? h.body_len : reply_cap;
@@ -433,6 +512,8 @@ static void child_after_fork(void) {
         w->batch_len = 0;
         w->state = ST_NEW;
     }
+    memset(stats_sync, 0, sizeof stats_sync); /* the child counts its own frames */
+    memset(stats_oneway, 0, sizeof stats_oneway);
 }
 
 static void flush_at_exit(void) {
@@ -493,6 +574,7 @@ CUresult hv_ensure(void) {
     if (w->state == ST_NEW) {
         if (!__atomic_exchange_n(&atfork_done, 1, __ATOMIC_ACQ_REL)) {
             pthread_atfork(NULL, NULL, child_after_fork);
+            if (stats_enabled()) atexit(print_stats); /* runs after the flush below */
             atexit(flush_at_exit);
         }
         if (!w->batch) w->batch = malloc(BATCH_CAP);
@@ -535,6 +617,7 @@ CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void 
     }
     hvgpu_header_t h;
     pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++w->seq, body_len, payload_len);
+    count_frame(op, 1);
     uint64_t total = sizeof h + body_len + payload_len;
     if (w->batch_len + total > BATCH_CAP && (r = flush_locked(w)) != CUDA_SUCCESS) goto out;
     if (total <= BATCH_CAP) {
@@ -551,6 +634,10 @@ CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void 
 out:
     pthread_mutex_unlock(&w->lock);
     return r;
+}
+
+unsigned hv_oneway_failures(void) {
+    return __atomic_load_n(&target()->failures, __ATOMIC_ACQUIRE);
 }
 
 CUresult hv_flush(void) {

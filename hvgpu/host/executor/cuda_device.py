@@ -350,6 +350,13 @@ class CudaDevice:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown function attribute {attrib}") from None
         _ok(cu.cuFuncSetAttribute(function, which, value), "cuFuncSetAttribute")
 
+    def func_set_cache_config(self, function, config: int) -> None:
+        try:
+            which = cu.CUfunc_cache(config)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown cache configuration {config}") from None
+        _ok(cu.cuFuncSetCacheConfig(function, which), "cuFuncSetCacheConfig")
+
     def occupancy_max_blocks(self, function, block_size: int, shared_mem: int, flags: int) -> int:
         return int(_ok(cu.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(
             function, block_size, shared_mem, flags), "cuOccupancyMaxActiveBlocksPerMultiprocessor"))

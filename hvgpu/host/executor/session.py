@@ -49,9 +49,12 @@ log = logging.getLogger(__name__)
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+_LAUNCH_ONEWAY = _LAUNCH << 1 | 1  # Session.by_op's key for the C loop's launches
+_OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
 _SEQ = struct.Struct("<8xI")  # a header's seq, read in place
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
+_MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
 
 # Payloads a session holds whole before using them; larger ones are refused
@@ -179,6 +182,7 @@ class Session:
         self.handlers: dict[int, Callable] = {
             code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
         self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+        self.by_op: dict[int, int] = {}  # op << 1 | one-way -> frames (see op_counts)
         self.burst = self._launch_burst()
 
     def _launch_burst(self) -> LaunchBurst | None:
@@ -245,6 +249,8 @@ class Session:
             self.busy = (monotonic(), hdr.op, hdr.seq)
             self.counts["frames"] += 1
             oneway = hdr.flags & P.FLAG_ONEWAY
+            key = hdr.op << 1 | (oneway != 0)
+            self.by_op[key] = self.by_op.get(key, 0) + 1
             if hdr.version != self.version:
                 self._fatal(hdr.op, hdr.seq, ProtocolError(
                     f"frame of protocol version {hdr.version} on a v{self.version} connection"))
@@ -308,6 +314,8 @@ class Session:
         if consumed:
             self.counts["frames"] += launched + (status != 0)
             self.counts["launches"] += launched
+            self.by_op[_LAUNCH_ONEWAY] = self.by_op.get(_LAUNCH_ONEWAY, 0) + launched \
+                + (status != 0)
         if status:
             if status in P.STICKY_STATUSES:
                 self.on_poisoned(status)
@@ -453,6 +461,8 @@ class Session:
                  self.peer, c["frames"], c["launches"], c["h2d_bytes"], c["d2h_bytes"],
                  len(self.allocs), self.allocs.total, len(self.modules.objects),
                  len(self.streams.objects), len(self.events.objects))
+        if self.by_op:
+            log.info("%s: frames by op: %s", self.peer, self.op_counts())
         if self.staging is not None and self.owns_staging:
             self.staging.close()
         self.staging = None
@@ -474,6 +484,21 @@ class Session:
         if self.owns_device:
             _quietly(self.device.close)
         self.device = None
+
+    def op_counts(self) -> str:
+        """The frames this guest sent, per op, busiest first: "LAUNCH_KERNEL 900 one-way,
+        FUNC_SET_ATTRIBUTE 2 sync + 30 one-way, ..." (sync: each was a round trip)."""
+        per_op: dict[int, list[int]] = {}
+        for key, n in self.by_op.items():
+            per_op.setdefault(key >> 1, [0, 0])[key & 1] += n
+        ranked = sorted(per_op.items(), key=lambda item: (-sum(item[1]), P.op_name(item[0])))
+        parts = [P.op_name(op) + " " + " + ".join(
+                     f"{n} {kind}" for n, kind in zip(counts, ("sync", "one-way")) if n)
+                 for op, counts in ranked[:_OPS_LOGGED]]
+        rest = ranked[_OPS_LOGGED:]
+        if rest:
+            parts.append(f"{sum(sum(c) for _, c in rest)} more in {len(rest)} other ops")
+        return ", ".join(parts)
 
     # -- helpers -------------------------------------------------------------
 
@@ -736,8 +761,27 @@ class Session:
     def op_func_get_attribute(self, hdr, function, attrib):
         return (self.device.func_attribute(self.functions.get(function)[1], attrib),)
 
+    def op_func_get_attributes(self, hdr, function, count):
+        if not 0 < count <= _MAX_FUNC_ATTRIBUTES:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"{count} function attributes asked for (1..{_MAX_FUNC_ATTRIBUTES})")
+        fn = self.functions.get(function)[1]
+        known, values = 0, []
+        for attrib in range(count):
+            try:
+                values.append(self.device.func_attribute(fn, attrib))
+                known |= 1 << attrib
+            except CudaError as exc:
+                if exc.status != P.CUDA_ERROR_INVALID_VALUE:
+                    raise
+                values.append(0)  # an attribute this driver does not have
+        return (known, struct.pack(f"<{count}i", *values))
+
     def op_func_set_attribute(self, hdr, function, attrib, value):
         self.device.func_set_attribute(self.functions.get(function)[1], attrib, value)
+
+    def op_func_set_cache_config(self, hdr, function, config):
+        self.device.func_set_cache_config(self.functions.get(function)[1], config)
 
     def op_occupancy_max_blocks(self, hdr, function, block_size, shared_mem, flags):
         fn = self.functions.get(function)[1]
