@@ -336,7 +336,8 @@ def test_an_entry_point_the_device_lacks_leaves_its_op_to_python():
 def test_a_failed_call_stops_the_run_and_names_its_frame(entry, bad):
     driver = Driver(fail=lambda name, args: 700 if name == entry and args[0] != 0x1900 else 0)
     good = launch(19, seq=1)
-    done = run(loop(driver, Ring().ring), good + bad + good)
+    ring = Ring()
+    done = run(loop(driver, ring.ring), good + bad + good)
     assert (done.consumed, done.status, done.seq, done.op) == (
         len(good) + len(bad), 700, 2, bad[4] | bad[5] << 8)
     assert done.frames == 2 and done.launched == 1

@@ -150,7 +150,6 @@ class LaunchBurst:
         self._result = _Result()
         self._result_ref = ctypes.byref(self._result)
         self._buffer = None  # (the bytearray, its address)
-        self.has_ring = False
 
     def _check(self, failed: int, what: str) -> None:
         if failed:
@@ -188,7 +187,6 @@ class LaunchBurst:
     def set_ring(self, ring: CopyRing | None) -> None:
         """Where small copies are staged; None: they go through the Python path."""
         self._lib.hv_burst_set_ring(self._state, ring._state if ring is not None else None)
-        self.has_ring = ring is not None
 
     def run(self, buf: bytearray, start: int, end: int, version: int,
             max_body: int) -> Outcome:
