@@ -118,7 +118,9 @@ def attr(ident, value=b""):
 def loop(driver=None, ring=None):
     """A loop that knows the default stream, stream 17 (0xBEEF), event 18 (0xE7),
     functions 16 (4-byte parameters) and 19 (none), and the guest's allocation."""
-    burst = LaunchBurst((driver or Driver()).entries)
+    driver = driver or Driver()
+    burst = LaunchBurst(driver.entries)
+    burst.driver = driver  # its entry points live as long as the loop
     burst.set_stream(0, 0)
     burst.set_stream(17, 0xBEEF)
     burst.set_event(18, 0xE7)
