@@ -5,11 +5,12 @@ API), compiled by setuptools' build_ext because that is what pip runs on
 every install, so a user never compiles them by hand:
 
 - the guest's ``libcuda.so.1`` shim;
-- the host executor's launch loop (``liblaunch_burst.so``, loaded with ctypes).
+- the host executor's loop of one-way frames (``liblaunch_burst.so``, loaded with
+  ctypes).
 
 Without a C compiler the install still succeeds: ``hvgpu-guest run`` then says
-the shim is missing, and the executor launches through its Python path (and
-logs that it does).
+the shim is missing, and the executor serves every frame through its Python
+path (and logs that it does).
 """
 
 import os
@@ -66,6 +67,7 @@ setup(
             BURST,
             sources=[os.path.join("hvgpu", "host", "executor", "launch_burst.c")],
             extra_compile_args=FLAGS,
+            extra_link_args=["-pthread"],
             optional=True,
         ),
     ],

@@ -68,9 +68,45 @@ KERNEL_ATTRIBUTES = {"matmul": {1: 8192, 4: 64, 8: _SHARED_PER_BLOCK - 8192},
 _SETTABLE = range(8, 16)  # the rest are read-only (CUDA_ERROR_INVALID_VALUE)
 
 
-# cuLaunchKernel's C signature, for the session's C launch loop (launch_burst.c).
-_LAUNCH_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7,
-                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+class LaunchConfig(ctypes.Structure):  # CUlaunchConfig
+    _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
+
+
+# The driver's C signatures, for the session's C loop (launch_burst.c).
+_P, _U64, _SIZE = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t
+_EXTRA = ctypes.POINTER(ctypes.c_void_p)
+C_SIGNATURES = {
+    "cuLaunchKernel": (_P, *[ctypes.c_uint] * 7, _P, _P, _EXTRA),
+    "cuLaunchKernelEx": (ctypes.POINTER(LaunchConfig), _P, _P, _EXTRA),
+    "cuEventRecord": (_P, _P),
+    "cuStreamWaitEvent": (_P, _P, ctypes.c_uint),
+    "cuEventSynchronize": (_P,),
+    "cuMemsetD8Async": (_U64, ctypes.c_ubyte, _SIZE, _P),
+    "cuMemsetD16Async": (_U64, ctypes.c_ushort, _SIZE, _P),
+    "cuMemsetD32Async": (_U64, ctypes.c_uint, _SIZE, _P),
+    "cuMemcpyDtoDAsync": (_U64, _U64, _SIZE, _P),
+    "cuMemcpyHtoDAsync": (_U64, _P, _SIZE, _P),
+}
+
+
+def extra_params(extra) -> bytes:
+    """The parameter buffer of a launch's `extra` array ({BUFFER_POINTER, p, BUFFER_SIZE,
+    &size, END}), or b"" for none."""
+    if not extra:
+        return b""
+    assert (extra[0], extra[2], extra[4]) == (1, 2, None)
+    return ctypes.string_at(extra[1], ctypes.c_size_t.from_address(extra[3]).value)
+
+
+class Event:
+    """A fake CUDA event: when it was last recorded."""
+
+    __slots__ = ("t",)
+
+    def __init__(self):
+        self.t = None
 
 
 class FakeDevice:
@@ -92,7 +128,9 @@ class FakeDevice:
         self.freed = 0
         self.launches = 0
         self.c_launches = 0  # of those, launched by the session's C loop
-        self._entry = None
+        self.c_calls: dict[str, int] = {}  # driver entry point -> calls the C loop made
+        self.launch_ex_attrs: list[bytes] = []  # each cuLaunchKernelEx's attributes
+        self._entries = None  # name -> (address, the callback that keeps it alive)
         self._values: dict = {}  # handle -> its C value, and back
         self.func_attrs: dict = {}  # function -> its attributes, with what was set
         self.cache_configs: dict = {}  # function -> its cuFuncSetCacheConfig preference
@@ -309,24 +347,65 @@ class FakeDevice:
         args = struct.unpack(fmt, params) if fmt else ()
         body(self, *args)
 
-    def launch_entry(self):
+    def driver_entries(self):
         if os.environ.get("HVGPU_FAKE_PYTHON_LAUNCH"):
-            return None
-        if self._entry is None:
-            def entry(fn, gx, gy, gz, bx, by, bz, shared, stream, kernel_params, extra):
-                try:
-                    params = b""
-                    if extra:  # {BUFFER_POINTER, ptr, BUFFER_SIZE, &size, END}
-                        size = ctypes.c_size_t.from_address(extra[3]).value
-                        params = ctypes.string_at(extra[1], size)
-                    self.launch(self._handles[fn], (gx, gy, gz), (bx, by, bz), shared,
-                                self._handles[stream], params)
-                except CudaError as exc:
-                    return exc.status
-                self.c_launches += 1
-                return 0
-            self._entry = _LAUNCH_ENTRY(entry)
-        return ctypes.cast(self._entry, ctypes.c_void_p).value
+            return {}
+        if self._entries is None:
+            h = self._handle
+            calls = {
+                "cuLaunchKernel": lambda fn, gx, gy, gz, bx, by, bz, shared, stream, _, extra:
+                    self._c_launch(h(fn), (gx, gy, gz), (bx, by, bz), shared, h(stream),
+                                   extra_params(extra)),
+                "cuLaunchKernelEx": lambda config, fn, _, extra: self._c_launch_ex(
+                    config.contents, h(fn), extra_params(extra)),
+                "cuEventRecord": lambda event, stream: self.event_record(h(event), h(stream)),
+                "cuStreamWaitEvent": lambda stream, event, flags:
+                    self.stream_wait_event(h(stream), h(event), flags),
+                "cuEventSynchronize": lambda event: self.event_synchronize(h(event)),
+                "cuMemsetD8Async": lambda dst, value, count, stream:
+                    self.memset_async(dst, value, 1, count, h(stream)),
+                "cuMemsetD16Async": lambda dst, value, count, stream:
+                    self.memset_async(dst, value, 2, count, h(stream)),
+                "cuMemsetD32Async": lambda dst, value, count, stream:
+                    self.memset_async(dst, value, 4, count, h(stream)),
+                "cuMemcpyDtoDAsync": lambda dst, src, n, stream:
+                    self.memcpy_dtod_async(dst, src, n, h(stream)),
+                "cuMemcpyHtoDAsync": lambda dst, src, n, stream:
+                    self.memcpy_htod_async(dst, src, n, h(stream)),
+            }
+            self._entries = {}
+            for name, call in calls.items():
+                c_entry = ctypes.CFUNCTYPE(ctypes.c_int, *C_SIGNATURES[name])(
+                    self._c_call(name, call))
+                self._entries[name] = (ctypes.cast(c_entry, ctypes.c_void_p).value, c_entry)
+        return {name: address for name, (address, _) in self._entries.items()}
+
+    def _handle(self, value):
+        return self._handles[value or 0]
+
+    def _c_call(self, name, call):
+        """``call`` as the driver answers: a status, 0 for success."""
+        def entry(*args):
+            try:
+                call(*args)
+            except CudaError as exc:
+                return exc.status
+            except Exception as exc:  # a bug in the double or the loop: loud, never success
+                print(f"fake {name}: {exc!r}")
+                return 999
+            self.c_calls[name] = self.c_calls.get(name, 0) + 1
+            return 0
+        return entry
+
+    def _c_launch(self, function, grid, block, shared, stream, params):
+        self.launch(function, grid, block, shared, stream, params)
+        self.c_launches += 1
+
+    def _c_launch_ex(self, config, function, params):
+        attrs = ctypes.string_at(config.attrs, config.num_attrs * 72) if config.num_attrs else b""
+        self.launch_ex(function, tuple(config.grid), tuple(config.block), config.shared_mem,
+                       self._handle(config.stream), params, attrs)
+        self.c_launches += 1
 
     def handle_value(self, handle):
         value = self._values.get(handle)
@@ -336,6 +415,7 @@ class FakeDevice:
         return value
 
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs):
+        self.launch_ex_attrs.append(bytes(attrs))
         self.launch(function, grid, block, shared_mem, stream, params)
 
     def occupancy_available_smem(self, function, blocks, block_size):
@@ -378,13 +458,13 @@ class FakeDevice:
         pass
 
     def event_create(self, flags):
-        return {"t": None}
+        return Event()
 
     def event_destroy(self, event):
         pass
 
     def event_record(self, event, stream):
-        event["t"] = time.perf_counter()
+        event.t = time.perf_counter()
 
     def event_query(self, event):
         return True
@@ -393,9 +473,9 @@ class FakeDevice:
         self._check()
 
     def event_elapsed(self, start, end):
-        if start["t"] is None or end["t"] is None:
+        if start.t is None or end.t is None:
             raise CudaError(600, "fake: event not recorded")
-        return (end["t"] - start["t"]) * 1000.0
+        return (end.t - start.t) * 1000.0
 
     def synchronize(self):
         self._check()

@@ -117,8 +117,8 @@ class FrameReader:
     payload must be consumed (read or skipped) before the next frame.
     The buffer starts at ``bufsize`` and grows, by replacing it, only when a
     frame whose header has arrived needs more (at most ``max_body`` plus a
-    header); ``buf``, ``start`` and ``end`` may be read directly (the C launch
-    loop does).
+    header); ``buf``, ``start`` and ``end`` may be read directly (the C loop
+    of one-way frames does, and moves ``start`` past the frames it served).
     """
 
     def __init__(self, sock: socket.socket, bufsize: int = 64 << 10,
@@ -162,6 +162,13 @@ class FrameReader:
                 raise ConnectionLost(f"peer vanished mid-frame ({self.end - self.start} "
                                      f"of {need} bytes received)")
             self.end += got
+
+    def fill(self, need: int) -> None:
+        """Wait until ``need`` bytes from ``start`` are buffered, without growing the
+        buffer: the rest of a frame the C loop serves, arrived in part."""
+        if need > len(self.buf):
+            raise ValueError(f"{need} bytes do not fit the {len(self.buf)}-byte buffer")
+        self._fill(need)
 
     def read_frame(self) -> tuple[Header, memoryview]:
         if self.payload_left:

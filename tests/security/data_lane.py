@@ -1,15 +1,19 @@
-"""Helpers of the hostile-guest tests of the data lane: raw frames, and what an
-executor process holds (its fds, threads and memory, read from /proc)."""
+"""Helpers of the hostile-guest tests of the data lane: raw frames, a raw guest of
+an in-process session, and what an executor process holds (its fds, threads and
+memory, read from /proc)."""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
+from hvgpu.host.executor.session import Session
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
-from hvgpu.virtio.framing import pack_header
+from hvgpu.virtio.framing import FrameReader, pack_header
+from hvgpu.virtio.transport import socket_pair
 
 HELLO = P.OP["HELLO"]
 
@@ -111,3 +115,64 @@ def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
+
+
+class SessionGuest:
+    """A raw guest talking to an in-process Session (in a thread) over a socket pair.
+
+    ``python_ops`` lists the op of every frame the session's Python path read after
+    the handshake: what its C loop did not serve.
+    """
+
+    def __init__(self, device):
+        self.sock, host = socket_pair()
+        self.sock.settimeout(30)
+        self.session = Session(host, device, peer="test-guest")
+        self.python_ops: list[int] = []
+        read = self.session.reader.read_frame
+
+        def counted():
+            hdr, body = read()
+            self.python_ops.append(hdr.op)
+            return hdr, body
+
+        self.session.reader.read_frame = counted
+        self.thread = threading.Thread(target=self.session.serve, daemon=True)
+        self.thread.start()
+        self.reader = FrameReader(self.sock)
+        self.seq = 1
+        self.sock.sendall(hello(seq=1))
+        hdr, _ = self.reader.read_frame()
+        assert hdr.status == 0
+        self.python_ops.clear()
+
+    def oneway(self, op: str, *values, payload: bytes = b"") -> bytes:
+        """A one-way frame with the next seq, not sent."""
+        self.seq += 1
+        return frame(op, *values, flags=P.FLAG_ONEWAY, seq=self.seq, payload=payload)
+
+    def send(self, *frames: bytes) -> None:
+        self.sock.sendall(b"".join(frames))
+
+    def call(self, op: str, *values, payload: bytes = b""):
+        """(status, the reply's values) or, failed, (status, (failed op, failed seq,
+        message)); a reply's payload comes last among its values."""
+        self.seq += 1
+        self.sock.sendall(frame(op, *values, seq=self.seq, payload=payload))
+        hdr, body = self.reader.read_frame()
+        data = self.reader.read_payload() if hdr.payload_len else None
+        if hdr.status:
+            failed_op, _, failed_seq, message = codec.ERROR.decode(body)
+            return hdr.status, (failed_op, failed_seq, message)
+        values = codec.REPLY[P.OP[op]].decode(body)
+        return 0, values + ((data,) if data is not None else ())
+
+    def ok(self, op: str, *values, payload: bytes = b""):
+        status, values = self.call(op, *values, payload=payload)
+        assert status == 0, (op, status, values)
+        return values[0] if len(values) == 1 else values
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(30)
+        assert not self.thread.is_alive()

@@ -102,15 +102,15 @@ def test_an_unexpected_error_ends_the_session_with_hv_internal_logged_once(caplo
 
 
 class FlakyEntryDevice(FakeDevice):
-    """Every other session cannot be set up: its launch entry point fails."""
+    """Every other session cannot be set up: its driver entry points fail."""
 
     sessions = 0
 
-    def launch_entry(self):
+    def driver_entries(self):
         FlakyEntryDevice.sessions += 1
         if FlakyEntryDevice.sessions % 2 == 0:
-            raise RuntimeError("no launch entry point this time")
-        return super().launch_entry()
+            raise RuntimeError("no driver entry points this time")
+        return super().driver_entries()
 
 
 def test_a_session_that_cannot_be_set_up_costs_only_its_connection(tmp_path):

@@ -54,6 +54,15 @@ def driver_footprint(size: int) -> int:
     return -(-max(size, 1) // step) * step
 
 
+# launch_burst.ENTRIES name -> libcuda symbol (cuda.h's _v2 where it has one).
+_C_LOOP_SYMBOLS = {
+    "cuLaunchKernel": "cuLaunchKernel", "cuLaunchKernelEx": "cuLaunchKernelEx",
+    "cuEventRecord": "cuEventRecord", "cuStreamWaitEvent": "cuStreamWaitEvent",
+    "cuEventSynchronize": "cuEventSynchronize", "cuMemsetD8Async": "cuMemsetD8Async",
+    "cuMemsetD16Async": "cuMemsetD16Async", "cuMemsetD32Async": "cuMemsetD32Async",
+    "cuMemcpyDtoDAsync": "cuMemcpyDtoDAsync_v2", "cuMemcpyHtoDAsync": "cuMemcpyHtoDAsync_v2"}
+
+
 class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
     _fields_ = [("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
                 ("shared_mem", ctypes.c_uint), ("stream", ctypes.c_void_p),
@@ -391,12 +400,22 @@ class CudaDevice:
         if err:
             _raise(err, "cuLaunchKernel")
 
-    def launch_entry(self) -> int:
-        """cuLaunchKernel's address, for the session's C launch loop (launch_burst)."""
-        return ctypes.cast(self._launch, ctypes.c_void_p).value
+    def driver_entries(self) -> dict[str, int]:
+        """libcuda's entry points for the session's C loop (launch_burst), by the names
+        in launch_burst.ENTRIES: the symbols cuda.h maps those names to, with the
+        legacy default stream, as cuda-bindings and the calls above use."""
+        lib = _driver_library()
+        entries = {}
+        for name, symbol in _C_LOOP_SYMBOLS.items():
+            try:
+                entries[name] = ctypes.cast(getattr(lib, symbol), ctypes.c_void_p).value
+            except AttributeError:  # an older driver: that op goes through Python
+                log.info("libcuda has no %s; its frames go through the Python path", symbol)
+        return entries
 
     def handle_value(self, handle) -> int:
-        """The CUfunction or CUstream pointer behind a handle this device returned."""
+        """The CUfunction, CUstream or CUevent pointer behind a handle this device
+        returned."""
         return int(handle)
 
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs) -> None:

@@ -61,13 +61,15 @@ class GpuDevice(Protocol):
     def launch(self, function: Any, grid: tuple, block: tuple, shared_mem: int,
                stream: Any, params: memoryview) -> None:
         """``params`` is a view of the packed parameter buffer, valid during the call."""
-    def launch_entry(self) -> int | None:
-        """Address of a C function with cuLaunchKernel's signature that launches on
-        this device for the calling thread, for the session's C launch loop; None:
-        launches go through :meth:`launch` only."""
+    def driver_entries(self) -> dict[str, int]:
+        """Addresses of C functions with the signatures of the driver calls named in
+        ``launch_burst.ENTRIES`` (cuLaunchKernel, cuMemsetD8Async, ...) that act on
+        this device for the calling thread, for the session's C loop of one-way
+        frames; an op whose entry is missing (all of them: an empty dict) goes
+        through the methods here only."""
     def handle_value(self, handle: Any) -> int:
-        """The C value (CUfunction, CUstream) that :meth:`launch_entry`'s function takes
-        for a function or stream handle of this device."""
+        """The C value (CUfunction, CUstream, CUevent) that :meth:`driver_entries`'
+        functions take for a function, stream or event handle of this device."""
     def launch_ex(self, function: Any, grid: tuple, block: tuple, shared_mem: int, stream: Any,
                   params: bytes, attrs: bytes) -> None:
         """cuLaunchKernelEx; ``attrs`` is a raw CUlaunchAttribute array."""

@@ -4,7 +4,9 @@ The session reads frames from the guest's socket, checks every handle and
 device address against what this guest owns, and drives a ``GpuDevice``.
 One-way ops are never answered; their first error is kept and reported by
 the next synchronising op instead of running it (CUDA's asynchronous-error
-model). A malformed frame whose length is known gets an error and the
+model). Runs of them are served by a C loop (``launch_burst``) that makes the
+same checks against tables the session keeps in step with its own (handles,
+device ranges); a frame the loop does not serve comes to the Python path. A malformed frame whose length is known gets an error and the
 session goes on; a frame that breaks the framing (bad magic, oversize)
 ends the connection after saying why. Anything unexpected ends the session
 alone: the guest gets HV_INTERNAL where a reply can still be framed, then the
@@ -49,10 +51,15 @@ log = logging.getLogger(__name__)
 _FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
-_LAUNCH_ONEWAY = _LAUNCH << 1 | 1  # Session.by_op's key for the C loop's launches
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
-_SEQ = struct.Struct("<8xI")  # a header's seq, read in place
+_OP_SEQ = struct.Struct("<4xH2xI")  # a header's op and seq, read in place
+# What a failed frame of the C loop called, for its error.
+_DRIVER_CALL = {P.OP[op]: call for op, call in (
+    ("LAUNCH_KERNEL", "cuLaunchKernel"), ("LAUNCH_KERNEL_EX", "cuLaunchKernelEx"),
+    ("EVENT_RECORD", "cuEventRecord"), ("STREAM_WAIT_EVENT", "cuStreamWaitEvent"),
+    ("MEMSET", "cuMemsetAsync"), ("MEMCPY_DTOD", "cuMemcpyDtoDAsync"),
+    ("MEMCPY_HTOD", "cuMemcpyHtoDAsync"))}
 _LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
 _MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 _EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
@@ -69,15 +76,22 @@ _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
 
 
 class Allocations:
-    """The device ranges this guest allocated, for bounds checks."""
+    """The device ranges this guest allocated, for bounds checks.
 
-    def __init__(self):
+    ``mirror`` (the session's C loop) is told of every range added and removed,
+    so that it never vouches for a range this table no longer holds.
+    """
+
+    def __init__(self, mirror: LaunchBurst | None = None):
         self.starts: list[int] = []
         self.sizes: dict[int, int] = {}
+        self.mirror = mirror
 
     def add(self, ptr: int, size: int) -> None:
         bisect.insort(self.starts, ptr)
         self.sizes[ptr] = size
+        if self.mirror is not None:
+            self.mirror.add_range(ptr, size)
 
     def remove(self, ptr: int) -> None:
         if ptr not in self.sizes:
@@ -85,6 +99,12 @@ class Allocations:
                             f"0x{ptr:x} is not an allocation of this guest")
         del self.sizes[ptr]
         self.starts.pop(bisect.bisect_left(self.starts, ptr))
+        if self.mirror is not None:
+            self.mirror.drop_range(ptr)
+
+    def clear(self) -> None:
+        for ptr in list(self.starts):
+            self.remove(ptr)
 
     def check(self, ptr: int, n: int, what: str) -> None:
         i = bisect.bisect_right(self.starts, ptr) - 1
@@ -186,17 +206,19 @@ class Session:
         self.burst = self._launch_burst()
 
     def _launch_burst(self) -> LaunchBurst | None:
-        """The C loop for runs of launches, or None: every launch takes the Python path."""
-        entry = self.device.launch_entry() if self.device is not None else None
-        if not entry:
+        """The C loop for runs of one-way frames, or None: every frame takes the Python
+        path."""
+        entries = self.device.driver_entries() if self.device is not None else None
+        if not entries:
             return None
         if unavailable_reason():
-            log.warning("%s: launches go through the Python path (slower): %s", self.peer,
-                        unavailable_reason())
+            log.warning("%s: one-way frames go through the Python path (slower): %s",
+                        self.peer, unavailable_reason())
             return None
-        burst = LaunchBurst(entry)
+        burst = LaunchBurst(entries)
         for special in (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD):
             burst.set_stream(special, self.device.handle_value(self.device.stream(special)))
+        self.allocs.mirror = burst  # still empty: the C loop hears of every range from here
         return burst
 
     # -- the loop ---------------------------------------------------------
@@ -236,11 +258,8 @@ class Session:
         monotonic = time.monotonic
         while True:
             self.busy = None
-            if burst is not None and reader.end - reader.start >= _HEADER_SIZE \
-                    and not reader.payload_left:
-                self.busy = (monotonic(), _LAUNCH, _SEQ.unpack_from(reader.buf, reader.start)[0])
+            if burst is not None and not reader.payload_left:
                 self._run_burst(burst)
-                self.busy = None
             try:
                 hdr, body = read_frame()
             except ProtocolError as exc:
@@ -306,23 +325,49 @@ class Session:
         return None
 
     def _run_burst(self, burst: LaunchBurst) -> None:
-        """Launch the buffered run of launches in C; the frame it stops at is read next."""
+        """Serve buffered one-way frames in C until it stops at a frame the Python path
+        must judge, which is read next.
+
+        A frame the C loop serves that has arrived in part is waited for here, as
+        read_frame would wait for it, so that frames cut by the socket's reads do not
+        fall to the Python path.
+        """
         reader = self.reader
-        consumed, launched, status, seq = burst.run(reader.buf, reader.start, reader.end,
-                                                    self.version, reader.max_body)
-        reader.start += consumed
-        if consumed:
-            self.counts["frames"] += launched + (status != 0)
-            self.counts["launches"] += launched
-            self.by_op[_LAUNCH_ONEWAY] = self.by_op.get(_LAUNCH_ONEWAY, 0) + launched \
-                + (status != 0)
-        if status:
-            if status in P.STICKY_STATUSES:
-                self.on_poisoned(status)
-            err = CudaError(status, "cuLaunchKernel")
-            log.debug("%s: LAUNCH_KERNEL seq %d failed: %s", self.peer, seq, err)
-            if self.deferred is None:
-                self.deferred = (err, _LAUNCH, seq)
+        monotonic = time.monotonic
+        while True:
+            if reader.end - reader.start < _HEADER_SIZE:
+                self.busy = None  # waiting for the guest, not working for it
+                reader.fill(_HEADER_SIZE)
+            self.busy = (monotonic(), *_OP_SEQ.unpack_from(reader.buf, reader.start))
+            done = burst.run(reader.buf, reader.start, reader.end, self.version,
+                             reader.max_body)
+            reader.start += done.consumed
+            if done.consumed:
+                self.counts["frames"] += done.frames
+                self.counts["launches"] += done.launched
+                self.counts["h2d_bytes"] += done.h2d_bytes
+                for op, n in done.counts.items():  # one-way frames, by op
+                    key = op << 1 | 1
+                    self.by_op[key] = self.by_op.get(key, 0) + n
+            if done.status:
+                self._burst_failed(done.status, done.op, done.seq)
+            elif done.want_ring:
+                burst.set_ring(self._staging().copy_ring())  # None: Python copies them
+            elif done.need and done.need <= len(reader.buf):
+                self.busy = None
+                reader.fill(done.need)
+            elif reader.end - reader.start >= _HEADER_SIZE:
+                self.busy = None
+                return
+
+    def _burst_failed(self, status: int, op: int, seq: int) -> None:
+        if status in P.STICKY_STATUSES:
+            self.on_poisoned(status)
+        err = CudaError(status, _DRIVER_CALL.get(op, P.op_name(op)))
+        log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(op), seq, err)
+        if self.deferred is None:
+            self.deferred = (err, op, seq)
+
 
     def _handshake(self) -> bool:
         try:
@@ -739,7 +784,9 @@ class Session:
             self.device.module_unload(obj)
         self.modules.pop(module)
         self._uncharge(self.module_charges.pop(module, 0))
-        self.globals.pop(module, None)
+        ranges = self.globals.pop(module, None)
+        if ranges is not None:
+            ranges.clear()  # and so out of the C loop's table
         for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
             self.functions.pop(fid)
             self.layouts.pop(fid, None)
@@ -753,7 +800,7 @@ class Session:
 
     def op_module_get_global(self, hdr, module, name):
         dptr, size = self.device.module_global(self.modules.get(module), name)
-        ranges = self.globals.setdefault(module, Allocations())
+        ranges = self.globals.setdefault(module, Allocations(self.burst))
         if dptr not in ranges.sizes and size:
             ranges.add(dptr, size)
         return (dptr, size)
@@ -848,6 +895,7 @@ class Session:
 
     def op_func_get_param_info(self, hdr, function):
         layout = self._layout(function)
+        self._launchable(function)  # the guest asks before its first launch: C takes that one
         return (b"".join(o.to_bytes(4, "little") + s.to_bytes(4, "little") for o, s in layout),)
 
     def launch(self, body) -> None:
@@ -899,11 +947,17 @@ class Session:
         self.device.stream_wait_event(self._stream(stream), self.events.get(event), flags)
 
     def op_event_create(self, hdr, flags):
-        return (self.events.add(self.device.event_create(flags)),)
+        event = self.device.event_create(flags)
+        handle = self.events.add(event)
+        if self.burst is not None:
+            self.burst.set_event(handle, self.device.handle_value(event))
+        return (handle,)
 
     def op_event_destroy(self, hdr, event):
         self.device.event_destroy(self.events.get(event))
         self.events.pop(event)
+        if self.burst is not None:
+            self.burst.drop_event(event)
 
     def op_event_record(self, hdr, event, stream):
         self.device.event_record(self.events.get(event), self._stream(stream))

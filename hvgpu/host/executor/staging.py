@@ -11,8 +11,11 @@ its copy is done. A slot is reused only after the event recorded behind its
 last copy has completed.
 
 A copy waits for a slot only while it holds none, so copies cannot deadlock
-each other. Must not parse frames or validate guest addresses (the session
-does both).
+each other. Small host-to-device copies that the sessions' C loops serve are
+staged in one slot taken out of the pool for good on first use
+(:meth:`StagingPool.copy_ring`): a ring of segments, each with its event, so
+the pinned memory an executor holds stays within the pool's. Must not parse
+frames or validate guest addresses (the session does both).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from hvgpu.errors import CudaError
 
 SLOT_SIZE = 8 << 20
 SLOTS = 4  # per executor process: 32 MiB pinned at most
+RING_SEGMENT = 64 << 10  # the largest copy a C loop stages (it must fit one segment)
+_NO_TIMING = 0x2  # CU_EVENT_DISABLE_TIMING
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +53,9 @@ class StagingPool:
         self.idle: deque[_Slot] = deque()  # given back, oldest first
         self.cond = threading.Condition()
         self.closed = False
+        self.ring_lock = threading.Lock()
+        self.ring = None  # (CopyRing, its slot, its segments' events) once made
+        self.ring_error = ""  # why it cannot be made, once that is known
 
     def _take(self, wait: bool = True) -> _Slot | None:
         with self.cond:
@@ -86,7 +94,7 @@ class StagingPool:
                 self.cond.notify()
             raise
         try:
-            return _Slot(addr, view, self.device.event_create(0x2))  # disable timing
+            return _Slot(addr, view, self.device.event_create(_NO_TIMING))
         except BaseException:
             self.device.host_free(addr)
             with self.cond:
@@ -166,15 +174,57 @@ class StagingPool:
             for slot, _ in queued:
                 self._give(slot)
 
+    def copy_ring(self):
+        """The ring the C loops stage small copies in (a ``launch_burst.CopyRing``),
+        made from one slot on first use; None where it cannot be had."""
+        with self.ring_lock:
+            if self.ring is None and not self.ring_error:
+                try:
+                    self.ring = self._make_ring()
+                except (CudaError, OSError, MemoryError, ValueError) as exc:
+                    self.ring_error = str(exc)
+                    log.info("small copies go through the staging slots: %s", exc)
+            return self.ring[0] if self.ring is not None else None
+
+    def _make_ring(self):
+        from hvgpu.host.executor.launch_burst import CopyRing  # a C library, loaded on use
+        slot = self._take()
+        events = []
+        try:
+            for _ in range(self.slot_size // RING_SEGMENT):
+                events.append(self.device.event_create(_NO_TIMING))
+            ring = CopyRing(slot.addr, self.slot_size, RING_SEGMENT,
+                            [self.device.handle_value(e) for e in events])
+        except BaseException:
+            for event in events:
+                self.device.event_destroy(event)
+            self._give(slot)
+            raise
+        return ring, slot, events
+
     def close(self) -> None:
         """Free every slot; copies still running get an error."""
         with self.cond:
             self.closed = True
             slots, self.idle = list(self.idle), deque()
             self.cond.notify_all()
+        with self.ring_lock:
+            ring, self.ring = self.ring, None
+        if ring is not None:
+            if ring[0].close():
+                slots.append(ring[1])
+            else:  # a loop is still inside it; the process is ending: leave it be
+                log.warning("a session's C loop still holds the copy ring at close")
+                ring = None
         if slots:
             try:
                 self.device.bind_thread()  # closed by whichever thread ends the executor
+            except Exception:
+                pass
+        for event in ring[2] if ring is not None else ():
+            try:
+                self.device.event_synchronize(event)  # its segment's last copies
+                self.device.event_destroy(event)
             except Exception:
                 pass
         for slot in slots:
