@@ -47,22 +47,15 @@ HV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
     return r;
 }
 
+CUresult hv_pool_free_now(CUdeviceptr dptr); /* pool.c */
+
 HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (!dptr) return CUDA_SUCCESS;
+    if (hv_range_kind(dptr) == HV_RANGE_POOL) return hv_pool_free_now(dptr);
     int device = hv_alloc_owner(dptr);
     if (device < 0 || !HV_ON(device, hv_alloc_remove(dptr))) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_free_req_t q = { dptr };
     return HV_ON(device, hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
-}
-
-HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
-    (void)stream; /* the allocation is ready at once, which satisfies any stream order */
-    return cuMemAlloc_v2(dptr, size);
-}
-
-HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    CUresult r = cuStreamSynchronize(stream); /* free only after the stream's work */
-    return r ? r : cuMemFree_v2(dptr);
 }
 
 HV_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
