@@ -84,7 +84,7 @@ def test_vmm_misuse_gets_clear_errors_and_loses_nothing(fake_agent):
                 conn.call(op, *args)
             assert info.value.status == status, info.value
 
-        refused(1, "MEM_ADDRESS_RESERVE", M, 0, 0, 0, match="granularity")
+        refused(1, "MEM_ADDRESS_RESERVE", M + 1, 0, 0, 0, match="multiple of 4096")
         refused(1, "MEM_CREATE", G + 4096, 1, 0, 1, 0, 0, match="granularity")
         refused(1, "MEM_MAP", va + 4096, G, 0, h, 0, match="granularity")
         refused(1, "MEM_MAP", va + 8 * M, G, 0, h, 0, match="not inside a reservation")

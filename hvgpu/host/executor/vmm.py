@@ -46,6 +46,7 @@ _ACCESS_FLAGS = (0, 1, 3)  # CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ, _READWRITE
 _READWRITE = 3
 _ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location (type, id), flags
 _MAX_ACCESS_DESCS = 64
+_PAGE = 4096  # what cuMemAddressReserve asks of a size and an address hint
 # CUmemPool_attribute
 REUSE_ATTRIBUTES = (1, 2, 3)  # int flags
 RELEASE_THRESHOLD, RESERVED_CURRENT, RESERVED_HIGH, USED_CURRENT, USED_HIGH = 4, 5, 6, 7, 8
@@ -126,10 +127,9 @@ class VirtualMemory:
     def reserve(self, size: int, alignment: int, addr: int, flags: int) -> int:
         if flags:
             raise CudaError(_INVALID, f"cuMemAddressReserve flags must be 0, not {flags}")
-        if not size:
-            raise CudaError(_INVALID, "cannot reserve 0 bytes")
-        self._aligned(size, "size")
-        self._aligned(addr, "address hint")
+        if not size or size % _PAGE or addr % _PAGE:
+            raise CudaError(_INVALID, f"0x{addr:x}+{size}: a reservation's size is a non-zero "
+                                      f"multiple of {_PAGE} bytes, its address hint a multiple")
         if alignment & (alignment - 1) or alignment > MAX_RESERVED:
             raise CudaError(_INVALID, f"alignment {alignment} is not a power of two")
         if self.reserved_bytes + size > MAX_RESERVED:
