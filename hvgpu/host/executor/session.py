@@ -431,24 +431,15 @@ class Session:
     def _check_range(self, ptr: int, n: int, what: str) -> None:
         """Inside an allocation of this guest (cuMemAlloc, pool or readable-writable
         mapped memory), or a module variable it looked up."""
-        try:
-            self.allocs.check(ptr, n, what)
-        except CudaError:
-            if self.vmm.covers(ptr, n):
+        if self.allocs.holds(ptr, n) or self.pools.allocs.holds(ptr, n) \
+                or self.vmm.covers(ptr, n):
+            return
+        for ranges in self.globals.values():
+            if ranges.holds(ptr, n):
                 return
-            if self.pools.allocs:
-                try:
-                    self.pools.check(ptr, n, what)
-                    return
-                except CudaError:
-                    pass
-            for ranges in self.globals.values():
-                try:
-                    ranges.check(ptr, n, what)
-                    return
-                except CudaError:
-                    pass
-            raise
+        # Refused (check raises): said from the view of the allocation ptr falls in, if any.
+        (self.pools.allocs if self.pools.allocs.holds(ptr, 1) else self.allocs).check(
+            ptr, n, what)
 
     def _staging(self) -> StagingPool:
         if self.staging is None:

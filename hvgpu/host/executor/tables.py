@@ -33,6 +33,10 @@ class Allocations:
         del self.sizes[ptr]
         self.starts.pop(bisect.bisect_left(self.starts, ptr))
 
+    def holds(self, ptr: int, n: int) -> bool:
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        return i >= 0 and ptr + n <= self.starts[i] + self.sizes[self.starts[i]]
+
     def check(self, ptr: int, n: int, what: str) -> None:
         i = bisect.bisect_right(self.starts, ptr) - 1
         if i >= 0:
