@@ -4,6 +4,7 @@ GPU test double: what a guest may map, copy and free, and what is left when it g
 from __future__ import annotations
 
 import struct
+import threading
 
 import pytest
 
@@ -39,6 +40,27 @@ def test_ranges_merge_neighbours_and_split_on_removal():
     assert r.covers(0, 20) and len(r) == 1
     r.remove(0, 20)
     assert len(r) == 0 and not r.covers(0, 1)
+
+
+def test_a_vgpu_window_carves_aligned_reservations_and_takes_them_back():
+    """vGPU N >= 1 keeps its addresses in its own window (cuda_device): a guest's
+    reservation comes out of it, aligned as asked, and goes back whole."""
+    from hvgpu.host.executor.cuda_device import _AddressWindow
+
+    window = object.__new__(_AddressWindow)  # its bookkeeping only: no CUDA here
+    base = 0x6000_0000_0000
+    window.granularity, window.base, window.lock = G, base, threading.Lock()
+    window.holes, window.sizes = [(base, 1 << 30)], {}
+    a = window.reserve(3 * G, 0)
+    b = window.reserve(G, 8 * G)
+    assert a == base and b == base + 8 * G  # aligned past the first
+    with pytest.raises(CudaError):
+        window.unreserve(b, 2 * G)  # not as reserved
+    window.unreserve(a, 3 * G)
+    assert window.reserve(4 * G, 0) == base  # the hole before b is used again
+    window.unreserve(base, 4 * G)
+    window.unreserve(b, G)
+    assert window.holes == [(base, 1 << 30)]
 
 
 def test_the_expandable_segments_pattern(fake_agent):
