@@ -106,7 +106,8 @@ class Session:
         self.events = Handles("event")
         self.layouts: dict[int, list] = {}
         self.vmm = VirtualMemory(device, self._charge, self._uncharge, DEVICE_MEMORY)
-        self.pools = Pools(device, self._charge, self._uncharge, DEVICE_MEMORY, self._stream)
+        self.pools = Pools(device, self._charge, self._uncharge, DEVICE_MEMORY, self._stream,
+                           accounted=quota is not None)
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use

@@ -336,9 +336,10 @@ class Pools:
     """The memory pools of one guest, and what it allocated from them."""
 
     def __init__(self, device, charge: Callable[[int], None], uncharge: Callable[[int], None],
-                 lock: threading.Lock, stream: Callable[[int], Any]):
+                 lock: threading.Lock, stream: Callable[[int], Any], accounted: bool = True):
         self.device, self.charge, self.uncharge, self.lock = device, charge, uncharge, lock
         self.stream = stream  # guest stream handle -> the device's stream
+        self.accounted = accounted  # False: the guest has the whole GPU, nothing is charged
         self.pools: dict[int, _Pool] = {}  # handle number -> pool the guest may name
         self.doomed: list[_Pool] = []
         self.default_handle = 0
@@ -446,6 +447,10 @@ class Pools:
                             "as the agent allows")
         pool = self._pool(handle)
         s = self.stream(stream)
+        if not self.accounted:
+            with self.lock:
+                ptr = self.device.pool_alloc(size, pool.obj, s)
+            return self._track(ptr, size, pool, stream)
         held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
         if held - self.device.pool_attribute(pool.obj, USED_CURRENT) < size:
             # The pool may have to grow: charged before the driver takes the memory.
@@ -470,6 +475,9 @@ class Pools:
         elif held < pool.charged:
             self.uncharge(pool.charged - held)
             pool.charged = held
+        return self._track(ptr, size, pool, stream)
+
+    def _track(self, ptr: int, size: int, pool: _Pool, stream: int) -> int:
         self.allocs.add(ptr, size)
         self.owner[ptr] = (pool, stream)
         pool.live += 1
@@ -508,6 +516,8 @@ class Pools:
 
     def _give_back(self, pool: _Pool) -> bool:
         """Uncharge what the pool no longer holds; True if anything was."""
+        if not self.accounted:
+            return False
         held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
         gave = held < pool.charged
         if gave:
@@ -522,6 +532,8 @@ class Pools:
         """After a synchronisation point (where the driver trims pools to their release
         threshold): uncharge what pools gave back. True if anything was."""
         gave = False
+        if not self.accounted:
+            return gave
         for pool in (*self.pools.values(), *self.doomed):
             if pool.dirty and pool.charged > pool.threshold:
                 gave |= self._give_back(pool)
@@ -539,4 +551,5 @@ class Pools:
         with self.lock:
             for pool in (*self.pools.values(), *self.doomed):
                 _quietly(self.device.pool_destroy, pool.obj)
-        self.__init__(self.device, self.charge, self.uncharge, self.lock, self.stream)
+        self.__init__(self.device, self.charge, self.uncharge, self.lock, self.stream,
+                      self.accounted)
