@@ -84,6 +84,7 @@ def test_expandable_segments_and_malloc_async_run_through_the_shim(exe, fake_age
     assert out.stdout == (
         "vmm 1, pools 1\n"
         "address range: chunk 1, 1 granules\n"
+        "pointer range: from granule 0, 64 granules\n"
         "expandable segments: granularity 2097152, 4 chunks mapped, used, unmapped\n"
         "cudaMallocAsync: 32 allocations from the default pool, freed, kept, trimmed; "
         "a pool of its own as the current one\n"

@@ -109,6 +109,7 @@ void hv_ranges_drop(int device, CUdeviceptr ptr, size_t size, unsigned kind);
 void hv_reserve_add(int device, CUdeviceptr ptr, size_t size);
 int hv_reserve_remove(int device, CUdeviceptr ptr);
 int hv_reserve_owner(CUdeviceptr ptr);     /* the routed device's first; -1: none */
+int hv_reserve_find(int device, CUdeviceptr ptr, uintptr_t *base, size_t *size);
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* The device whose allocation holds ptr (the routed device's first: each vGPU's
    executor is its own process, so two devices' addresses may coincide), or -1. */

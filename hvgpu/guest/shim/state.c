@@ -152,6 +152,11 @@ int hv_reserve_remove(int device, CUdeviceptr ptr) {
     return removed(&reserved[device], (uintptr_t)ptr, 0);
 }
 
+int hv_reserve_find(int device, CUdeviceptr ptr, uintptr_t *base, size_t *size) {
+    return device >= 0 && device < HV_MAX_DEVICES &&
+           find(&reserved[device], (uintptr_t)ptr, base, size, NULL);
+}
+
 int hv_reserve_owner(CUdeviceptr ptr) {
     int first = hv_routed_device();
     if (find(&reserved[first], (uintptr_t)ptr, NULL, NULL, NULL)) return first;

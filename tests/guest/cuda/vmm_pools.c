@@ -87,6 +87,12 @@ static int expandable_segments(void) {
     CHECK(cuMemGetAddressRange(&range, &size, base + gran + 100));
     printf("address range: chunk %llu, %zu granules\n",
            (unsigned long long)((range - base) / gran), size / gran);
+    CUdeviceptr start = 0;
+    size_t span = 0;
+    CHECK(cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, base + gran + 100));
+    CHECK(cuPointerGetAttribute(&span, CU_POINTER_ATTRIBUTE_RANGE_SIZE, base + gran + 100));
+    printf("pointer range: from granule %llu, %zu granules\n",
+           (unsigned long long)((start - base) / gran), span / gran);
     unsigned type = 0;
     CHECK(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, base + 5));
     EXPECT(type == CU_MEMORYTYPE_DEVICE);
