@@ -40,7 +40,8 @@ from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.executor.tables import Allocations, Handles
-from hvgpu.host.executor.vmm import Pools, VirtualMemory
+from hvgpu.host.executor.pools import Pools
+from hvgpu.host.executor.vmm import VirtualMemory
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
@@ -828,7 +829,7 @@ class Session:
         self.device.event_synchronize(self.events.get(event))
         self.pools.settle()
 
-    # -- virtual memory management (vmm.VirtualMemory keeps the books) ----------------
+    # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
 
     def op_mem_address_reserve(self, hdr, size, alignment, addr, flags):
         return (self.vmm.reserve(size, alignment, addr, flags),)
@@ -863,7 +864,7 @@ class Session:
     def op_mem_handle_info(self, hdr, handle):
         return (self.vmm.handle_size(handle),)
 
-    # -- stream-ordered allocation (vmm.Pools keeps the books) ------------------------
+    # -- stream-ordered allocation (pools.Pools keeps the books) ----------------------
 
     def op_mem_pool_create(self, hdr, type_, handle_types, loc_type, loc_id, max_size, usage):
         return (self.pools.create(type_, handle_types, loc_type, loc_id, max_size, usage),)
