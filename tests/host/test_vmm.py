@@ -59,6 +59,10 @@ def test_a_vgpu_window_carves_aligned_reservations_and_takes_them_back():
     window.unreserve(a, 3 * G)
     assert window.reserve(4 * G, 0) == base  # the hole before b is used again
     window.unreserve(base, 4 * G)
+    c = window.reserve(4096, 0)  # whole granules: what is left stays aligned for mappings
+    assert window.reserve(G, 0) == c + G
+    window.unreserve(c, 4096)
+    window.unreserve(c + G, G)
     window.unreserve(b, G)
     assert window.holes == [(base, 1 << 30)]
 

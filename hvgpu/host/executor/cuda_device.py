@@ -178,8 +178,10 @@ class _AddressWindow:
         return at
 
     def reserve(self, size: int, alignment: int) -> int:
-        """Addresses only, aligned to ``alignment`` (at least the granularity)."""
+        """Addresses only, aligned to ``alignment`` (at least the granularity); whole
+        granules, so that every hole left stays aligned for alloc()'s mappings."""
         align = max(alignment, self.granularity)
+        size = self.footprint(size)
         with self.lock:
             for i, (at, free) in enumerate(self.holes):
                 start = -(-at // align) * align
@@ -191,7 +193,7 @@ class _AddressWindow:
         raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "the vGPU's address window is full")
 
     def unreserve(self, at: int, size: int) -> None:
-        if self.sizes.get(at) != size:
+        if self.sizes.get(at) != self.footprint(size):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"0x{at:x}+{size} is not a reservation")
         self._give_back(at)
 
