@@ -25,6 +25,34 @@ from hvgpu.errors import CompileError, CudaError
 
 BASE = 0x7F00_0000_0000
 TOTAL = 1 << 30
+GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity, as on current GPUs
+POOL_STEP = 512  # a pool hands out its chunks in steps of this
+
+
+class _Pool:
+    """A memory pool: chunks of whole granules, handed out front to back, a chunk
+    reused once nothing in it is live, given back by trims and at synchronisations
+    beyond the release threshold (as the driver's pools do)."""
+
+    def __init__(self, max_size):
+        self.max_size = max_size
+        self.chunks: dict[int, list] = {}  # base -> [bytearray, next free offset, live count]
+        self.live: dict[int, tuple[int, int]] = {}  # allocation -> (chunk base, bytes)
+        self.attrs = {1: 1, 2: 1, 3: 1, 4: 0, 6: 0, 8: 0}
+
+    @property
+    def reserved(self):
+        return sum(len(c[0]) for c in self.chunks.values())
+
+    @property
+    def used(self):
+        return sum(n for _, n in self.live.values())
+
+    def trim(self, keep):
+        for base in [b for b, c in self.chunks.items() if not c[2]]:
+            if self.reserved <= keep:
+                break
+            del self.chunks[base]
 
 
 def _saxpy(dev, a, x, y, n):
@@ -135,14 +163,54 @@ class FakeDevice:
         self.func_attrs: dict = {}  # function -> its attributes, with what was set
         self.cache_configs: dict = {}  # function -> its cuFuncSetCacheConfig preference
         self._handles: dict = {}
+        self.reservations: dict[int, int] = {}  # start -> size
+        self.physical: dict[int, bytearray] = {}  # id -> memory of a cuMemCreate
+        self.mapped: dict[int, list] = {}  # start -> [size, memory, offset, access flags]
+        self.pools: dict[int, _Pool] = {}
 
     # -- helpers for kernels -------------------------------------------------
 
-    def _find(self, ptr: int, n: int) -> tuple[bytearray, int]:
+    def _piece(self, ptr: int) -> tuple[bytearray, int, int]:
+        """The memory at ptr: (buffer, offset in it, bytes from there to its end)."""
         for base, buf in self.mem.items():
-            if base <= ptr and ptr + n <= base + len(buf):
-                return buf, ptr - base
-        raise CudaError(700, f"fake: 0x{ptr:x}+{n} is not device memory")
+            if base <= ptr < base + len(buf):
+                return buf, ptr - base, base + len(buf) - ptr
+        for pool in self.pools.values():
+            for base, (buf, _, _) in pool.chunks.items():
+                if base <= ptr < base + len(buf):
+                    return buf, ptr - base, base + len(buf) - ptr
+        for base, (size, buf, offset, access) in self.mapped.items():
+            if base <= ptr < base + size:
+                if access != 3:
+                    raise CudaError(1, f"fake: 0x{ptr:x} is mapped without read-write access")
+                return buf, offset + ptr - base, base + size - ptr
+        raise CudaError(700, f"fake: 0x{ptr:x} is not device memory")
+
+    def _find(self, ptr: int, n: int) -> tuple[bytearray, int]:
+        buf, off, room = self._piece(ptr)
+        if n > room:
+            raise CudaError(700, f"fake: 0x{ptr:x}+{n} is not device memory")
+        return buf, off
+
+    def _pieces(self, ptr: int, n: int) -> list:
+        """(buffer, offset, length) pieces of [ptr, ptr + n): neighbouring mappings are
+        one range of addresses, as on the GPU."""
+        pieces = []
+        while n:
+            buf, off, room = self._piece(ptr)
+            k = min(n, room)
+            pieces.append((buf, off, k))
+            ptr, n = ptr + k, n - k
+        return pieces
+
+    def _load(self, ptr: int, n: int) -> bytes:
+        return b"".join(bytes(buf[off:off + k]) for buf, off, k in self._pieces(ptr, n))
+
+    def _store(self, ptr: int, data: bytes) -> None:
+        at = 0
+        for buf, off, k in self._pieces(ptr, len(data)):
+            buf[off:off + k] = data[at:at + k]
+            at += k
 
     def array(self, ptr: int, count: int, dtype) -> np.ndarray:
         nbytes = count * np.dtype(dtype).itemsize
@@ -163,7 +231,8 @@ class FakeDevice:
 
     def attribute(self, attrib):
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
-                  8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152}
+                  8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152,
+                  102: 1, 115: 1}  # VMM and memory pools
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
@@ -188,7 +257,9 @@ class FakeDevice:
         return values[limit]
 
     def _used(self):
-        return sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+        return (sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+                + sum(len(b) for b in self.physical.values())
+                + sum(p.reserved for p in self.pools.values()))
 
     def mem_info(self):
         return TOTAL - self._used(), TOTAL
@@ -212,6 +283,139 @@ class FakeDevice:
         del self.mem[dptr]
         self.freed += 1
 
+    # -- virtual memory management ---------------------------------------------
+
+    def mem_granularity(self, option):
+        return GRANULARITY
+
+    def _reserved(self, ptr, size):
+        return any(s <= ptr and ptr + size <= s + n for s, n in self.reservations.items())
+
+    def address_reserve(self, size, alignment, hint):
+        align = max(alignment, GRANULARITY)
+        start = -(-self.next // align) * align
+        self.next = start + size + GRANULARITY  # a gap: no range touches the next
+        self.reservations[start] = size
+        return start
+
+    def address_free(self, ptr, size):
+        if self.reservations.get(ptr) != size:
+            raise CudaError(1, "fake: not a reservation")
+        if any(ptr <= m < ptr + size for m in self.mapped):
+            raise CudaError(1, "fake: memory is still mapped there")
+        del self.reservations[ptr]
+
+    def mem_create(self, size):
+        if size % GRANULARITY:
+            raise CudaError(1, "fake: size is not a multiple of the granularity")
+        if self._used() + size > TOTAL:
+            raise CudaError(2, f"fake: {size} bytes do not fit")
+        buf = bytearray(size)
+        self.physical[id(buf)] = buf
+        return id(buf)
+
+    def mem_release(self, handle):
+        if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
+            raise CudaError(1, "fake: the session releases only memory nothing maps")
+        del self.physical[handle]
+
+    def mem_map(self, ptr, size, offset, handle):
+        if not self._reserved(ptr, size):
+            raise CudaError(1, "fake: not inside a reservation")
+        if any(s < ptr + size and ptr < s + m[0] for s, m in self.mapped.items()):
+            raise CudaError(1, "fake: already mapped")
+        if offset + size > len(self.physical[handle]):
+            raise CudaError(1, "fake: past the end of the allocation")
+        self.mapped[ptr] = [size, self.physical[handle], offset, 0]
+
+    def _mappings(self, ptr, size):
+        starts = sorted(s for s in self.mapped if ptr <= s < ptr + size)
+        at = ptr
+        for s in starts:
+            if s != at:
+                break
+            at += self.mapped[s][0]
+        if not starts or at != ptr + size:
+            raise CudaError(1, "fake: not a range of whole mappings")
+        return starts
+
+    def mem_unmap(self, ptr, size):
+        for s in self._mappings(ptr, size):
+            del self.mapped[s]
+
+    def mem_set_access(self, ptr, size, flags):
+        for s in self._mappings(ptr, size):
+            self.mapped[s][3] = flags
+
+    def mem_get_access(self, ptr):
+        for s, m in self.mapped.items():
+            if s <= ptr < s + m[0]:
+                return m[3]
+        raise CudaError(1, "fake: not mapped")
+
+    # -- stream-ordered allocation -----------------------------------------------
+
+    def pool_create(self, max_size):
+        pool = _Pool(max_size)
+        self.pools[id(pool)] = pool
+        return pool
+
+    def pool_destroy(self, pool):
+        if pool.live:
+            raise CudaError(1, "fake: the session destroys only pools with nothing allocated")
+        del self.pools[id(pool)]
+
+    def pool_alloc(self, size, pool, stream):
+        self._check()
+        n = -(-size // POOL_STEP) * POOL_STEP
+        for base, chunk in pool.chunks.items():
+            if chunk[1] + n <= len(chunk[0]):
+                break
+        else:
+            grow = -(-n // GRANULARITY) * GRANULARITY
+            if self._used() + grow > TOTAL or (pool.max_size
+                                               and pool.reserved + grow > pool.max_size):
+                raise CudaError(2, f"fake: a pool cannot grow by {grow} bytes")
+            base = self.next
+            self.next += grow + GRANULARITY
+            chunk = pool.chunks[base] = [bytearray(grow), 0, 0]
+        ptr = base + chunk[1]
+        chunk[1] += n
+        chunk[2] += 1
+        pool.live[ptr] = (base, n)
+        pool.attrs[6] = max(pool.attrs[6], pool.reserved)
+        pool.attrs[8] = max(pool.attrs[8], pool.used)
+        return ptr
+
+    def pool_free(self, ptr, stream):
+        for pool in self.pools.values():
+            if ptr in pool.live:
+                base, _ = pool.live.pop(ptr)
+                chunk = pool.chunks[base]
+                chunk[2] -= 1
+                if not chunk[2]:
+                    chunk[1] = 0  # reused from the front once nothing in it is live
+                return
+        raise CudaError(1, "fake: not a pool allocation")
+
+    def pool_attribute(self, pool, attrib):
+        if attrib == 5:
+            return pool.reserved
+        if attrib == 7:
+            return pool.used
+        return pool.attrs[attrib]
+
+    def pool_set_attribute(self, pool, attrib, value):
+        pool.attrs[attrib] = value
+
+    def pool_trim(self, pool, keep):
+        pool.trim(keep)
+
+    def _synchronized(self):
+        """The driver gives pool memory back beyond each pool's release threshold."""
+        for pool in self.pools.values():
+            pool.trim(pool.attrs[4])
+
     def host_alloc(self, size):
         buf = (ctypes.c_char * size)()
         addr = ctypes.addressof(buf)
@@ -227,25 +431,20 @@ class FakeDevice:
 
     def memcpy_htod_async(self, dst, src_addr, n, stream):
         self._check()
-        buf, off = self._find(dst, n)
-        buf[off:off + n] = ctypes.string_at(src_addr, n)
+        self._store(dst, ctypes.string_at(src_addr, n))
 
     def memcpy_dtoh_async(self, dst_addr, src, n, stream):
         self._check()
-        buf, off = self._find(src, n)
-        ctypes.memmove(dst_addr, bytes(buf[off:off + n]), n)
+        ctypes.memmove(dst_addr, self._load(src, n), n)
 
     def memcpy_dtod_async(self, dst, src, n, stream):
         self._check()
-        sbuf, soff = self._find(src, n)
-        dbuf, doff = self._find(dst, n)
-        dbuf[doff:doff + n] = sbuf[soff:soff + n]
+        self._store(dst, self._load(src, n))
 
     def memset_async(self, dst, value, width, count, stream):
         self._check()
-        buf, off = self._find(dst, width * count)
         fmt = {1: "B", 2: "H", 4: "I"}[width]
-        buf[off:off + width * count] = struct.pack("<" + fmt, value) * count
+        self._store(dst, struct.pack("<" + fmt, value) * count)
 
     def module_load(self, image):
         image = bytes(image)
@@ -449,6 +648,7 @@ class FakeDevice:
 
     def stream_synchronize(self, stream):
         self._check()
+        self._synchronized()
 
     def stream_query(self, stream):
         self._check()
@@ -471,6 +671,7 @@ class FakeDevice:
 
     def event_synchronize(self, event):
         self._check()
+        self._synchronized()
 
     def event_elapsed(self, start, end):
         if start.t is None or end.t is None:
@@ -479,12 +680,15 @@ class FakeDevice:
 
     def synchronize(self):
         self._check()
+        self._synchronized()
 
     def close(self):
         report = os.environ.get("HVGPU_FAKE_REPORT")
         if report:
             os.makedirs(report, exist_ok=True)
-            what = {"allocated": self.allocated, "freed": self.freed, "left": len(self.mem),
+            left = len(self.mem) + len(self.reservations) + len(self.physical) \
+                + len(self.mapped) + len(self.pools)
+            what = {"allocated": self.allocated, "freed": self.freed, "left": left,
                     "launches": self.launches, "c_launches": self.c_launches}
             if os.environ.get("HVGPU_FAKE_REPORT_PINNED"):
                 what["pinned_peak"] = self.pinned_peak

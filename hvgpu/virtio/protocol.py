@@ -187,7 +187,49 @@ OPS: tuple[Op, ...] = (
        doc="Replies CUDA_ERROR_NOT_READY (600) while the event is pending."),
     Op(0x54, "EVENT_SYNCHRONIZE", SYNC, _f("u64 event")),
     Op(0x55, "EVENT_ELAPSED_TIME", SYNC, _f("u64 start, u64 end"), _f("f32 ms")),
-    # 0x60-0x7F: virtual memory management and memory pools.
+    # Virtual memory management: device-located, non-exportable memory only. A
+    # location is (CUmemLocationType, device), the device as the connection sees it (0).
+    Op(0x60, "MEM_ADDRESS_RESERVE", SYNC, _f("u64 size, u64 alignment, u64 addr, u64 flags"),
+       _f("u64 dptr"), doc="cuMemAddressReserve: addresses with no memory behind them."),
+    Op(0x61, "MEM_ADDRESS_FREE", SYNC, _f("u64 dptr, u64 size"),
+       doc="cuMemAddressFree of a whole reservation with nothing mapped in it."),
+    Op(0x62, "MEM_CREATE", SYNC,
+       _f("u64 size, u32 type, u32 handle_types, u32 location_type, i32 location_id, "
+          "u32 alloc_flags"), _f("u64 handle"),
+       doc="cuMemCreate, charged to the slice; alloc_flags: CUmemAllocationProp's allocFlags "
+           "(compressionType, gpuDirectRDMACapable, usage) as its first four bytes."),
+    Op(0x63, "MEM_RELEASE", SYNC, _f("u64 handle"),
+       doc="cuMemRelease: the memory goes once nothing maps it."),
+    Op(0x64, "MEM_MAP", SYNC, _f("u64 dptr, u64 size, u64 offset, u64 handle, u64 flags"),
+       doc="cuMemMap inside a reservation of this guest."),
+    Op(0x65, "MEM_UNMAP", SYNC, _f("u64 dptr, u64 size"),
+       doc="cuMemUnmap of whole mappings."),
+    Op(0x66, "MEM_SET_ACCESS", SYNC, _f("u64 dptr, u64 size, bytes descs"),
+       doc="cuMemSetAccess; descs: CUmemAccessDesc array as CUDA lays it out (12 bytes "
+           "each). Mapped memory becomes copyable by this guest once readable and writable."),
+    Op(0x67, "MEM_GET_ACCESS", SYNC, _f("u64 dptr"), _f("u64 flags"),
+       doc="cuMemGetAccess for this connection's device."),
+    Op(0x68, "MEM_GET_GRANULARITY", SYNC, _f("u32 option"), _f("u64 granularity"),
+       doc="cuMemGetAllocationGranularity of device memory (option 0: minimum, "
+           "1: recommended)."),
+    Op(0x69, "MEM_RETAIN_HANDLE", SYNC, _f("u64 dptr"), _f("u64 handle"),
+       doc="cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference."),
+    Op(0x6A, "MEM_HANDLE_INFO", SYNC, _f("u64 handle"), _f("u64 size"),
+       doc="The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle)."),
+    # Stream-ordered allocation. Pool 0 stands for the connection's default pool.
+    Op(0x70, "MEM_POOL_CREATE", SYNC,
+       _f("u32 type, u32 handle_types, u32 location_type, i32 location_id, u64 max_size, "
+          "u32 usage"), _f("u64 pool"), doc="cuMemPoolCreate of a device pool."),
+    Op(0x71, "MEM_POOL_DESTROY", SYNC, _f("u64 pool")),
+    Op(0x72, "MEM_POOL_DEFAULT", SYNC, (), _f("u64 pool"),
+       doc="The connection's default pool (cuDeviceGetDefaultMemPool)."),
+    Op(0x73, "MEM_ALLOC_ASYNC", SYNC, _f("u64 size, u64 pool, u64 stream"), _f("u64 dptr"),
+       doc="cuMemAllocFromPoolAsync; the slice is charged what the pool holds."),
+    Op(0x74, "MEM_FREE_ASYNC", ONEWAY, _f("u64 dptr, u64 stream"), doc="cuMemFreeAsync."),
+    Op(0x75, "MEM_POOL_SET_ATTRIBUTE", SYNC, _f("u64 pool, i32 attrib, u64 value"),
+       doc="cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number."),
+    Op(0x76, "MEM_POOL_GET_ATTRIBUTE", SYNC, _f("u64 pool, i32 attrib"), _f("u64 value")),
+    Op(0x77, "MEM_POOL_TRIM_TO", SYNC, _f("u64 pool, u64 keep"), doc="cuMemPoolTrimTo."),
     Op(0x80, "FUNC_SET_CACHE_CONFIG", ONEWAY, _f("u64 function, u32 config"),
        doc="cuFuncSetCacheConfig; config is CUfunc_cache's number."),
 )

@@ -22,6 +22,10 @@ Where each finding of the security review is tried (README, "Security model"):
     test_session_faults.py
 14. a guest that hangs on a silent agent: test_guest_timeouts.py
 
+Device memory through virtual memory management and memory pools (the quota,
+another connection's handles and ranges, exportable memory, a disconnect):
+test_vmm.py.
+
 Executors unprivileged and confined: test_executor_sandbox.py; everything at
 once, for a while: test_fuzz.py.
 """

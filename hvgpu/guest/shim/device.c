@@ -18,8 +18,10 @@ static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 static int driver_version;
 
 /* Features of the real GPU that the shim does not carry across: a program or library
-   that asks must see the device without them, not try them and fail (cuBLAS, for one,
-   takes its workspace from a memory pool when the device says it has them). */
+   that asks must see the device without them, not try them and fail. Virtual memory
+   management (102) and memory pools (115) are carried (vmm.c, pool.c), for device
+   memory without export handles: the attributes of exportable handles, RDMA,
+   compression and host memory pools stay 0, MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
 static const int NOT_CARRIED[] = {
     19,  /* CAN_MAP_HOST_MEMORY */
     83,  /* MANAGED_MEMORY */
@@ -29,13 +31,16 @@ static const int NOT_CARRIED[] = {
     91,  /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
     100, /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
     101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
-    102, /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
     103, /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    104, 105, /* HANDLE_TYPE_WIN32(_KMT)_HANDLE_SUPPORTED */
     107, /* GENERIC_COMPRESSION_SUPPORTED */
-    115, /* MEMORY_POOLS_SUPPORTED */
+    110, /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
+    112, /* SPARSE_CUDA_ARRAY_SUPPORTED (cuMemMapArrayAsync is not built) */
     116, /* GPU_DIRECT_RDMA_SUPPORTED */
     119, /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
     125, /* IPC_EVENT_SUPPORTED */
+    121, /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
+    124, /* DMA_BUF_SUPPORTED */
     128, /* HANDLE_TYPE_FABRIC_SUPPORTED */
     132, /* MULTICAST_SUPPORTED */
     141, 142, 144, 145, /* HOST(_NUMA) memory pools and virtual memory management */

@@ -91,6 +91,25 @@ enum hvgpu_op {
     HVGPU_OP_EVENT_QUERY = 0x53,  /* Replies CUDA_ERROR_NOT_READY (600) while the event is pending. */
     HVGPU_OP_EVENT_SYNCHRONIZE = 0x54,
     HVGPU_OP_EVENT_ELAPSED_TIME = 0x55,
+    HVGPU_OP_MEM_ADDRESS_RESERVE = 0x60,  /* cuMemAddressReserve: addresses with no memory behind them. */
+    HVGPU_OP_MEM_ADDRESS_FREE = 0x61,  /* cuMemAddressFree of a whole reservation with nothing mapped in it. */
+    HVGPU_OP_MEM_CREATE = 0x62,  /* cuMemCreate, charged to the slice; alloc_flags: CUmemAllocationProp's allocFlags (compressionType, gpuDirectRDMACapable, usage) as its first four bytes. */
+    HVGPU_OP_MEM_RELEASE = 0x63,  /* cuMemRelease: the memory goes once nothing maps it. */
+    HVGPU_OP_MEM_MAP = 0x64,  /* cuMemMap inside a reservation of this guest. */
+    HVGPU_OP_MEM_UNMAP = 0x65,  /* cuMemUnmap of whole mappings. */
+    HVGPU_OP_MEM_SET_ACCESS = 0x66,  /* cuMemSetAccess; descs: CUmemAccessDesc array as CUDA lays it out (12 bytes each). Mapped memory becomes copyable by this guest once readable and writable. */
+    HVGPU_OP_MEM_GET_ACCESS = 0x67,  /* cuMemGetAccess for this connection's device. */
+    HVGPU_OP_MEM_GET_GRANULARITY = 0x68,  /* cuMemGetAllocationGranularity of device memory (option 0: minimum, 1: recommended). */
+    HVGPU_OP_MEM_RETAIN_HANDLE = 0x69,  /* cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference. */
+    HVGPU_OP_MEM_HANDLE_INFO = 0x6a,  /* The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle). */
+    HVGPU_OP_MEM_POOL_CREATE = 0x70,  /* cuMemPoolCreate of a device pool. */
+    HVGPU_OP_MEM_POOL_DESTROY = 0x71,
+    HVGPU_OP_MEM_POOL_DEFAULT = 0x72,  /* The connection's default pool (cuDeviceGetDefaultMemPool). */
+    HVGPU_OP_MEM_ALLOC_ASYNC = 0x73,  /* cuMemAllocFromPoolAsync; the slice is charged what the pool holds. */
+    HVGPU_OP_MEM_FREE_ASYNC = 0x74,  /* cuMemFreeAsync. */
+    HVGPU_OP_MEM_POOL_SET_ATTRIBUTE = 0x75,  /* cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number. */
+    HVGPU_OP_MEM_POOL_GET_ATTRIBUTE = 0x76,
+    HVGPU_OP_MEM_POOL_TRIM_TO = 0x77,  /* cuMemPoolTrimTo. */
     HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
 };
 
@@ -105,6 +124,7 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_LAUNCH_KERNEL_EX:
     case HVGPU_OP_STREAM_WAIT_EVENT:
     case HVGPU_OP_EVENT_RECORD:
+    case HVGPU_OP_MEM_FREE_ASYNC:
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
         return 1;
     default:
@@ -163,6 +183,25 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_EVENT_QUERY: return "EVENT_QUERY";
     case HVGPU_OP_EVENT_SYNCHRONIZE: return "EVENT_SYNCHRONIZE";
     case HVGPU_OP_EVENT_ELAPSED_TIME: return "EVENT_ELAPSED_TIME";
+    case HVGPU_OP_MEM_ADDRESS_RESERVE: return "MEM_ADDRESS_RESERVE";
+    case HVGPU_OP_MEM_ADDRESS_FREE: return "MEM_ADDRESS_FREE";
+    case HVGPU_OP_MEM_CREATE: return "MEM_CREATE";
+    case HVGPU_OP_MEM_RELEASE: return "MEM_RELEASE";
+    case HVGPU_OP_MEM_MAP: return "MEM_MAP";
+    case HVGPU_OP_MEM_UNMAP: return "MEM_UNMAP";
+    case HVGPU_OP_MEM_SET_ACCESS: return "MEM_SET_ACCESS";
+    case HVGPU_OP_MEM_GET_ACCESS: return "MEM_GET_ACCESS";
+    case HVGPU_OP_MEM_GET_GRANULARITY: return "MEM_GET_GRANULARITY";
+    case HVGPU_OP_MEM_RETAIN_HANDLE: return "MEM_RETAIN_HANDLE";
+    case HVGPU_OP_MEM_HANDLE_INFO: return "MEM_HANDLE_INFO";
+    case HVGPU_OP_MEM_POOL_CREATE: return "MEM_POOL_CREATE";
+    case HVGPU_OP_MEM_POOL_DESTROY: return "MEM_POOL_DESTROY";
+    case HVGPU_OP_MEM_POOL_DEFAULT: return "MEM_POOL_DEFAULT";
+    case HVGPU_OP_MEM_ALLOC_ASYNC: return "MEM_ALLOC_ASYNC";
+    case HVGPU_OP_MEM_FREE_ASYNC: return "MEM_FREE_ASYNC";
+    case HVGPU_OP_MEM_POOL_SET_ATTRIBUTE: return "MEM_POOL_SET_ATTRIBUTE";
+    case HVGPU_OP_MEM_POOL_GET_ATTRIBUTE: return "MEM_POOL_GET_ATTRIBUTE";
+    case HVGPU_OP_MEM_POOL_TRIM_TO: return "MEM_POOL_TRIM_TO";
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG: return "FUNC_SET_CACHE_CONFIG";
     default:
         return 0;
@@ -532,6 +571,146 @@ typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_req {
 typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_rep {
     float ms;
 } hvgpu_event_elapsed_time_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_req {
+    uint64_t size;
+    uint64_t alignment;
+    uint64_t addr;
+    uint64_t flags;
+} hvgpu_mem_address_reserve_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_rep {
+    uint64_t dptr;
+} hvgpu_mem_address_reserve_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_address_free_req {
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_mem_address_free_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_create_req {
+    uint64_t size;
+    uint32_t type;
+    uint32_t handle_types;
+    uint32_t location_type;
+    int32_t location_id;
+    uint32_t alloc_flags;
+} hvgpu_mem_create_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_create_rep {
+    uint64_t handle;
+} hvgpu_mem_create_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_release_req {
+    uint64_t handle;
+} hvgpu_mem_release_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_map_req {
+    uint64_t dptr;
+    uint64_t size;
+    uint64_t offset;
+    uint64_t handle;
+    uint64_t flags;
+} hvgpu_mem_map_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_unmap_req {
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_mem_unmap_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_set_access_req {
+    uint64_t dptr;
+    uint64_t size;
+    uint32_t descs_len;
+} hvgpu_mem_set_access_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_access_req {
+    uint64_t dptr;
+} hvgpu_mem_get_access_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_access_rep {
+    uint64_t flags;
+} hvgpu_mem_get_access_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_req {
+    uint32_t option;
+} hvgpu_mem_get_granularity_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_rep {
+    uint64_t granularity;
+} hvgpu_mem_get_granularity_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_retain_handle_req {
+    uint64_t dptr;
+} hvgpu_mem_retain_handle_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_retain_handle_rep {
+    uint64_t handle;
+} hvgpu_mem_retain_handle_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_info_req {
+    uint64_t handle;
+} hvgpu_mem_handle_info_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_info_rep {
+    uint64_t size;
+} hvgpu_mem_handle_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_create_req {
+    uint32_t type;
+    uint32_t handle_types;
+    uint32_t location_type;
+    int32_t location_id;
+    uint64_t max_size;
+    uint32_t usage;
+} hvgpu_mem_pool_create_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_create_rep {
+    uint64_t pool;
+} hvgpu_mem_pool_create_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_destroy_req {
+    uint64_t pool;
+} hvgpu_mem_pool_destroy_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_default_rep {
+    uint64_t pool;
+} hvgpu_mem_pool_default_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_alloc_async_req {
+    uint64_t size;
+    uint64_t pool;
+    uint64_t stream;
+} hvgpu_mem_alloc_async_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_alloc_async_rep {
+    uint64_t dptr;
+} hvgpu_mem_alloc_async_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_free_async_req {
+    uint64_t dptr;
+    uint64_t stream;
+} hvgpu_mem_free_async_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_set_attribute_req {
+    uint64_t pool;
+    int32_t attrib;
+    uint64_t value;
+} hvgpu_mem_pool_set_attribute_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_get_attribute_req {
+    uint64_t pool;
+    int32_t attrib;
+} hvgpu_mem_pool_get_attribute_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_get_attribute_rep {
+    uint64_t value;
+} hvgpu_mem_pool_get_attribute_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_trim_to_req {
+    uint64_t pool;
+    uint64_t keep;
+} hvgpu_mem_pool_trim_to_req_t;
 
 typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
     uint64_t function;

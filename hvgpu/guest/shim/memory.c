@@ -47,22 +47,15 @@ HV_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
     return r;
 }
 
+CUresult hv_pool_free_now(CUdeviceptr dptr); /* pool.c */
+
 HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (!dptr) return CUDA_SUCCESS;
+    if (hv_range_kind(dptr) == HV_RANGE_POOL) return hv_pool_free_now(dptr);
     int device = hv_alloc_owner(dptr);
     if (device < 0 || !HV_ON(device, hv_alloc_remove(dptr))) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_free_req_t q = { dptr };
     return HV_ON(device, hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
-}
-
-HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
-    (void)stream; /* the allocation is ready at once, which satisfies any stream order */
-    return cuMemAlloc_v2(dptr, size);
-}
-
-HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-    CUresult r = cuStreamSynchronize(stream); /* free only after the stream's work */
-    return r ? r : cuMemFree_v2(dptr);
 }
 
 HV_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr) {
@@ -267,6 +260,14 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     int is_dev = hv_alloc_find(ptr, &dbase, &size), owner = is_dev ? hv_alloc_owner(ptr) : 0;
     int is_host = !is_dev && hv_host_find((void *)(uintptr_t)ptr, &hbase, &size);
     if (!is_dev && !is_host && !lenient) return CUDA_ERROR_INVALID_VALUE;
+    /* Mapped memory's range is the reservation it lies in; its mapping, the piece one
+       cuMemMap made (cuMemGetAddressRange's answer). */
+    CUdeviceptr rbase = is_dev ? dbase : (uintptr_t)hbase;
+    size_t rsize = size;
+    if (is_dev && hv_range_kind(ptr) == HV_RANGE_MAPPED) {
+        uintptr_t b;
+        if (hv_reserve_find(owner, ptr, &b, &rsize)) rbase = b;
+    }
     switch (attrib) {
     case PA_CONTEXT: *(CUcontext *)data = (is_dev || is_host) ? hv_primary(owner) : NULL; break;
     case PA_MEMORY_TYPE: *(unsigned *)data = is_dev ? 2 : is_host ? 1 : 0; break;
@@ -282,9 +283,10 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     case PA_MAPPED: *(unsigned char *)data = (unsigned char)(is_dev || is_host); break;
     case PA_BUFFER_ID: *(unsigned long long *)data = is_dev ? dbase : (uintptr_t)hbase; break;
     case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? owner : -2; break;
-    case PA_RANGE_START_ADDR: case PA_MAPPING_BASE_ADDR:
-        *(CUdeviceptr *)data = is_dev ? dbase : (uintptr_t)hbase; break;
-    case PA_RANGE_SIZE: case PA_MAPPING_SIZE: *(size_t *)data = size; break;
+    case PA_RANGE_START_ADDR: *(CUdeviceptr *)data = rbase; break;
+    case PA_RANGE_SIZE: *(size_t *)data = rsize; break;
+    case PA_MAPPING_BASE_ADDR: *(CUdeviceptr *)data = is_dev ? dbase : (uintptr_t)hbase; break;
+    case PA_MAPPING_SIZE: *(size_t *)data = size; break;
     case PA_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break;
     case PA_ACCESS_FLAGS: *(unsigned *)data = 3; break; /* read-write */
     case PA_MEMPOOL_HANDLE: *(void **)data = NULL; break;

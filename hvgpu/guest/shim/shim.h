@@ -108,7 +108,18 @@ struct hv_ctx *hv_primary(int device);
 struct hv_ctx *hv_current(void);
 struct hv_ctx *hv_current_or_primary(void); /* what a NULL context argument stands for */
 void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global); /* on hv_routed_device() */
-int hv_alloc_remove(CUdeviceptr ptr);
+int hv_alloc_remove(CUdeviceptr ptr);      /* a cuMemAlloc range only */
+/* Kinds of device range: what frees it, and what cuMemFree may not. */
+enum { HV_RANGE_ALLOC = 0, HV_RANGE_GLOBAL = 1, HV_RANGE_MAPPED = 2, HV_RANGE_POOL = 4 };
+void hv_range_add(CUdeviceptr ptr, size_t size, unsigned kind); /* on hv_routed_device() */
+int hv_range_kind(CUdeviceptr ptr);        /* of the range holding ptr; -1: none */
+int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind);
+void hv_ranges_drop(int device, CUdeviceptr ptr, size_t size, unsigned kind);
+/* Reserved address ranges (cuMemAddressReserve), per vGPU. */
+void hv_reserve_add(int device, CUdeviceptr ptr, size_t size);
+int hv_reserve_remove(int device, CUdeviceptr ptr);
+int hv_reserve_owner(CUdeviceptr ptr);     /* the routed device's first; -1: none */
+int hv_reserve_find(int device, CUdeviceptr ptr, uintptr_t *base, size_t *size);
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* The device whose allocation holds ptr (the routed device's first: each vGPU's
    executor is its own process, so two devices' addresses may coincide), or -1. */
@@ -143,8 +154,12 @@ CUresult cuStreamSynchronize(CUstream stream);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuDeviceGetCount(int *count);
+CUresult cuMemFree_v2(CUdeviceptr dptr);
 
 /* Unimplemented entry points: log the name once, return NOT_SUPPORTED. */
 CUresult hv_unsupported(const char *api, int *once);
+/* vmm.c: the vGPU a CUmemLocation names; CUDA_ERROR_NOT_SUPPORTED (hv_unsupported(api,
+   once)) for host and NUMA locations, CUDA_ERROR_INVALID_DEVICE for no such vGPU. */
+CUresult hv_device_location(const void *location, int *device, const char *api, int *once);
 
 #endif

@@ -1,9 +1,11 @@
 /* What the guest side of the shim remembers: devices, contexts, allocations.
  *
  * Device attributes and UUIDs are fetched once at cuInit; contexts are the
- * guest's view of the executor's one context per device; allocation and
+ * guest's view of the executor's one context per device; device ranges
+ * (cuMemAlloc, module variables, mapped memory, pool allocations) and
  * pinned-host ranges answer pointer queries and give cuMemcpy its direction
- * without a round trip. Nothing here talks to the agent.
+ * without a round trip; reserved address ranges say which vGPU a VMM call
+ * about an address goes to. Nothing here talks to the agent.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -41,6 +43,9 @@ static struct ranges dev_ranges[HV_MAX_DEVICES] = {
     [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
 };
 static struct ranges host_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
+static struct ranges reserved[HV_MAX_DEVICES] = {
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
+};
 
 /* Index of the first range whose base is > p. */
 static size_t upper(struct ranges *r, uintptr_t p) {
@@ -97,8 +102,67 @@ static int removed(struct ranges *r, uintptr_t base, int refuse_flag) {
     return ok;
 }
 
+/* Every range of exactly `flags` that starts in [base, end). */
+static void drop(struct ranges *r, uintptr_t base, uintptr_t end, unsigned flags) {
+    pthread_mutex_lock(&r->lock);
+    size_t j = base ? upper(r, base - 1) : 0, kept = j; /* j: the first range at or past base */
+    for (; j < r->n && r->v[j].base < end; j++)
+        if (r->v[j].flags != flags) r->v[kept++] = r->v[j];
+    memmove(r->v + kept, r->v + j, (r->n - j) * sizeof *r->v);
+    r->n -= j - kept;
+    pthread_mutex_unlock(&r->lock);
+}
+
 void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global) {
-    add(&dev_ranges[hv_routed_device()], (uintptr_t)ptr, size, is_global ? 1 : 0);
+    hv_range_add(ptr, size, is_global ? HV_RANGE_GLOBAL : HV_RANGE_ALLOC);
+}
+
+void hv_range_add(CUdeviceptr ptr, size_t size, unsigned kind) {
+    add(&dev_ranges[hv_routed_device()], (uintptr_t)ptr, size, kind);
+}
+
+int hv_range_kind(CUdeviceptr ptr) {
+    int d = hv_alloc_owner(ptr);
+    unsigned flags;
+    return d >= 0 && find(&dev_ranges[d], (uintptr_t)ptr, NULL, NULL, &flags) ? (int)flags : -1;
+}
+
+int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind) {
+    struct ranges *r = &dev_ranges[device];
+    pthread_mutex_lock(&r->lock);
+    size_t i = upper(r, (uintptr_t)ptr);
+    int ok = i > 0 && r->v[i - 1].base == (uintptr_t)ptr && r->v[i - 1].flags == kind;
+    if (ok) {
+        memmove(r->v + i - 1, r->v + i, (r->n - i) * sizeof *r->v);
+        r->n--;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return ok;
+}
+
+void hv_ranges_drop(int device, CUdeviceptr ptr, size_t size, unsigned kind) {
+    drop(&dev_ranges[device], (uintptr_t)ptr, (uintptr_t)ptr + size, kind);
+}
+
+void hv_reserve_add(int device, CUdeviceptr ptr, size_t size) {
+    add(&reserved[device], (uintptr_t)ptr, size, 0);
+}
+
+int hv_reserve_remove(int device, CUdeviceptr ptr) {
+    return removed(&reserved[device], (uintptr_t)ptr, 0);
+}
+
+int hv_reserve_find(int device, CUdeviceptr ptr, uintptr_t *base, size_t *size) {
+    return device >= 0 && device < HV_MAX_DEVICES &&
+           find(&reserved[device], (uintptr_t)ptr, base, size, NULL);
+}
+
+int hv_reserve_owner(CUdeviceptr ptr) {
+    int first = hv_routed_device();
+    if (find(&reserved[first], (uintptr_t)ptr, NULL, NULL, NULL)) return first;
+    for (int d = 0; d < hv_device_count && d < HV_MAX_DEVICES; d++)
+        if (d != first && find(&reserved[d], (uintptr_t)ptr, NULL, NULL, NULL)) return d;
+    return -1;
 }
 
 int hv_alloc_owner(CUdeviceptr ptr) {
@@ -121,7 +185,8 @@ int hv_alloc_owner(CUdeviceptr ptr) {
 
 int hv_alloc_remove(CUdeviceptr ptr) {
     int d = hv_alloc_owner(ptr);
-    return d >= 0 && removed(&dev_ranges[d], (uintptr_t)ptr, 1);
+    return d >= 0 && removed(&dev_ranges[d], (uintptr_t)ptr,
+                             HV_RANGE_GLOBAL | HV_RANGE_MAPPED | HV_RANGE_POOL);
 }
 
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size) {

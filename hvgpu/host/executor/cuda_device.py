@@ -85,6 +85,8 @@ def _driver_library():
         for name in ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize"):
             getattr(_libcuda, name).argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                                                 ctypes.POINTER(_LaunchConfig)]
+        for name in ("cuMemPoolGetAttribute", "cuMemPoolSetAttribute"):
+            getattr(_libcuda, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         _libcuda.cuTensorMapEncodeTiled.argtypes = [
             ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_char_p,
             ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_int,
@@ -118,21 +120,33 @@ def _ok(result, what: str):
     return result[1] if len(result) == 2 else result[1:]
 
 
+def _device_memory(ordinal: int):
+    """CUmemAllocationProp of device memory on ``ordinal``, exportable by no handle."""
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = ordinal
+    return prop
+
+
+def _access(prop, flags: int):
+    desc = cu.CUmemAccessDesc()
+    desc.location = prop.location
+    desc.flags = cu.CUmemAccess_flags(flags)
+    return desc
+
+
 class _AddressWindow:
     """Device memory mapped (cuMemCreate + cuMemMap) inside one reserved range.
 
     Each allocation is rounded up to the allocation granularity (2 MiB on
     current GPUs), so many small allocations cost more memory than cuMemAlloc's.
+    A guest's own reservations (cuMemAddressReserve) are carved from it too.
     """
 
     def __init__(self, ordinal: int, index: int):
-        self.prop = cu.CUmemAllocationProp()
-        self.prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        self.prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        self.prop.location.id = ordinal
-        self.access = cu.CUmemAccessDesc()
-        self.access.location = self.prop.location
-        self.access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        self.prop = _device_memory(ordinal)
+        self.access = _access(self.prop, 3)
         self.granularity = int(_ok(cu.cuMemGetAllocationGranularity(
             self.prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
             "cuMemGetAllocationGranularity"))
@@ -171,6 +185,26 @@ class _AddressWindow:
             self._give_back(at)
             raise
         return at
+
+    def reserve(self, size: int, alignment: int) -> int:
+        """Addresses only, aligned to ``alignment`` (at least the granularity); whole
+        granules, so that every hole left stays aligned for alloc()'s mappings."""
+        align = max(alignment, self.granularity)
+        size = self.footprint(size)
+        with self.lock:
+            for i, (at, free) in enumerate(self.holes):
+                start = -(-at // align) * align
+                if start + size <= at + free:
+                    self.holes[i:i + 1] = [(a, n) for a, n in ((at, start - at),
+                                           (start + size, at + free - start - size)) if n]
+                    self.sizes[start] = size
+                    return start
+        raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "the vGPU's address window is full")
+
+    def unreserve(self, at: int, size: int) -> None:
+        if self.sizes.get(at) != self.footprint(size):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"0x{at:x}+{size} is not a reservation")
+        self._give_back(at)
 
     def free(self, dptr: int) -> None:
         n = self.sizes.get(dptr)
@@ -232,6 +266,8 @@ class CudaDevice:
         minor = self.attribute(76)
         self.arch = f"sm_{major}{minor}"
         self._window = _AddressWindow(ordinal, address_window) if address_window else None
+        self._memory = _device_memory(ordinal)
+        self._granularity: dict[int, int] = {}
 
     def bind_thread(self) -> None:
         """Make this context current on the calling thread, with its own launch buffer.
@@ -302,6 +338,86 @@ class CudaDevice:
         if self._window is not None:
             return self._window.free(dptr)
         _ok(cu.cuMemFree(dptr), "cuMemFree")
+
+    # -- virtual memory management -----------------------------------------------
+
+    def mem_granularity(self, option: int) -> int:
+        g = self._granularity.get(option)
+        if g is None:
+            g = self._granularity[option] = int(_ok(cu.cuMemGetAllocationGranularity(
+                self._memory, cu.CUmemAllocationGranularity_flags(option)),
+                "cuMemGetAllocationGranularity"))
+        return g
+
+    def address_reserve(self, size: int, alignment: int, hint: int) -> int:
+        if self._window is not None:  # this vGPU's addresses stay inside its window
+            return self._window.reserve(size, alignment)
+        return int(_ok(cu.cuMemAddressReserve(size, alignment, hint, 0), "cuMemAddressReserve"))
+
+    def address_free(self, ptr: int, size: int) -> None:
+        if self._window is not None:
+            return self._window.unreserve(ptr, size)
+        _ok(cu.cuMemAddressFree(ptr, size), "cuMemAddressFree")
+
+    def mem_create(self, size: int):
+        return _ok(cu.cuMemCreate(size, self._memory, 0), f"cuMemCreate({size})")
+
+    def mem_release(self, handle) -> None:
+        _ok(cu.cuMemRelease(handle), "cuMemRelease")
+
+    def mem_map(self, ptr: int, size: int, offset: int, handle) -> None:
+        _ok(cu.cuMemMap(ptr, size, offset, handle, 0), "cuMemMap")
+
+    def mem_unmap(self, ptr: int, size: int) -> None:
+        _ok(cu.cuMemUnmap(ptr, size), "cuMemUnmap")
+
+    def mem_set_access(self, ptr: int, size: int, flags: int) -> None:
+        _ok(cu.cuMemSetAccess(ptr, size, [_access(self._memory, flags)], 1), "cuMemSetAccess")
+
+    def mem_get_access(self, ptr: int) -> int:
+        return int(_ok(cu.cuMemGetAccess(self._memory.location, ptr), "cuMemGetAccess"))
+
+    # -- stream-ordered allocation -------------------------------------------------
+
+    def pool_create(self, max_size: int):
+        props = cu.CUmemPoolProps()
+        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.handleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_NONE
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = self.ordinal
+        if max_size:
+            props.maxSize = max_size
+        return _ok(cu.cuMemPoolCreate(props), "cuMemPoolCreate")
+
+    def pool_destroy(self, pool) -> None:
+        _ok(cu.cuMemPoolDestroy(pool), "cuMemPoolDestroy")
+
+    def pool_alloc(self, size: int, pool, stream) -> int:
+        return int(_ok(cu.cuMemAllocFromPoolAsync(size, pool, stream),
+                       f"cuMemAllocFromPoolAsync({size})"))
+
+    def pool_free(self, ptr: int, stream) -> None:
+        _ok(cu.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+
+    # Attribute values go through libcuda directly: their C type depends on the attribute
+    # (int for the reuse flags 1..3, cuuint64_t for the sizes 4..8).
+    def pool_attribute(self, pool, attrib: int) -> int:
+        value = ctypes.c_int(0) if attrib <= 3 else ctypes.c_uint64(0)
+        err = _driver_library().cuMemPoolGetAttribute(ctypes.c_void_p(int(pool)), attrib,
+                                                      ctypes.byref(value))
+        if err:
+            _raise(err, "cuMemPoolGetAttribute")
+        return int(value.value)
+
+    def pool_set_attribute(self, pool, attrib: int, value: int) -> None:
+        raw = ctypes.c_int(value) if attrib <= 3 else ctypes.c_uint64(value)
+        err = _driver_library().cuMemPoolSetAttribute(ctypes.c_void_p(int(pool)), attrib,
+                                                      ctypes.byref(raw))
+        if err:
+            _raise(err, "cuMemPoolSetAttribute")
+
+    def pool_trim(self, pool, keep: int) -> None:
+        _ok(cu.cuMemPoolTrimTo(pool, keep), "cuMemPoolTrimTo")
 
     def host_alloc(self, size: int) -> tuple[int, memoryview]:
         addr = int(_ok(cu.cuMemHostAlloc(size, 0), f"cuMemHostAlloc({size})"))

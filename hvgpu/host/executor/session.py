@@ -25,7 +25,6 @@ Must not import CUDA (``cuda_device`` does) and must not touch other guests.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import socket
 import struct
@@ -42,13 +41,15 @@ from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PE
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
+from hvgpu.host.executor.tables import Allocations, Handles
+from hvgpu.host.executor.pools import Pools
+from hvgpu.host.executor.vmm import VirtualMemory
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 
 log = logging.getLogger(__name__)
 
-_FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
@@ -73,85 +74,6 @@ _PAYLOAD_LIMITS = {P.OP["MODULE_LOAD_DATA"]: (MAX_MODULE_IMAGE, "module image"),
                    P.OP["MODULE_COMPILE_HEADERS"]: (MAX_SOURCE, "source with its headers")}
 _TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
 _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
-
-
-class Allocations:
-    """The device ranges this guest allocated, for bounds checks.
-
-    ``mirror`` (the session's C loop) is told of every range added and removed,
-    so that it never vouches for a range this table no longer holds.
-    """
-
-    def __init__(self, mirror: LaunchBurst | None = None):
-        self.starts: list[int] = []
-        self.sizes: dict[int, int] = {}
-        self.mirror = mirror
-
-    def add(self, ptr: int, size: int) -> None:
-        bisect.insort(self.starts, ptr)
-        self.sizes[ptr] = size
-        if self.mirror is not None:
-            self.mirror.add_range(ptr, size)
-
-    def remove(self, ptr: int) -> None:
-        if ptr not in self.sizes:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"0x{ptr:x} is not an allocation of this guest")
-        del self.sizes[ptr]
-        self.starts.pop(bisect.bisect_left(self.starts, ptr))
-        if self.mirror is not None:
-            self.mirror.drop_range(ptr)
-
-    def clear(self) -> None:
-        for ptr in list(self.starts):
-            self.remove(ptr)
-
-    def check(self, ptr: int, n: int, what: str) -> None:
-        i = bisect.bisect_right(self.starts, ptr) - 1
-        if i >= 0:
-            start = self.starts[i]
-            if ptr + n <= start + self.sizes[start]:
-                return
-            if ptr < start + self.sizes[start]:
-                raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                                f"{what} 0x{ptr:x}+{n} runs past the end of the "
-                                f"{self.sizes[start]}-byte allocation at 0x{start:x}")
-        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                        f"{what} 0x{ptr:x} is not inside any allocation of this guest")
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes.values())
-
-
-class Handles:
-    """Guest-visible numbers for host objects of one kind."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self.objects: dict[int, Any] = {}
-        self.next = _FIRST_HANDLE
-
-    def add(self, obj: Any) -> int:
-        handle = self.next
-        self.next += 1
-        self.objects[handle] = obj
-        return handle
-
-    def get(self, handle: int) -> Any:
-        try:
-            return self.objects[handle]
-        except KeyError:
-            raise CudaError(P.CUDA_ERROR_INVALID_HANDLE,
-                            f"unknown {self.kind} handle {handle}") from None
-
-    def pop(self, handle: int) -> Any:
-        obj = self.get(handle)
-        del self.objects[handle]
-        return obj
 
 
 class Session:
@@ -194,6 +116,9 @@ class Session:
         self.streams = Handles("stream")
         self.events = Handles("event")
         self.layouts: dict[int, list] = {}
+        self.vmm = VirtualMemory(device, self._charge, self._uncharge, DEVICE_MEMORY)
+        self.pools = Pools(device, self._charge, self._uncharge, DEVICE_MEMORY, self._stream,
+                           accounted=quota is not None)
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use
@@ -218,7 +143,8 @@ class Session:
         burst = LaunchBurst(entries)
         for special in (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD):
             burst.set_stream(special, self.device.handle_value(self.device.stream(special)))
-        self.allocs.mirror = burst  # still empty: the C loop hears of every range from here
+        # Still empty: from here the C loop hears of every range a copy may touch.
+        self.allocs.mirror = self.pools.allocs.mirror = self.vmm.accessible.mirror = burst
         return burst
 
     # -- the loop ---------------------------------------------------------
@@ -502,15 +428,25 @@ class Session:
             return
         c = self.counts
         log.info("%s: served %d frames (%d launches, %d bytes to the GPU, %d bytes back); "
-                 "releasing %d allocations (%d bytes), %d modules, %d streams, %d events",
+                 "releasing %d allocations (%d bytes), %d pool allocations, %d mappings, "
+                 "%d modules, %d streams, %d events",
                  self.peer, c["frames"], c["launches"], c["h2d_bytes"], c["d2h_bytes"],
-                 len(self.allocs), self.allocs.total, len(self.modules.objects),
+                 len(self.allocs), self.allocs.total, len(self.pools.allocs),
+                 len(self.vmm.mappings), len(self.modules.objects),
                  len(self.streams.objects), len(self.events.objects))
         if self.by_op:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
         if self.staging is not None and self.owns_staging:
             self.staging.close()
         self.staging = None
+        if self.vmm.mappings:
+            # Unmapping does not wait for the GPU (cuMemFree does): work still queued on
+            # the guest's streams must not find its memory gone.
+            for stream in (*self.streams.objects.values(), self.device.stream(STREAM_LEGACY),
+                           self.device.stream(STREAM_PER_THREAD)):
+                _quietly(self.device.stream_synchronize, stream)
+        self.pools.release_all()  # pool memory first, on the streams it was allocated on
+        self.vmm.release_all()
         for release, table in ((self.device.event_destroy, self.events.objects),
                                (self.device.stream_destroy, self.streams.objects),
                                (self.device.module_unload, self.modules.objects)):
@@ -553,17 +489,17 @@ class Session:
         return self.streams.get(handle)
 
     def _check_range(self, ptr: int, n: int, what: str) -> None:
-        """Inside an allocation of this guest, or a module variable it looked up."""
-        try:
-            self.allocs.check(ptr, n, what)
-        except CudaError:
-            for ranges in self.globals.values():
-                try:
-                    ranges.check(ptr, n, what)
-                    return
-                except CudaError:
-                    pass
-            raise
+        """Inside an allocation of this guest (cuMemAlloc, pool or readable-writable
+        mapped memory), or a module variable it looked up."""
+        if self.allocs.holds(ptr, n) or self.pools.allocs.holds(ptr, n) \
+                or self.vmm.covers(ptr, n):
+            return
+        for ranges in self.globals.values():
+            if ranges.holds(ptr, n):
+                return
+        # Refused (check raises): said from the view of the allocation ptr falls in, if any.
+        (self.pools.allocs if self.pools.allocs.holds(ptr, 1) else self.allocs).check(
+            ptr, n, what)
 
     def _staging(self) -> StagingPool:
         if self.staging is None:
@@ -626,11 +562,13 @@ class Session:
 
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()
+        self.pools.settle()
 
     def op_ctx_get_limit(self, hdr, limit):
         return (self.device.ctx_limit(limit),)
 
     def op_mem_get_info(self, hdr):
+        self.pools.settle()
         free, total = self.device.mem_info()
         if self.quota is not None:
             used, limit = self.quota.usage()
@@ -640,7 +578,13 @@ class Session:
     def _charge(self, n: int) -> None:
         """Charge ``n`` bytes to the slice; CUDA_ERROR_OUT_OF_MEMORY past its quota."""
         if self.quota is not None and n:
-            self.quota.reserve(n)
+            try:
+                self.quota.reserve(n)
+            except CudaError as exc:
+                # Pools may have given memory back since they were last settled.
+                if exc.status != P.CUDA_ERROR_OUT_OF_MEMORY or not self.pools.settle():
+                    raise
+                self.quota.reserve(n)
             self.charged += n
 
     def _uncharge(self, n: int) -> None:
@@ -938,6 +882,7 @@ class Session:
 
     def op_stream_synchronize(self, hdr, stream):
         self.device.stream_synchronize(self._stream(stream))
+        self.pools.settle()
 
     def op_stream_query(self, hdr, stream):
         if not self.device.stream_query(self._stream(stream)):
@@ -968,6 +913,68 @@ class Session:
 
     def op_event_synchronize(self, hdr, event):
         self.device.event_synchronize(self.events.get(event))
+        self.pools.settle()
+
+    # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
+
+    def op_mem_address_reserve(self, hdr, size, alignment, addr, flags):
+        return (self.vmm.reserve(size, alignment, addr, flags),)
+
+    def op_mem_address_free(self, hdr, dptr, size):
+        self.vmm.free_addresses(dptr, size)
+
+    def op_mem_create(self, hdr, size, type_, handle_types, loc_type, loc_id, alloc_flags):
+        return (self.vmm.create(size, type_, handle_types, loc_type, loc_id, alloc_flags),)
+
+    def op_mem_release(self, hdr, handle):
+        self.vmm.release(handle)
+
+    def op_mem_map(self, hdr, dptr, size, offset, handle, flags):
+        self.vmm.map(dptr, size, offset, handle, flags)
+
+    def op_mem_unmap(self, hdr, dptr, size):
+        self.vmm.unmap(dptr, size)
+
+    def op_mem_set_access(self, hdr, dptr, size, descs):
+        self.vmm.set_access(dptr, size, descs)
+
+    def op_mem_get_access(self, hdr, dptr):
+        return (self.vmm.get_access(dptr),)
+
+    def op_mem_get_granularity(self, hdr, option):
+        return (self.vmm.granularity(option),)
+
+    def op_mem_retain_handle(self, hdr, dptr):
+        return (self.vmm.retain(dptr),)
+
+    def op_mem_handle_info(self, hdr, handle):
+        return (self.vmm.handle_size(handle),)
+
+    # -- stream-ordered allocation (pools.Pools keeps the books) ----------------------
+
+    def op_mem_pool_create(self, hdr, type_, handle_types, loc_type, loc_id, max_size, usage):
+        return (self.pools.create(type_, handle_types, loc_type, loc_id, max_size, usage),)
+
+    def op_mem_pool_destroy(self, hdr, pool):
+        self.pools.destroy(pool)
+
+    def op_mem_pool_default(self, hdr):
+        return (self.pools.default(),)
+
+    def op_mem_alloc_async(self, hdr, size, pool, stream):
+        return (self.pools.alloc(size, pool, stream),)
+
+    def op_mem_free_async(self, hdr, dptr, stream):
+        self.pools.free(dptr, stream)
+
+    def op_mem_pool_set_attribute(self, hdr, pool, attrib, value):
+        self.pools.set_attribute(pool, attrib, value)
+
+    def op_mem_pool_get_attribute(self, hdr, pool, attrib):
+        return (self.pools.get_attribute(pool, attrib),)
+
+    def op_mem_pool_trim_to(self, hdr, pool, keep):
+        self.pools.trim(pool, keep)
 
     def op_event_elapsed_time(self, hdr, start, end):
         return (self.device.event_elapsed(self.events.get(start), self.events.get(end)),)

@@ -1,0 +1,257 @@
+/* Driver entry points for stream-ordered allocation: cuMemAllocAsync,
+ * cuMemFreeAsync and memory pools.
+ *
+ * The executor gives each connection a default pool of its own (never the
+ * device's, which other programs share); cuDeviceSetMemPool's choice is kept
+ * here. An allocation is a round trip, since the program needs the pointer at
+ * once; a free is one-way, ordered on its stream, its error reported by the
+ * next synchronising call as CUDA's asynchronous errors are. Pool attributes
+ * are the executor's pools' own. Pools of host memory, of exportable memory or
+ * with usage flags are refused (CUDA_ERROR_NOT_SUPPORTED, said once), and a
+ * pool is reachable from its own vGPU only: peer access between vGPUs is not
+ * built.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "shim.h"
+
+typedef void *CUmemoryPool;
+typedef struct { int type, id; } hv_mem_location;           /* CUmemLocation */
+typedef struct { hv_mem_location location; int flags; } hv_access_desc; /* CUmemAccessDesc */
+typedef struct {                                             /* CUmemPoolProps */
+    int alloc_type, handle_types;
+    hv_mem_location location;
+    void *win32_attributes;
+    size_t max_size;
+    unsigned short usage;
+    unsigned char reserved[54];
+} hv_pool_props;
+_Static_assert(sizeof(hv_pool_props) == 88, "cuda.h layout");
+
+enum { PINNED = 1, ON_DEVICE = 1, READWRITE = 3, LAST_INT_ATTRIBUTE = 3, LAST_ATTRIBUTE = 8 };
+
+
+static CUmemoryPool defaults[HV_MAX_DEVICES]; /* each vGPU's default pool, once asked */
+static CUmemoryPool current[HV_MAX_DEVICES];  /* cuDeviceSetMemPool's; NULL: the default */
+
+/* The vGPU a pool is of; -1 for what no call of this shim handed out. */
+static int pool_device(CUmemoryPool pool) {
+    uint64_t d = (uint64_t)(uintptr_t)pool >> HV_TAG_SHIFT;
+    return pool && hv_created(pool) && cuInit(0) == CUDA_SUCCESS && d < (uint64_t)hv_device_count
+        ? (int)d : -1;
+}
+
+static CUresult check_device(CUdevice dev) {
+    CUresult r = cuInit(0);
+    if (r) return r;
+    return dev >= 0 && dev < hv_device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+HV_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    CUmemoryPool p = __atomic_load_n(&defaults[dev], __ATOMIC_ACQUIRE);
+    if (!p) {
+        hvgpu_mem_pool_default_rep_t v;
+        r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_DEFAULT, NULL, 0, NULL, 0, &v, sizeof v, NULL,
+                               NULL, 0));
+        if (r) return r;
+        p = hv_tag(dev, v.pool);
+        __atomic_store_n(&defaults[dev], p, __ATOMIC_RELEASE);
+    }
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_device(dev);
+    if (r) return r;
+    CUmemoryPool p = __atomic_load_n(&current[dev], __ATOMIC_ACQUIRE);
+    if (!p) return cuDeviceGetDefaultMemPool(pool, dev);
+    *pool = p;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
+    CUresult r = check_device(dev);
+    if (r) return r;
+    if (pool_device(pool) != dev) return CUDA_ERROR_INVALID_VALUE; /* not a pool of dev */
+    __atomic_store_n(&current[dev], pool, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 13's forms, by location and allocation type: device pools only. */
+static CUresult device_pools(const void *location, int type, int *dev) {
+    static int managed, host;
+    if (type != PINNED) return hv_unsupported("memory pools of managed memory", &managed);
+    return hv_device_location(location, dev, "memory pools of host or NUMA memory", &host);
+}
+
+HV_EXPORT CUresult cuMemGetDefaultMemPool(CUmemoryPool *pool, void *location, int type) {
+    int dev = -1;
+    CUresult r = device_pools(location, type, &dev);
+    return r ? r : cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+HV_EXPORT CUresult cuMemGetMemPool(CUmemoryPool *pool, void *location, int type) {
+    int dev = -1;
+    CUresult r = device_pools(location, type, &dev);
+    return r ? r : cuDeviceGetMemPool(pool, dev);
+}
+
+HV_EXPORT CUresult cuMemSetMemPool(void *location, int type, CUmemoryPool pool) {
+    int dev = -1;
+    CUresult r = device_pools(location, type, &dev);
+    return r ? r : cuDeviceSetMemPool(dev, pool);
+}
+
+HV_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const hv_pool_props *props) {
+    static int managed, host, exportable, usage;
+    int dev = -1;
+    if (!pool || !props) return CUDA_ERROR_INVALID_VALUE;
+    if (props->alloc_type != PINNED)
+        return hv_unsupported("cuMemPoolCreate of managed memory", &managed);
+    CUresult r = hv_device_location(&props->location, &dev, "cuMemPoolCreate of host or NUMA "
+                                    "memory", &host);
+    if (r) return r;
+    if (props->handle_types)
+        return hv_unsupported("cuMemPoolCreate of exportable memory (IPC pools)", &exportable);
+    if (props->usage) return hv_unsupported("cuMemPoolCreate with usage flags", &usage);
+    hvgpu_mem_pool_create_req_t q = { PINNED, 0, ON_DEVICE, 0, props->max_size, 0 };
+    hvgpu_mem_pool_create_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
+                           NULL, 0));
+    if (!r) *pool = hv_tag(dev, v.pool);
+    return r;
+}
+
+HV_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    int dev = pool_device(pool);
+    if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_mem_pool_destroy_req_t q = { hv_untag(pool) };
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_DESTROY, &q, sizeof q, NULL, 0, NULL, 0,
+                                    NULL, NULL, 0));
+    if (!r) /* as CUDA: the device's current pool becomes its default again */
+        __atomic_compare_exchange_n(&current[dev], &pool, NULL, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    return r;
+}
+
+HV_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    int dev = pool_device(pool);
+    if (dev < 0 || !value || attr < 1 || attr > LAST_ATTRIBUTE) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t v = attr <= LAST_INT_ATTRIBUTE ? (uint64_t)(uint32_t)*(int *)value
+                                            : *(uint64_t *)value;
+    hvgpu_mem_pool_set_attribute_req_t q = { hv_untag(pool), attr, v };
+    return HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_SET_ATTRIBUTE, &q, sizeof q, NULL, 0, NULL, 0,
+                              NULL, NULL, 0));
+}
+
+HV_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    int dev = pool_device(pool);
+    if (dev < 0 || !value || attr < 1 || attr > LAST_ATTRIBUTE) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_mem_pool_get_attribute_req_t q = { hv_untag(pool), attr };
+    hvgpu_mem_pool_get_attribute_rep_t v;
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v,
+                                    sizeof v, NULL, NULL, 0));
+    if (r) return r;
+    if (attr <= LAST_INT_ATTRIBUTE) *(int *)value = (int)v.value;
+    else *(uint64_t *)value = v.value;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    int dev = pool_device(pool);
+    if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_mem_pool_trim_to_req_t q = { hv_untag(pool), keep };
+    return HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_TRIM_TO, &q, sizeof q, NULL, 0, NULL, 0, NULL,
+                              NULL, 0));
+}
+
+HV_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const hv_access_desc *map, size_t count) {
+    static int host, peers;
+    int dev = pool_device(pool);
+    if (dev < 0 || (count && !map)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) {
+        int on = -1;
+        CUresult r = hv_device_location(&map[i].location, &on,
+                                        "cuMemPoolSetAccess for host or NUMA locations", &host);
+        if (r) return r;
+        if (on != dev)
+            return hv_unsupported("cuMemPoolSetAccess for another vGPU (peer access between "
+                                  "vGPUs)", &peers);
+        if (map[i].flags != READWRITE) return CUDA_ERROR_INVALID_VALUE; /* its own device's */
+    }
+    return CUDA_SUCCESS; /* the pool's device reads and writes it already */
+}
+
+HV_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, hv_mem_location *location) {
+    static int host;
+    int dev = pool_device(pool), on = -1;
+    if (!flags || dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_device_location(location, &on, "cuMemPoolGetAccess for host or NUMA "
+                                                   "locations", &host);
+    if (!r) *flags = on == dev ? READWRITE : 0;
+    return r;
+}
+
+/* -- allocations -------------------------------------------------------------------- */
+
+static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, uint64_t pool, CUstream stream) {
+    static int once;
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    if (hv_created(stream) && hv_tag_device(stream) != dev)
+        return hv_unsupported("cuMemAllocAsync from one vGPU's pool on another's stream", &once);
+    hvgpu_mem_alloc_async_req_t q = { size, pool, hv_untag(stream) };
+    hvgpu_mem_alloc_async_rep_t v;
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_ALLOC_ASYNC, &q, sizeof q, NULL, 0, &v, sizeof v,
+                                    NULL, NULL, 0));
+    if (r) return r;
+    HV_ON(dev, (hv_range_add(v.dptr, size, HV_RANGE_POOL), CUDA_SUCCESS));
+    *dptr = v.dptr;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                           CUstream stream) {
+    int dev = pool_device(pool);
+    if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    return alloc_on(dev, dptr, size, hv_untag(pool), stream);
+}
+
+HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
+    CUresult r = cuInit(0);
+    if (r) return r;
+    int dev = hv_tag_device(stream);
+    CUmemoryPool pool = __atomic_load_n(&current[dev], __ATOMIC_ACQUIRE);
+    return alloc_on(dev, dptr, size, pool ? hv_untag(pool) : 0 /* the default */, stream);
+}
+
+HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+    CUresult r = cuInit(0);
+    if (r) return r;
+    int kind = hv_range_kind(dptr), dev = hv_alloc_owner(dptr);
+    if (kind == HV_RANGE_ALLOC) { /* cuMemAlloc's memory: freed once the stream is there */
+        r = cuStreamSynchronize(stream);
+        return r ? r : cuMemFree_v2(dptr);
+    }
+    if (kind != HV_RANGE_POOL || !HV_ON(dev, hv_range_remove(dev, dptr, HV_RANGE_POOL)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hv_created(stream) && hv_tag_device(stream) != dev) { /* in this process, then */
+        r = cuStreamSynchronize(stream);
+        if (r) return r;
+        stream = NULL;
+    }
+    hvgpu_mem_free_async_req_t q = { dptr, hv_untag(stream) };
+    return HV_ON(dev, hv_oneway(HVGPU_OP_MEM_FREE_ASYNC, &q, sizeof q, NULL, 0));
+}
+
+/* cuMemFree of a pool allocation: freed in the legacy stream's order, and waited for. */
+CUresult hv_pool_free_now(CUdeviceptr dptr) {
+    int dev = hv_alloc_owner(dptr);
+    CUresult r = HV_ON(dev, cuMemFreeAsync(dptr, NULL));
+    return r ? r : HV_ON(dev, cuStreamSynchronize(NULL));
+}

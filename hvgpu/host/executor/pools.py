@@ -1,0 +1,280 @@
+"""A guest's stream-ordered memory pools, as its session keeps them.
+
+The session hands the pool ops to :class:`Pools`. Pool and allocation numbers
+are per connection, each connection gets a default pool of its own (never the
+executor's device default pool, which other connections share), and when the
+guest leaves every allocation is freed on its stream before the pools are
+destroyed. Pools of device memory without export handles only.
+
+Quota: the slice is charged what each pool holds of the driver's memory
+(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), not what is allocated from it. A pool
+keeps freed memory up to its release threshold, so the memory it holds is
+what the guest takes from other VMs; charging that makes every threshold
+safe (PyTorch sets UINT64_MAX), where refusing thresholds would break the
+programs that set them. A growth is charged ahead of the allocation that
+causes it and settled against the driver's figure just after; memory a pool
+gives back at a synchronisation point is uncharged at the guest's next one.
+
+Must not import CUDA (the device does every call) and must not touch other guests.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+from hvgpu.errors import CudaError
+from hvgpu.host.executor.tables import Allocations
+from hvgpu.host.executor.vmm import check_location, quietly
+from hvgpu.virtio import protocol as P
+
+log = logging.getLogger(__name__)
+
+_PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+_INVALID = P.CUDA_ERROR_INVALID_VALUE
+_NOT_SUPPORTED = P.CUDA_ERROR_NOT_SUPPORTED
+# CUmemPool_attribute
+REUSE_ATTRIBUTES = (1, 2, 3)  # int flags
+RELEASE_THRESHOLD, RESERVED_CURRENT, RESERVED_HIGH, USED_CURRENT, USED_HIGH = 4, 5, 6, 7, 8
+_READ_ONLY = (RESERVED_CURRENT, USED_CURRENT)
+_RESETTABLE = (RESERVED_HIGH, USED_HIGH)  # may only be set to 0
+
+# What one guest may make its session hold.
+MAX_POOLS = 256
+MAX_POOL_ALLOCATIONS = 1 << 20
+
+
+class _Pool:
+    __slots__ = ("obj", "charged", "threshold", "live", "dirty", "is_default", "doomed")
+
+    def __init__(self, obj: Any, is_default: bool):
+        self.obj, self.is_default = obj, is_default
+        self.charged = 0  # bytes of the quota charged for what the pool holds
+        self.threshold = 0  # CU_MEMPOOL_ATTR_RELEASE_THRESHOLD as the guest set it
+        self.live = 0  # allocations not yet freed
+        self.dirty = False  # frees since the pool was last settled: it may give memory back
+        self.doomed = False  # destroyed by the guest while allocations were live
+
+
+class Pools:
+    """The memory pools of one guest, and what it allocated from them."""
+
+    def __init__(self, device, charge: Callable[[int], None], uncharge: Callable[[int], None],
+                 lock: threading.Lock, stream: Callable[[int], Any], accounted: bool = True):
+        self.device, self.charge, self.uncharge, self.lock = device, charge, uncharge, lock
+        self.stream = stream  # guest stream handle -> the device's stream
+        self.accounted = accounted  # False: the guest has the whole GPU, nothing is charged
+        self.pools: dict[int, _Pool] = {}  # handle number -> pool the guest may name
+        self.doomed: list[_Pool] = []
+        self.default_handle = 0
+        self.next_handle = 16
+        self.allocs = Allocations()
+        self.owner: dict[int, tuple[_Pool, int]] = {}  # allocation -> (pool, stream handle)
+
+    # -- pools ------------------------------------------------------------------------
+
+    def _add(self, max_size: int, is_default: bool) -> int:
+        if len(self.pools) + len(self.doomed) >= MAX_POOLS:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
+                            f"this guest has {MAX_POOLS} memory pools, as many as the agent "
+                            "allows")
+        with self.lock:
+            obj = self.device.pool_create(max_size)
+        handle = self.next_handle
+        self.next_handle += 1
+        self.pools[handle] = _Pool(obj, is_default)
+        return handle
+
+    def default(self) -> int:
+        """The connection's own default pool, made on first use: pools are per guest,
+        never the executor's device default pool, which other connections share."""
+        if not self.default_handle:
+            self.default_handle = self._add(0, True)
+        return self.default_handle
+
+    def create(self, type_: int, handle_types: int, loc_type: int, loc_id: int, max_size: int,
+               usage: int) -> int:
+        if type_ != _PINNED:
+            raise CudaError(_NOT_SUPPORTED, f"pools of allocation type {type_} are not served")
+        if handle_types:
+            raise CudaError(_NOT_SUPPORTED, f"pools of exportable memory (handle types "
+                                            f"0x{handle_types:x}) are not served")
+        check_location(loc_type, loc_id, "a pool")
+        if usage:
+            raise CudaError(_NOT_SUPPORTED, f"pool usage flags 0x{usage:x} are not served")
+        return self._add(max_size, False)
+
+    def _pool(self, handle: int) -> _Pool:
+        if handle == 0:
+            handle = self.default()
+        pool = self.pools.get(handle)
+        if pool is None:
+            raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, f"unknown memory pool handle {handle}")
+        return pool
+
+    def destroy(self, handle: int) -> None:
+        pool = self._pool(handle) if handle else None
+        if pool is None or pool.is_default:
+            raise CudaError(_INVALID, "the default memory pool cannot be destroyed")
+        del self.pools[handle]
+        if pool.live:  # as CUDA: it goes once its last allocation is freed
+            pool.doomed = True
+            self.doomed.append(pool)
+        else:
+            self._destroy(pool)
+
+    def _destroy(self, pool: _Pool) -> None:
+        if pool.dirty:  # frees still queued keep their memory until the GPU reaches them
+            quietly(self.device.synchronize)
+        with self.lock:
+            self.device.pool_destroy(pool.obj)
+        self.uncharge(pool.charged)
+        pool.charged = 0
+
+    def set_attribute(self, handle: int, attrib: int, value: int) -> None:
+        pool = self._pool(handle)
+        self._check_attribute(attrib)
+        if attrib in _READ_ONLY:
+            raise CudaError(_INVALID, f"pool attribute {attrib} is read-only")
+        if attrib in _RESETTABLE and value:
+            raise CudaError(_INVALID, f"pool attribute {attrib} can only be reset to 0")
+        if attrib in REUSE_ATTRIBUTES and value not in (0, 1):
+            raise CudaError(_INVALID, f"pool attribute {attrib} is 0 or 1, not {value}")
+        self.device.pool_set_attribute(pool.obj, attrib, value)
+        if attrib == RELEASE_THRESHOLD:
+            pool.threshold = value
+
+    def get_attribute(self, handle: int, attrib: int) -> int:
+        pool = self._pool(handle)
+        self._check_attribute(attrib)
+        return self.device.pool_attribute(pool.obj, attrib)
+
+    @staticmethod
+    def _check_attribute(attrib: int) -> None:
+        if not 1 <= attrib <= USED_HIGH:
+            raise CudaError(_INVALID, f"unknown memory pool attribute {attrib}")
+
+    def trim(self, handle: int, keep: int) -> None:
+        pool = self._pool(handle)
+        with self.lock:
+            self.device.pool_trim(pool.obj, keep)
+        self._give_back(pool)
+
+    # -- allocations ------------------------------------------------------------------
+
+    def alloc(self, size: int, handle: int, stream: int) -> int:
+        if not size:
+            raise CudaError(_INVALID, "cannot allocate 0 bytes")
+        if len(self.allocs) >= MAX_POOL_ALLOCATIONS:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
+                            f"this guest has {MAX_POOL_ALLOCATIONS} pool allocations, as many "
+                            "as the agent allows")
+        pool = self._pool(handle)
+        s = self.stream(stream)
+        if not self.accounted:
+            with self.lock:
+                ptr = self.device.pool_alloc(size, pool.obj, s)
+            return self._track(ptr, size, pool, stream)
+        held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
+        if held - self.device.pool_attribute(pool.obj, USED_CURRENT) < size:
+            # The pool may have to grow: charged before the driver takes the memory.
+            g = self.device.mem_granularity(0)
+            grow = -(-size // g) * g
+            self.charge(grow)
+            pool.charged += grow
+        try:
+            with self.lock:
+                ptr = self.device.pool_alloc(size, pool.obj, s)
+        except CudaError:
+            self._give_back(pool)
+            raise
+        held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
+        if held > pool.charged:  # it grew by more than its share of the charge ahead
+            try:
+                self.charge(held - pool.charged)
+            except CudaError:
+                self._undo(pool, ptr, s)
+                raise
+            pool.charged = held
+        elif held < pool.charged:
+            self.uncharge(pool.charged - held)
+            pool.charged = held
+        return self._track(ptr, size, pool, stream)
+
+    def _track(self, ptr: int, size: int, pool: _Pool, stream: int) -> int:
+        self.allocs.add(ptr, size)
+        self.owner[ptr] = (pool, stream)
+        pool.live += 1
+        return ptr
+
+    def _undo(self, pool: _Pool, ptr: int, s: Any) -> None:
+        """Give back an allocation that took the pool past the quota, before refusing it."""
+        quietly(self.device.pool_free, ptr, s)
+        quietly(self.device.stream_synchronize, s)
+        with self.lock:
+            quietly(self.device.pool_trim, pool.obj, 0)
+        self._give_back(pool)
+        held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
+        if held > pool.charged:
+            log.warning("a memory pool keeps %d bytes beyond what its guest's quota could be "
+                        "charged", held - pool.charged)
+
+    def free(self, ptr: int, stream: int) -> None:
+        entry = self.owner.get(ptr)
+        if entry is None:
+            raise CudaError(_INVALID, f"0x{ptr:x} is not a pool allocation of this guest")
+        self.device.pool_free(ptr, self.stream(stream))
+        del self.owner[ptr]
+        self.allocs.remove(ptr)
+        pool = entry[0]
+        pool.live -= 1
+        pool.dirty = True
+        if pool.doomed and not pool.live:
+            self.doomed.remove(pool)
+            self._destroy(pool)
+
+    def check(self, ptr: int, n: int, what: str) -> None:
+        self.allocs.check(ptr, n, what)
+
+    # -- the charge -----------------------------------------------------------------------
+
+    def _give_back(self, pool: _Pool) -> bool:
+        """Uncharge what the pool no longer holds; True if anything was."""
+        if not self.accounted:
+            return False
+        held = self.device.pool_attribute(pool.obj, RESERVED_CURRENT)
+        gave = held < pool.charged
+        if gave:
+            self.uncharge(pool.charged - held)
+            pool.charged = held
+        # Frees not yet reached by their streams may still give memory back later.
+        pool.dirty = held > max(pool.threshold,
+                                self.device.pool_attribute(pool.obj, USED_CURRENT))
+        return gave
+
+    def settle(self) -> bool:
+        """After a synchronisation point (where the driver trims pools to their release
+        threshold): uncharge what pools gave back. True if anything was."""
+        gave = False
+        if not self.accounted:
+            return gave
+        for pool in (*self.pools.values(), *self.doomed):
+            if pool.dirty and pool.charged > pool.threshold:
+                gave |= self._give_back(pool)
+        return gave
+
+    def release_all(self) -> None:
+        """Free every allocation on its stream (the legacy one where the guest destroyed
+        it), then destroy the pools (the session returns the charge)."""
+        for ptr, (_, stream) in self.owner.items():
+            try:
+                s = self.stream(stream)
+            except CudaError:
+                s = self.stream(1)
+            quietly(self.device.pool_free, ptr, s)
+        with self.lock:
+            for pool in (*self.pools.values(), *self.doomed):
+                quietly(self.device.pool_destroy, pool.obj)
+        self.__init__(self.device, self.charge, self.uncharge, self.lock, self.stream,
+                      self.accounted)
