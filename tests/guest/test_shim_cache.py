@@ -80,6 +80,13 @@ def test_steady_steps_make_no_round_trip_but_their_own_sync(program, fake_agent)
     assert after["FUNC_GET_PARAM_INFO"] == (2, 0)  # saxpy's and noop's, once
 
 
+def test_the_shims_round_trip_counter_sees_only_the_steps_own_syncs(program, fake_agent):
+    # Counted without HVGPU_SHIM_STATS: what bench/frameworks.py reports per step.
+    out = _run(program, fake_agent.address, "steps", "5", stats=False)
+    assert "round trips after the first step: 4" in out.stdout
+    assert "HVGPU_SHIM_STATS" not in out.stderr
+
+
 def test_a_set_reads_back_changes_occupancy_and_its_refusal_surfaces_at_the_next_sync(
         program, fake_agent):
     out = _run(program, fake_agent.address, "semantics")

@@ -75,6 +75,9 @@ static __thread int routed = -1; /* the device hv_route() named, or -1 */
 #define STATS_OPS 256
 static int stats_level = -1;
 static uint64_t stats_sync[STATS_OPS], stats_oneway[STATS_OPS];
+/* Counted always, for hvgpu_shim_round_trips(): one relaxed add is nothing beside a
+   round trip. */
+static uint64_t round_trips;
 
 static int stats_enabled(void) {
     int level = __atomic_load_n(&stats_level, __ATOMIC_RELAXED);
@@ -87,9 +90,17 @@ static int stats_enabled(void) {
 }
 
 static void count_frame(uint16_t op, int oneway) {
+    if (!oneway) __atomic_add_fetch(&round_trips, 1, __ATOMIC_RELAXED);
     if (stats_enabled())
         __atomic_add_fetch(&(oneway ? stats_oneway : stats_sync)[op < STATS_OPS ? op : STATS_OPS - 1],
                            1, __ATOMIC_RELAXED);
+}
+
+/* Synchronous round trips this process has made to the agent so far, all vGPUs
+   together: a benchmark or test reads it around a step (the program itself is in
+   the same process, so it finds the symbol with dlsym). */
+HV_EXPORT uint64_t hvgpu_shim_round_trips(void) {
+    return __atomic_load_n(&round_trips, __ATOMIC_RELAXED);
 }
 
 /* One table on stderr, written at once: the ops with the most round trips first. */
@@ -514,6 +525,7 @@ static void child_after_fork(void) {
     }
     memset(stats_sync, 0, sizeof stats_sync); /* the child counts its own frames */
     memset(stats_oneway, 0, sizeof stats_oneway);
+    round_trips = 0;
 }
 
 static void flush_at_exit(void) {
