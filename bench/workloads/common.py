@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import sys
 import time
 from typing import Callable
 
 
 def arguments(description: str, steps: int, warmup: int, batch: int) -> argparse.Namespace:
+    # cuBLAS reads it when its first handle is made: before any framework is imported.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, default=steps, help="timed training steps")
     p.add_argument("--warmup", type=int, default=warmup, help="untimed steps before them")
@@ -27,10 +30,21 @@ def arguments(description: str, steps: int, warmup: int, batch: int) -> argparse
     return p.parse_args()
 
 
+def torch_deterministic(torch) -> None:
+    """Deterministic cuDNN and cuBLAS choices, so native and shim runs give the same loss
+    trace bit for bit rather than two chaotic walks apart: cuDNN's default backward
+    convolutions add with atomics, and a few steps of SGD make the order visible.
+    Both sides of a comparison run with it, so the ratio is still like for like."""
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
 def shim_round_trips() -> int | None:
     """Synchronous round trips the hvgpu shim has made so far; None when not under the shim."""
     try:
-        lib = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_NOLOAD)
+        # dlopen needs RTLD_NOW or RTLD_LAZY besides RTLD_NOLOAD, or it refuses the mode.
+        lib = ctypes.CDLL("libcuda.so.1", mode=os.RTLD_NOLOAD | os.RTLD_NOW)
         fn = lib.hvgpu_shim_round_trips
     except (OSError, AttributeError):
         return None

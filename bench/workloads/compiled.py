@@ -10,6 +10,7 @@ def main() -> None:
     args = common.arguments(__doc__, steps=40, warmup=6, batch=128)
     import torch
 
+    common.torch_deterministic(torch)
     torch.manual_seed(args.seed)
     nn = torch.nn
     dev = torch.device("cuda")

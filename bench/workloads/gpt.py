@@ -51,6 +51,7 @@ def main() -> None:
     args = common.arguments(__doc__, steps=30, warmup=8, batch=16)
     import torch
 
+    common.torch_deterministic(torch)
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
     vocab, seq = 4096, 256

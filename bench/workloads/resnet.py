@@ -41,6 +41,7 @@ def main() -> None:
     args = common.arguments(__doc__, steps=40, warmup=10, batch=128)
     import torch
 
+    common.torch_deterministic(torch)
     torch.manual_seed(args.seed)
     dev = torch.device("cuda")
     net = model(torch).to(dev)
