@@ -680,16 +680,24 @@ HV_EXPORT CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset
 #define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
 #define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
 
-/* Packs the parameters as the kernel lays them out (from kernelParams or `extra`). */
+/* Packs the parameters as the kernel lays them out (from kernelParams or `extra`).
+   A refusal says why under HVGPU_SHIM_TRACE: the program only sees the status. */
+static CUresult refuse_pack(struct hv_func *f, const char *why) {
+    if (hv_trace_enabled())
+        hv_log("launch of %s refused: %s (%d parameters, %u bytes)", f->name ? f->name : "?",
+               why, f->nparams, f->params_size);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
                      uint32_t *size) {
     CUresult r = layout(f);
     if (r) return r;
     uint32_t need = f->params_size;
-    if (need > MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
+    if (need > MAX_PARAMS) return refuse_pack(f, "parameters larger than the shim carries");
     if (params) {
         for (int i = 0; i < f->nparams; i++) {
-            if (!params[i]) return CUDA_ERROR_INVALID_VALUE;
+            if (!params[i]) return refuse_pack(f, "a NULL entry in kernelParams");
             memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
         }
     } else if (extra) {
@@ -698,13 +706,14 @@ static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned ch
         for (int i = 0; extra[i] != LAUNCH_PARAM_END; i += 2) {
             if (extra[i] == LAUNCH_PARAM_BUFFER_POINTER) src = extra[i + 1];
             else if (extra[i] == LAUNCH_PARAM_BUFFER_SIZE) len = *(size_t *)extra[i + 1];
-            else return CUDA_ERROR_INVALID_VALUE;
+            else return refuse_pack(f, "an unknown key in `extra`");
         }
-        if (!src && need) return CUDA_ERROR_INVALID_VALUE;
-        if (len != (size_t)-1 && len < need) return CUDA_ERROR_INVALID_VALUE;
+        if (!src && need) return refuse_pack(f, "`extra` without a parameter buffer");
+        if (len != (size_t)-1 && len < need)
+            return refuse_pack(f, "`extra`'s buffer is smaller than the parameters");
         if (need) memcpy(buf, src, need);
     } else if (need) {
-        return CUDA_ERROR_INVALID_VALUE;
+        return refuse_pack(f, "neither kernelParams nor `extra` for a kernel with parameters");
     }
     *size = need;
     return CUDA_SUCCESS;
@@ -716,6 +725,9 @@ static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, u
     CUresult r = resolve(f, device, handle);
     if (!r && hv_created(stream) && hv_tag_device(stream) != *device)
         r = CUDA_ERROR_INVALID_HANDLE;
+    if (r && hv_trace_enabled())
+        hv_log("launch of %s refused: %s (%d)", f->name ? f->name : "?", r == CUDA_ERROR_INVALID_HANDLE &&
+               hv_created(stream) ? "its stream is another vGPU's" : "no such function there", r);
     return r;
 }
 
