@@ -75,8 +75,11 @@ def test_the_expandable_segments_pattern(fake_agent):
         assert va % G == 0
         a, b = _create(conn), _create(conn)
         conn.call("MEM_MAP", va, G, 0, a, 0)
-        with pytest.raises(CudaError, match="not inside any allocation"):
+        with pytest.raises(CudaError, match="mapped memory of this guest without read-write"):
             conn.copy_to_device(va, b"x" * 16)  # mapped, no access yet
+            conn.call("CTX_SYNCHRONIZE")
+        with pytest.raises(CudaError, match="reserved by this guest .* but not mapped"):
+            conn.call("MEMSET", va + 8 * G, 4, 0, 4, 0)  # the refusal names what is missing
             conn.call("CTX_SYNCHRONIZE")
         conn.call("MEM_MAP", va + G, G, 0, b, 0)
         conn.call("MEM_SET_ACCESS", va, 2 * G, RW)  # both chunks at once
@@ -88,7 +91,7 @@ def test_the_expandable_segments_pattern(fake_agent):
         conn.call("MEM_RELEASE", b)  # the retained reference
         assert conn.call("MEM_HANDLE_INFO", b) == (G,)
         conn.call("MEM_UNMAP", va + G, G)
-        with pytest.raises(CudaError, match="runs past|not inside"):
+        with pytest.raises(CudaError, match="runs past|not inside|reserved by this guest"):
             conn.copy_from_device(bytearray(16), va + G)
         conn.call("MEM_RELEASE", b)
         with pytest.raises(CudaError) as info:

@@ -167,8 +167,25 @@ static CUresult peer(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev,
     return r;
 }
 
+/* Page-locked host memory of this program (cuMemHostAlloc, cuMemHostRegister) that
+   holds [ptr, ptr + n): with unified addressing a program may hand it to calls that take
+   device pointers, and CUDA then reads or writes the host bytes. */
+static int host_span(CUdeviceptr ptr, size_t n) {
+    void *base;
+    size_t size;
+    return !hv_alloc_find(ptr, NULL, NULL) && hv_host_find((void *)(uintptr_t)ptr, &base, &size) &&
+           ptr - (uintptr_t)base <= size && n <= size - (ptr - (uintptr_t)base);
+}
+
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
+    if (host_span(dst, n) || host_span(src, n)) { /* a "device" side is host memory */
+        if (!host_span(src, n)) return dtoh((void *)(uintptr_t)dst, src, n, stream);
+        if (!host_span(dst, n)) return htod(dst, (const void *)(uintptr_t)src, n, stream);
+        CUresult r = cuStreamSynchronize(stream);
+        if (!r) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+        return r;
+    }
     int dst_dev = hv_alloc_owner(dst), src_dev = hv_alloc_owner(src);
     if (dst_dev >= 0 && src_dev >= 0 && dst_dev != src_dev)
         return peer(dst, dst_dev, src, src_dev, n, stream);
@@ -234,6 +251,22 @@ HV_EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dctx, CUdevicept
 
 static CUresult memset_(CUdeviceptr dst, uint32_t value, uint32_t width, size_t count, CUstream s) {
     if (!count) return CUDA_SUCCESS;
+    if (count <= SIZE_MAX / width && host_span(dst, count * width)) {
+        /* Page-locked host memory: set here, after the stream's earlier work (which may
+           read it), as the GPU would have in stream order. */
+        CUresult r = cuStreamSynchronize(s);
+        if (r) return r;
+        unsigned char *p = (unsigned char *)(uintptr_t)dst;
+        if (width == 1) {
+            memset(p, (int)value, count);
+        } else {
+            for (size_t i = 0; i < count; i++) memcpy(p + i * width, &value, width);
+        }
+        return CUDA_SUCCESS;
+    }
+    if (hv_trace_enabled() && !hv_alloc_find(dst, NULL, NULL))
+        hv_log("cuMemsetD%u: 0x%llx is no allocation this program made through the shim",
+               width * 8, (unsigned long long)dst);
     hvgpu_memset_req_t q = { dst, count, value, width, hv_untag(s) };
     return HV_ON(device_for(s, dst), hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0));
 }

@@ -497,6 +497,9 @@ class Session:
         for ranges in self.globals.values():
             if ranges.holds(ptr, n):
                 return
+        why = self.vmm.why_not(ptr)
+        if why is not None:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{what}: {why}")
         # Refused (check raises): said from the view of the allocation ptr falls in, if any.
         (self.pools.allocs if self.pools.allocs.holds(ptr, 1) else self.allocs).check(
             ptr, n, what)

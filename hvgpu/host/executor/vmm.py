@@ -291,6 +291,16 @@ class VirtualMemory:
     def covers(self, ptr: int, n: int) -> bool:
         return self.accessible.covers(ptr, n)
 
+    def why_not(self, ptr: int) -> str | None:
+        """Why an address in this guest's reserved space cannot be copied to or set, for
+        the refusal's message; None when ptr is not in a reservation of this guest."""
+        if self._mapping_at(ptr) is not None:
+            return (f"0x{ptr:x} is mapped memory of this guest without read-write access "
+                    "(cuMemSetAccess) or the range runs past its access")
+        if self._in_reservation(ptr, 1):
+            return f"0x{ptr:x} is reserved by this guest (cuMemAddressReserve) but not mapped"
+        return None
+
     def release_all(self) -> None:
         """Unmap, release, free the addresses (the session returns the charge)."""
         for start in self.map_starts:
