@@ -13,7 +13,7 @@ from tests.guest.test_shim_vmm import HERE, cuda_include, library, run
 
 EXPECTED = [
     "host: first=01020304 bytes4-9=abababababab byte10=02 u16@16=beef,beef last=cafef00d",
-    "device: from host ok=1; host to host: 6 15",
+    "device: from host ok=1; host to host: 6 15; dtoh 30; htod 77",
 ]
 
 

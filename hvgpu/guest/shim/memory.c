@@ -112,6 +112,16 @@ static int device_for(CUstream stream, CUdeviceptr ptr) {
     return owner >= 0 ? owner : hv_routed_device();
 }
 
+/* Page-locked host memory of this program (cuMemHostAlloc, cuMemHostRegister) that
+   holds [ptr, ptr + n): with unified addressing a program may hand it to calls that take
+   device pointers, and CUDA then reads or writes the host bytes. */
+static int host_span(CUdeviceptr ptr, size_t n) {
+    void *base;
+    size_t size;
+    return !hv_alloc_find(ptr, NULL, NULL) && hv_host_find((void *)(uintptr_t)ptr, &base, &size) &&
+           ptr - (uintptr_t)base <= size && n <= size - (ptr - (uintptr_t)base);
+}
+
 static CUresult htod_on(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     const char *p = src;
     while (n) {
@@ -124,9 +134,17 @@ static CUresult htod_on(CUdeviceptr dst, const void *src, size_t n, CUstream str
     return CUDA_SUCCESS;
 }
 
+/* Both sides in this process's memory: copied here after the stream's earlier work. */
+static CUresult host_copy(void *dst, const void *src, size_t n, CUstream stream) {
+    CUresult r = cuStreamSynchronize(stream);
+    if (!r) memmove(dst, src, n);
+    return r;
+}
+
 static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
+    if (host_span(dst, n)) return host_copy((void *)(uintptr_t)dst, src, n, stream);
     return HV_ON(device_for(stream, dst), htod_on(dst, src, n, stream));
 }
 
@@ -145,6 +163,7 @@ static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
 static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
+    if (host_span(src, n)) return host_copy(dst, (const void *)(uintptr_t)src, n, stream);
     return HV_ON(device_for(stream, src), dtoh_on(dst, src, n, stream));
 }
 
@@ -167,24 +186,12 @@ static CUresult peer(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev,
     return r;
 }
 
-/* Page-locked host memory of this program (cuMemHostAlloc, cuMemHostRegister) that
-   holds [ptr, ptr + n): with unified addressing a program may hand it to calls that take
-   device pointers, and CUDA then reads or writes the host bytes. */
-static int host_span(CUdeviceptr ptr, size_t n) {
-    void *base;
-    size_t size;
-    return !hv_alloc_find(ptr, NULL, NULL) && hv_host_find((void *)(uintptr_t)ptr, &base, &size) &&
-           ptr - (uintptr_t)base <= size && n <= size - (ptr - (uintptr_t)base);
-}
-
 static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
     if (host_span(dst, n) || host_span(src, n)) { /* a "device" side is host memory */
         if (!host_span(src, n)) return dtoh((void *)(uintptr_t)dst, src, n, stream);
         if (!host_span(dst, n)) return htod(dst, (const void *)(uintptr_t)src, n, stream);
-        CUresult r = cuStreamSynchronize(stream);
-        if (!r) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
-        return r;
+        return host_copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, stream);
     }
     int dst_dev = hv_alloc_owner(dst), src_dev = hv_alloc_owner(src);
     if (dst_dev >= 0 && src_dev >= 0 && dst_dev != src_dev)

@@ -49,7 +49,11 @@ int main(void) {
     CHECK(cuMemcpyDtoH(back, d, N * 4));
     int same = !memcmp(back, host, sizeof back);
     CHECK(cuMemcpyDtoD(h, h + 8, 16)); /* both sides host */
-    printf("device: from host ok=%d; host to host: %u %u\n", same, host[0], host[3]);
+    uint32_t word = 0, put = 77;
+    CHECK(cuMemcpyDtoH(&word, h + 4 * 10, 4)); /* "device" to host: 30 */
+    CHECK(cuMemcpyHtoD(h + 4 * 11, &put, 4));
+    printf("device: from host ok=%d; host to host: %u %u; dtoh %u; htod %u\n", same, host[0],
+           host[3], word, host[11]);
     CHECK(cuMemFreeHost(host));
     CHECK(cuMemFree(d));
     return 0;
