@@ -156,7 +156,13 @@ def compile_confined(source: bytes, name: str, options: list[str], headers: dict
 def _child_env() -> dict:
     keep = ("PATH", "PYTHONPATH", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "HVGPU_NVRTC",
             "VIRTUAL_ENV", "LANG")
-    return {k: os.environ[k] for k in keep if k in os.environ}
+    env = {k: os.environ[k] for k in keep if k in os.environ}
+    # The same hvgpu as this process's, however it was found (an executor gets it on
+    # PYTHONPATH; a session run in-process may have it only on sys.path).
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _why_child_failed(code: int, cpu_seconds: int, memory: int, stderr: bytes) -> str:
