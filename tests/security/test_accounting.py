@@ -227,3 +227,62 @@ def test_a_pools_release_threshold_is_the_guests_to_read_back():
     g.ok("CTX_SYNCHRONIZE")
     assert g.ok("MEM_POOL_GET_ATTRIBUTE", pool, 5) <= 6 * M  # trimmed to the threshold
     g.close()
+
+
+class FreesWaitForTheGpu(FakeDevice):
+    """As the driver: a stream-ordered free takes effect when its stream gets there
+    (here: at a synchronisation), and a pool destroyed while frees are pending keeps
+    its memory until they are done."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending: list = []  # (ptr, stream) freed, not yet reached
+        self.doomed: list = []  # pools destroyed with frees pending
+
+    def pool_free(self, ptr, stream):
+        if not any(ptr in pool.live for pool in [*self.pools.values(), *self.doomed]):
+            raise CudaError(1, "fake: not a pool allocation")
+        self.pending.append(ptr)
+
+    def pool_destroy(self, pool):
+        if pool.live:
+            self.doomed.append(pool)  # released once its frees are done
+            del self.pools[id(pool)]
+        else:
+            super().pool_destroy(pool)
+
+    def _synchronized(self):
+        for ptr in self.pending:
+            for pool in [*self.pools.values(), *self.doomed]:
+                if ptr in pool.live:
+                    self.pools.setdefault(id(pool), pool)
+                    super().pool_free(ptr, None)
+        self.pending.clear()
+        for pool in self.doomed:
+            if not pool.live:
+                del self.pools[id(pool)]
+        self.doomed = [pool for pool in self.doomed if pool.live]
+        super()._synchronized()
+
+    def _used(self):
+        return super()._used() + sum(pool.reserved for pool in self.doomed
+                                     if id(pool) not in self.pools)
+
+
+def test_pool_memory_is_back_with_the_driver_before_a_disconnect_returns_its_charge():
+    """Were the pools destroyed with their frees still queued, the driver would keep
+    their memory after the ledger took the charge back: for as long as the guest's
+    streams are kept busy (by another of its connections), that memory is its own
+    and no one's charge."""
+    device, ledger = FreesWaitForTheGpu(), Ledger(64 * M)
+    g = SessionGuest(device, ledger)
+    stream = g.ok("STREAM_CREATE", 1)
+    g.ok("MEM_ALLOC_ASYNC", 5 * M, 0, stream)
+    pool = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    g.ok("MEM_ALLOC_ASYNC", 3 * M, pool, 0)
+    doomed = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    g.ok("MEM_ALLOC_ASYNC", M, doomed, stream)
+    g.ok("MEM_POOL_DESTROY", doomed)
+    assert ledger.used == device._used() == 12 * M  # whole granules, as the pools hold them
+    g.close()
+    assert device._used() == ledger.used == 0

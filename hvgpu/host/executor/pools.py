@@ -288,13 +288,18 @@ class Pools:
 
     def release_all(self) -> None:
         """Free every allocation on its stream (the legacy one where the guest destroyed
-        it), then destroy the pools (the session returns the charge)."""
+        it), wait for the GPU to reach those frees, then destroy the pools (the session
+        returns the charge). A pool destroyed with frees pending would keep its memory
+        until they are done, past the charge, for as long as the guest kept those
+        streams busy."""
         for ptr, (_, stream) in self.owner.items():
             try:
                 s = self.stream(stream)
             except CudaError:
                 s = self.stream(1)
             quietly(self.device.pool_free, ptr, s)
+        if self.pools or self.doomed:
+            quietly(self.device.synchronize)
         with self.lock:
             for pool in (*self.pools.values(), *self.doomed):
                 quietly(self.device.pool_destroy, pool.obj)
