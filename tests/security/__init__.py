@@ -24,7 +24,13 @@ Where each finding of the security review is tried (README, "Security model"):
 
 Device memory through virtual memory management and memory pools (the quota,
 another connection's handles and ranges, exportable memory, a disconnect):
-test_vmm.py.
+test_vmm.py, and random sequences of those calls: test_vmm_sequences.py; a
+pool giving memory back while another connection's module load
+is measured: test_accounting.py.
+
+The executor's C loop of one-way frames keeps the Python path's rules:
+test_burst_refusals.py (handles, allocations, malformed frames) and
+test_burst_vmm.py (pool and mapped memory the guest let go).
 
 Executors unprivileged and confined: test_executor_sandbox.py; everything at
 once, for a while: test_fuzz.py.

@@ -124,10 +124,10 @@ class SessionGuest:
     the handshake: what its C loop did not serve.
     """
 
-    def __init__(self, device):
+    def __init__(self, device, quota=None):
         self.sock, host = socket_pair()
         self.sock.settimeout(30)
-        self.session = Session(host, device, peer="test-guest")
+        self.session = Session(host, device, peer="test-guest", quota=quota)
         self.python_ops: list[int] = []
         read = self.session.reader.read_frame
 

@@ -9,14 +9,26 @@ the guest's cuMemGetInfo says what the ledger says.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, Program
 from hvgpu.host.executor.cuda_device import driver_footprint
+from hvgpu.host.executor.session import DEVICE_MEMORY
+from tests.fake_gpu import FakeDevice
+from tests.security.data_lane import SessionGuest
 
 M = 1 << 20
 BIG = '__device__ char big[{n}];\nextern "C" __global__ void noop() {{}}\n'
+
+
+def _used(conn) -> int:
+    """What the slice's ledger holds, asked through the executor: its releases travel
+    one-way to the agent, ahead of this question on the same channel (the control
+    lane's status could still miss them)."""
+    return conn.call("SLICE_INFO")[2]
 
 
 def test_footprint_follows_the_driver():
@@ -40,7 +52,7 @@ def test_many_tiny_allocations_cannot_pass_the_quota(agent, control):
         assert st["mem_used"] == 1 << 20
         for ptr in held:
             conn.call("MEM_FREE", ptr)
-        assert control.call("status")[0]["mem_used"] == 0
+        assert _used(conn) == 0
 
 
 def test_a_module_with_a_huge_device_array_is_refused(agent, control):
@@ -65,7 +77,7 @@ def test_module_variables_count_against_the_quota_and_in_mem_info(agent, control
             dev.allocate(32 * M)  # 40 + 32 > 64
         assert info.value.status == 2
         module.close()
-        assert control.call("status")[0]["mem_used"] == 0
+        assert _used(conn) == 0
         dev.allocate(32 * M)
 
 
@@ -79,3 +91,198 @@ def test_a_disconnect_returns_everything_charged(agent, control):
     while control.call("status")[0]["mem_used"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert control.call("status")[0]["mem_used"] == 0
+
+
+# -- a module's charge is measured: nothing may give memory back meanwhile ----------
+
+
+class Ledger:
+    """A slice's quota ledger, as the agent keeps it (RemoteQuota's interface)."""
+
+    def __init__(self, limit: int):
+        self.used, self.limit, self.lock = 0, limit, threading.Lock()
+
+    def reserve(self, n: int) -> None:
+        with self.lock:
+            if self.used + n > self.limit:
+                raise CudaError(2, f"{n} bytes more do not fit the quota")
+            self.used += n
+
+    def release(self, n: int) -> None:
+        with self.lock:
+            self.used -= n
+
+    def usage(self) -> tuple[int, int]:
+        return self.used, self.limit
+
+
+class LoadWaitsForASync(FakeDevice):
+    """Loading a module marked ``// slow`` lets another connection synchronise in the
+    middle of the load (between the session's two readings of free memory)."""
+
+    def __init__(self):
+        super().__init__()
+        self.loading, self.synced = threading.Event(), threading.Event()
+
+    def module_load(self, image):
+        module = super().module_load(image)
+        if b"// slow" in bytes(image):
+            self.loading.set()
+            assert self.synced.wait(30)
+        return module
+
+    def stream_synchronize(self, stream):
+        super().stream_synchronize(stream)
+        self.synced.set()
+
+
+def test_a_pool_giving_memory_back_during_another_load_does_not_hide_the_module():
+    """Two programs of one VM: A frees 40 MiB of pool memory and synchronises while
+    B loads a module with 40 MiB of variables. Were the pool's memory given back by
+    A's synchronisation, B's load would look free and the VM would hold 40 MiB the
+    ledger does not know of (again and again)."""
+    device, ledger = LoadWaitsForASync(), Ledger(64 * M)
+    a, b = SessionGuest(device, ledger), SessionGuest(device, ledger)
+    ptr = a.ok("MEM_ALLOC_ASYNC", 40 * M, 0, 0)
+    a.send(a.oneway("MEM_FREE_ASYNC", ptr, 0))
+    loaded = []
+    load = threading.Thread(target=lambda: loaded.append(b.call(
+        "MODULE_COMPILE", "b.cu", "", payload=b"// slow\n" + BIG.format(n=40 * M).encode())))
+    load.start()
+    assert device.loading.wait(30)
+    a.ok("STREAM_SYNCHRONIZE", 0)
+    load.join(30)
+    a.close()
+    if loaded[0][0] == 0:  # loaded: then it is charged
+        assert ledger.used >= device._used() >= 40 * M
+    else:  # or refused for the quota, as 40 + 40 MiB would pass it
+        assert loaded[0][0] == 2
+    assert ledger.used >= device._used()
+    b.close()
+    assert ledger.used == device._used() == 0
+
+
+class Watchful(FakeDevice):
+    """Records each call that gave device memory back while the executor's
+    DEVICE_MEMORY lock (the one a module load measures under) was free."""
+
+    CALLS = ("mem_free", "mem_release", "mem_unmap", "module_unload", "pool_free",
+             "pool_trim", "pool_destroy", "stream_synchronize", "event_synchronize",
+             "synchronize")
+
+    def __init__(self):
+        super().__init__()
+        self.unlocked: list[str] = []
+        for name in self.CALLS:
+            setattr(self, name, self._watched(name, getattr(self, name)))
+
+    def _watched(self, name, call):
+        def watched(*args):
+            before = self._used()
+            try:
+                return call(*args)
+            finally:
+                # one connection at a time here: the lock is free unless this thread holds it
+                if self._used() < before and DEVICE_MEMORY.acquire(blocking=False):
+                    DEVICE_MEMORY.release()
+                    self.unlocked.append(name)
+        return watched
+
+
+def test_device_memory_goes_back_only_under_the_lock_a_module_load_measures_under():
+    device, ledger = Watchful(), Ledger(64 * M)
+    g = SessionGuest(device, ledger)
+    for sync in (("STREAM_SYNCHRONIZE", 0), ("CTX_SYNCHRONIZE",)):
+        ptr = g.ok("MEM_ALLOC_ASYNC", 5 * M, 0, 0)
+        g.send(g.oneway("MEM_FREE_ASYNC", ptr, 0))
+        g.ok(*sync)
+        assert device._used() == ledger.used == 0, sync  # given back, as threshold 0 asks
+    event = g.ok("EVENT_CREATE", 0)
+    ptr = g.ok("MEM_ALLOC_ASYNC", 5 * M, 0, 0)
+    g.send(g.oneway("MEM_FREE_ASYNC", ptr, 0), g.oneway("EVENT_RECORD", event, 0))
+    g.ok("EVENT_SYNCHRONIZE", event)
+    assert device._used() == ledger.used == 0
+    status, _ = g.call("MODULE_COMPILE", "big.cu", "", payload=BIG.format(n=100 * M).encode())
+    assert status == 2  # refused for the quota, and unloaded
+    g.ok("MODULE_COMPILE", "k.cu", "", payload=BIG.format(n=M).encode())
+    g.ok("MEM_ALLOC", 3 * M)
+    pool = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    g.ok("MEM_ALLOC_ASYNC", 3 * M, pool, 0)
+    handle = g.ok("MEM_CREATE", 2 * M, 1, 0, 1, 0, 0)
+    va = g.ok("MEM_ADDRESS_RESERVE", 4 * M, 0, 0, 0)
+    g.ok("MEM_MAP", va, 2 * M, 0, handle, 0)
+    g.close()  # everything goes back at the disconnect
+    assert device._used() == ledger.used == 0
+    assert device.unlocked == []
+
+
+def test_a_pools_release_threshold_is_the_guests_to_read_back():
+    g = SessionGuest(FakeDevice(), Ledger(64 * M))
+    pool = g.ok("MEM_POOL_DEFAULT")
+    assert g.ok("MEM_POOL_GET_ATTRIBUTE", pool, 4) == 0
+    g.ok("MEM_POOL_SET_ATTRIBUTE", pool, 4, 6 * M)
+    assert g.ok("MEM_POOL_GET_ATTRIBUTE", pool, 4) == 6 * M
+    ptrs = [g.ok("MEM_ALLOC_ASYNC", 3 * M, 0, 0) for _ in range(3)]  # three 4 MiB chunks
+    g.send(*(g.oneway("MEM_FREE_ASYNC", p, 0) for p in ptrs))
+    g.ok("CTX_SYNCHRONIZE")
+    assert g.ok("MEM_POOL_GET_ATTRIBUTE", pool, 5) <= 6 * M  # trimmed to the threshold
+    g.close()
+
+
+class FreesWaitForTheGpu(FakeDevice):
+    """As the driver: a stream-ordered free takes effect when its stream gets there
+    (here: at a synchronisation), and a pool destroyed while frees are pending keeps
+    its memory until they are done."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending: list = []  # (ptr, stream) freed, not yet reached
+        self.doomed: list = []  # pools destroyed with frees pending
+
+    def pool_free(self, ptr, stream):
+        if not any(ptr in pool.live for pool in [*self.pools.values(), *self.doomed]):
+            raise CudaError(1, "fake: not a pool allocation")
+        self.pending.append(ptr)
+
+    def pool_destroy(self, pool):
+        if pool.live:
+            self.doomed.append(pool)  # released once its frees are done
+            del self.pools[id(pool)]
+        else:
+            super().pool_destroy(pool)
+
+    def _synchronized(self):
+        for ptr in self.pending:
+            for pool in [*self.pools.values(), *self.doomed]:
+                if ptr in pool.live:
+                    self.pools.setdefault(id(pool), pool)
+                    super().pool_free(ptr, None)
+        self.pending.clear()
+        for pool in self.doomed:
+            if not pool.live:
+                del self.pools[id(pool)]
+        self.doomed = [pool for pool in self.doomed if pool.live]
+        super()._synchronized()
+
+    def _used(self):
+        return super()._used() + sum(pool.reserved for pool in self.doomed
+                                     if id(pool) not in self.pools)
+
+
+def test_pool_memory_is_back_with_the_driver_before_a_disconnect_returns_its_charge():
+    """Were the pools destroyed with their frees still queued, the driver would keep
+    their memory after the ledger took the charge back: for as long as the guest's
+    streams are kept busy (by another of its connections), that memory is its own
+    and no one's charge."""
+    device, ledger = FreesWaitForTheGpu(), Ledger(64 * M)
+    g = SessionGuest(device, ledger)
+    stream = g.ok("STREAM_CREATE", 1)
+    g.ok("MEM_ALLOC_ASYNC", 5 * M, 0, stream)
+    pool = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    g.ok("MEM_ALLOC_ASYNC", 3 * M, pool, 0)
+    doomed = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    g.ok("MEM_ALLOC_ASYNC", M, doomed, stream)
+    g.ok("MEM_POOL_DESTROY", doomed)
+    assert ledger.used == device._used() == 12 * M  # whole granules, as the pools hold them
+    g.close()
+    assert device._used() == ledger.used == 0

@@ -12,8 +12,16 @@ keeps freed memory up to its release threshold, so the memory it holds is
 what the guest takes from other VMs; charging that makes every threshold
 safe (PyTorch sets UINT64_MAX), where refusing thresholds would break the
 programs that set them. A growth is charged ahead of the allocation that
-causes it and settled against the driver's figure just after; memory a pool
-gives back at a synchronisation point is uncharged at the guest's next one.
+causes it and settled against the driver's figure just after.
+
+Memory goes back to the driver only under the device-memory lock: a module
+load in another session is charged the driver's free memory before and after
+it, and would be charged less than it took if a pool gave memory back in
+between. The driver would do so at any synchronisation of any connection, so
+a charged pool's threshold in the driver stays at UINT64_MAX; the guest's
+threshold is kept here, and at the guest's synchronisation points
+(:meth:`Pools.settle`) each pool is trimmed to it, as the driver would have,
+and what it gave back is uncharged.
 
 Must not import CUDA (the device does every call) and must not touch other guests.
 """
@@ -39,6 +47,7 @@ REUSE_ATTRIBUTES = (1, 2, 3)  # int flags
 RELEASE_THRESHOLD, RESERVED_CURRENT, RESERVED_HIGH, USED_CURRENT, USED_HIGH = 4, 5, 6, 7, 8
 _READ_ONLY = (RESERVED_CURRENT, USED_CURRENT)
 _RESETTABLE = (RESERVED_HIGH, USED_HIGH)  # may only be set to 0
+_KEEP_ALL = (1 << 64) - 1  # the driver's release threshold of a charged pool
 
 # What one guest may make its session hold.
 MAX_POOLS = 256
@@ -81,6 +90,12 @@ class Pools:
                             "allows")
         with self.lock:
             obj = self.device.pool_create(max_size)
+            if self.accounted:  # only settle() gives its memory back (module docstring)
+                try:
+                    self.device.pool_set_attribute(obj, RELEASE_THRESHOLD, _KEEP_ALL)
+                except CudaError:
+                    quietly(self.device.pool_destroy, obj)
+                    raise
         handle = self.next_handle
         self.next_handle += 1
         self.pools[handle] = _Pool(obj, is_default)
@@ -141,13 +156,17 @@ class Pools:
             raise CudaError(_INVALID, f"pool attribute {attrib} can only be reset to 0")
         if attrib in REUSE_ATTRIBUTES and value not in (0, 1):
             raise CudaError(_INVALID, f"pool attribute {attrib} is 0 or 1, not {value}")
-        self.device.pool_set_attribute(pool.obj, attrib, value)
         if attrib == RELEASE_THRESHOLD:
             pool.threshold = value
+            if self.accounted:  # the driver's stays at _KEEP_ALL; settle() applies this one
+                return
+        self.device.pool_set_attribute(pool.obj, attrib, value)
 
     def get_attribute(self, handle: int, attrib: int) -> int:
         pool = self._pool(handle)
         self._check_attribute(attrib)
+        if attrib == RELEASE_THRESHOLD and self.accounted:
+            return pool.threshold
         return self.device.pool_attribute(pool.obj, attrib)
 
     @staticmethod
@@ -254,25 +273,33 @@ class Pools:
         return gave
 
     def settle(self) -> bool:
-        """After a synchronisation point (where the driver trims pools to their release
-        threshold): uncharge what pools gave back. True if anything was."""
+        """After a synchronisation point of the guest: trim each pool to its release
+        threshold, as the driver would there, and uncharge what it gave back. True if
+        anything was."""
         gave = False
         if not self.accounted:
             return gave
         for pool in (*self.pools.values(), *self.doomed):
             if pool.dirty and pool.charged > pool.threshold:
+                with self.lock:
+                    quietly(self.device.pool_trim, pool.obj, pool.threshold)
                 gave |= self._give_back(pool)
         return gave
 
     def release_all(self) -> None:
         """Free every allocation on its stream (the legacy one where the guest destroyed
-        it), then destroy the pools (the session returns the charge)."""
+        it), wait for the GPU to reach those frees, then destroy the pools (the session
+        returns the charge). A pool destroyed with frees pending would keep its memory
+        until they are done, past the charge, for as long as the guest kept those
+        streams busy."""
         for ptr, (_, stream) in self.owner.items():
             try:
                 s = self.stream(stream)
             except CudaError:
                 s = self.stream(1)
             quietly(self.device.pool_free, ptr, s)
+        if self.pools or self.doomed:
+            quietly(self.device.synchronize)
         with self.lock:
             for pool in (*self.pools.values(), *self.doomed):
                 quietly(self.device.pool_destroy, pool.obj)

@@ -448,13 +448,18 @@ class Session:
         self.pools.release_all()  # pool memory first, on the streams it was allocated on
         self.vmm.release_all()
         for release, table in ((self.device.event_destroy, self.events.objects),
-                               (self.device.stream_destroy, self.streams.objects),
-                               (self.device.module_unload, self.modules.objects)):
+                               (self.device.stream_destroy, self.streams.objects)):
             for obj in list(table.values()):
                 _quietly(release, obj)
             table.clear()
-        for ptr in list(self.allocs.starts):
-            _quietly(self.device.mem_free, ptr)
+        # Device memory goes back under the lock a module load measures under (another
+        # session's load would otherwise be charged less than it took).
+        with DEVICE_MEMORY:
+            for module in self.modules.objects.values():
+                _quietly(self.device.module_unload, module)
+            self.modules.objects.clear()
+            for ptr in list(self.allocs.starts):
+                _quietly(self.device.mem_free, ptr)
         self._uncharge(self.charged)
         self.alloc_charges.clear()
         self.module_charges.clear()
@@ -630,7 +635,8 @@ class Session:
         try:
             self._charge(taken)
         except CudaError as exc:
-            _quietly(self.device.module_unload, module)
+            with DEVICE_MEMORY:  # as every release: another session's load may be measuring
+                _quietly(self.device.module_unload, module)
             raise CudaError(exc.status, f"the module's variables take {taken} bytes of device "
                             f"memory: {exc.detail}") from None
         handle = self.modules.add(module)
