@@ -1,6 +1,8 @@
 """Virtual memory management and memory pools on a GPU: cuda/vmm_pools.c prints the same
 natively and through the shim, and on a slice neither cuMemCreate nor a pool goes past
-the quota. HVGPU_SHIM_REPORT=DIR keeps what each run printed."""
+the quota; cuda/pool_reuse.c's steps, freed-block semantics and threads print the same
+natively and through the shim, which keeps freed blocks in the guest. HVGPU_SHIM_REPORT=DIR
+keeps what each run printed."""
 
 from __future__ import annotations
 
@@ -82,3 +84,31 @@ def test_neither_cu_mem_create_nor_a_pool_passes_a_slice_on_the_gpu(exe, tmp_pat
     assert out.stdout.startswith("quota: 64 chunks created, ")  # 1 GiB in 16 MiB chunks
     assert out.stdout.endswith("the pool holds what it kept\n")
     assert used_after == 0
+
+
+@pytest.fixture(scope="module")
+def pool_exe(tmp_path_factory):
+    from tests.guest.test_shim_pool_cache import build as build_pool_reuse
+
+    return build_pool_reuse(tmp_path_factory.mktemp("pool_reuse_gpu"))
+
+
+@pytest.mark.parametrize("args", [("steps", "20"), ("semantics",), ("threads",)],
+                         ids=lambda a: a[0])
+def test_kept_pool_blocks_do_what_the_drivers_pool_does(pool_exe, gpu_agent, args):
+    """cuda/pool_reuse.c natively and through the shim (which keeps freed blocks in the
+    guest): the same lines, but for what only the shim counts or refuses."""
+    native = _run(pool_exe, _native_env(), *args)
+    shimmed = _run(pool_exe, _shim_env(gpu_agent.address), *args)
+    _report(f"pool_reuse_{args[0]}.txt",
+            f"native (rc {native.returncode}):\n{native.stdout}{native.stderr}"
+            f"\nshim (rc {shimmed.returncode}):\n{shimmed.stdout}{shimmed.stderr}")
+    print(f"pool_reuse {' '.join(args)}: native: {native.stdout.strip()} | "
+          f"shim: {shimmed.stdout.strip()}")
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
+    shim_only = ("round trips after the first step", "a kept block is freed memory")
+    assert [line for line in shimmed.stdout.splitlines()
+            if not line.startswith(shim_only)] == native.stdout.splitlines()
+    if args[0] == "steps":  # one round trip a step: its read back
+        assert "round trips after the first step: 19\n" in shimmed.stdout

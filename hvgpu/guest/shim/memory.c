@@ -141,11 +141,17 @@ static CUresult host_copy(void *dst, const void *src, size_t n, CUstream stream)
     return r;
 }
 
+/* A pool block the guest keeps for reuse (poolcache.c) is freed memory to the program,
+   though still allocated on the executor, which would take the copy: refused here. */
+static int kept(int device, CUdeviceptr ptr, size_t n) { return hv_kept_touches(device, ptr, n); }
+
 static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (host_span(dst, n)) return host_copy((void *)(uintptr_t)dst, src, n, stream);
-    return HV_ON(device_for(stream, dst), htod_on(dst, src, n, stream));
+    int device = device_for(stream, dst);
+    if (kept(device, dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    return HV_ON(device, htod_on(dst, src, n, stream));
 }
 
 static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
@@ -164,7 +170,9 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     if (!n) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
     if (host_span(src, n)) return host_copy(dst, (const void *)(uintptr_t)src, n, stream);
-    return HV_ON(device_for(stream, src), dtoh_on(dst, src, n, stream));
+    int device = device_for(stream, src);
+    if (kept(device, src, n)) return CUDA_ERROR_INVALID_VALUE;
+    return HV_ON(device, dtoh_on(dst, src, n, stream));
 }
 
 /* Between two vGPUs: their executors are separate processes, so the bytes come
@@ -196,8 +204,10 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream
     int dst_dev = hv_alloc_owner(dst), src_dev = hv_alloc_owner(src);
     if (dst_dev >= 0 && src_dev >= 0 && dst_dev != src_dev)
         return peer(dst, dst_dev, src, src_dev, n, stream);
+    int device = device_for(stream, dst);
+    if (kept(device, dst, n) || kept(device, src, n)) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(stream) };
-    return HV_ON(device_for(stream, dst), hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
+    return HV_ON(device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -241,6 +251,7 @@ static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUco
     if (!dctx || !sctx) return CUDA_ERROR_INVALID_CONTEXT;
     if (!n) return CUDA_SUCCESS;
     if (dctx->device != sctx->device) return peer(dst, dctx->device, src, sctx->device, n, s);
+    if (kept(dctx->device, dst, n) || kept(dctx->device, src, n)) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(s) };
     return HV_ON(dctx->device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
 }
@@ -274,8 +285,11 @@ static CUresult memset_(CUdeviceptr dst, uint32_t value, uint32_t width, size_t 
     if (hv_trace_enabled() && !hv_alloc_find(dst, NULL, NULL))
         hv_log("cuMemsetD%u: 0x%llx is no allocation this program made through the shim",
                width * 8, (unsigned long long)dst);
+    int device = device_for(s, dst);
+    if (kept(device, dst, count > SIZE_MAX / width ? SIZE_MAX : count * width))
+        return CUDA_ERROR_INVALID_VALUE;
     hvgpu_memset_req_t q = { dst, count, value, width, hv_untag(s) };
-    return HV_ON(device_for(s, dst), hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0));
+    return HV_ON(device, hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0));
 }
 
 HV_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return memset_(d, v, 1, n, NULL); }

@@ -3,15 +3,19 @@
  *
  * The executor gives each connection a default pool of its own (never the
  * device's, which other programs share); cuDeviceSetMemPool's choice is kept
- * here. An allocation is a round trip, since the program needs the pointer at
- * once; a free is one-way, ordered on its stream, its error reported by the
- * next synchronising call as CUDA's asynchronous errors are. Pool attributes
- * are the executor's pools' own. Pools of host memory, of exportable memory or
- * with usage flags are refused (CUDA_ERROR_NOT_SUPPORTED, said once), and a
+ * here. A freed block is kept in the guest for the next allocation of its
+ * pool, size and stream while the pool's release threshold allows
+ * (poolcache.c); otherwise an allocation is a round trip, since the program
+ * needs the pointer at once, and a free is one-way, ordered on its stream, its
+ * error reported by the next synchronising call as CUDA's asynchronous errors
+ * are. Pool attributes are the executor's pools' own, but for what the guest
+ * keeps: not in use to the program. Pools of host memory, of exportable memory
+ * or with usage flags are refused (CUDA_ERROR_NOT_SUPPORTED, said once), and a
  * pool is reachable from its own vGPU only: peer access between vGPUs is not
  * built.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <string.h>
 
 #include "shim.h"
@@ -29,11 +33,22 @@ typedef struct {                                             /* CUmemPoolProps *
 } hv_pool_props;
 _Static_assert(sizeof(hv_pool_props) == 88, "cuda.h layout");
 
-enum { PINNED = 1, ON_DEVICE = 1, READWRITE = 3, LAST_INT_ATTRIBUTE = 3, LAST_ATTRIBUTE = 8 };
+enum { PINNED = 1, ON_DEVICE = 1, READWRITE = 3, LAST_INT_ATTRIBUTE = 3, RELEASE_THRESHOLD = 4,
+       USED_CURRENT = 7, USED_HIGH = 8, LAST_ATTRIBUTE = 8 };
 
 
 static CUmemoryPool defaults[HV_MAX_DEVICES]; /* each vGPU's default pool, once asked */
 static CUmemoryPool current[HV_MAX_DEVICES];  /* cuDeviceSetMemPool's; NULL: the default */
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
+/* A forked child has a connection, so pools, of its own: the parent's numbers name
+   nothing there, or another pool. */
+static void forget_pools(void) {
+    memset(defaults, 0, sizeof defaults);
+    memset(current, 0, sizeof current);
+}
+
+static void watch_fork(void) { pthread_atfork(NULL, NULL, forget_pools); }
 
 /* The vGPU a pool is of; -1 for what no call of this shim handed out. */
 static int pool_device(CUmemoryPool pool) {
@@ -59,6 +74,7 @@ HV_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
                                NULL, 0));
         if (r) return r;
         p = hv_tag(dev, v.pool);
+        pthread_once(&fork_once, watch_fork);
         __atomic_store_n(&defaults[dev], p, __ATOMIC_RELEASE);
     }
     *pool = p;
@@ -75,10 +91,14 @@ HV_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* What the guest keeps is kept per pool, not per device: a pool that stops being the
+   current one keeps its blocks (within its threshold, as the driver's pool keeps its
+   freed memory) for cuMemAllocFromPoolAsync or for when it is current again. */
 HV_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
     CUresult r = check_device(dev);
     if (r) return r;
     if (pool_device(pool) != dev) return CUDA_ERROR_INVALID_VALUE; /* not a pool of dev */
+    pthread_once(&fork_once, watch_fork);
     __atomic_store_n(&current[dev], pool, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }
@@ -132,8 +152,10 @@ HV_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     int dev = pool_device(pool);
     if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_pool_destroy_req_t q = { hv_untag(pool) };
+    hv_pool_closing(dev, q.pool); /* else the executor keeps it for the blocks kept here */
     CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_DESTROY, &q, sizeof q, NULL, 0, NULL, 0,
                                     NULL, NULL, 0));
+    hv_pool_destroyed(dev, q.pool, !r);
     if (!r) /* as CUDA: the device's current pool becomes its default again */
         __atomic_compare_exchange_n(&current[dev], &pool, NULL, 0, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
@@ -146,8 +168,11 @@ HV_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
     uint64_t v = attr <= LAST_INT_ATTRIBUTE ? (uint64_t)(uint32_t)*(int *)value
                                             : *(uint64_t *)value;
     hvgpu_mem_pool_set_attribute_req_t q = { hv_untag(pool), attr, v };
-    return HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_SET_ATTRIBUTE, &q, sizeof q, NULL, 0, NULL, 0,
-                              NULL, NULL, 0));
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_SET_ATTRIBUTE, &q, sizeof q, NULL, 0,
+                                    NULL, 0, NULL, NULL, 0));
+    if (!r && attr == RELEASE_THRESHOLD) hv_pool_set_threshold(dev, q.pool, v);
+    if (!r && attr == USED_HIGH) hv_pool_reset_high(dev, q.pool);
+    return r;
 }
 
 HV_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
@@ -158,6 +183,8 @@ HV_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *valu
     CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_GET_ATTRIBUTE, &q, sizeof q, NULL, 0, &v,
                                     sizeof v, NULL, NULL, 0));
     if (r) return r;
+    if (attr == USED_CURRENT || attr == USED_HIGH)
+        v.value = hv_pool_used(dev, q.pool, attr == USED_HIGH, v.value);
     if (attr <= LAST_INT_ATTRIBUTE) *(int *)value = (int)v.value;
     else *(uint64_t *)value = v.value;
     return CUDA_SUCCESS;
@@ -167,8 +194,12 @@ HV_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     int dev = pool_device(pool);
     if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_pool_trim_to_req_t q = { hv_untag(pool), keep };
-    return HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_TRIM_TO, &q, sizeof q, NULL, 0, NULL, 0, NULL,
-                              NULL, 0));
+    /* What the guest keeps is freed memory the driver would trim: freed for real, and
+       waited for, since the driver trims only frees it has seen done. */
+    CUresult first = hv_pool_release(dev, q.pool, NULL);
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_TRIM_TO, &q, sizeof q, NULL, 0, NULL, 0,
+                                    NULL, NULL, 0));
+    return first ? first : r;
 }
 
 HV_EXPORT CUresult cuMemPoolSetAccess(CUmemoryPool pool, const hv_access_desc *map, size_t count) {
@@ -200,16 +231,35 @@ HV_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, hv_mem_loca
 
 /* -- allocations -------------------------------------------------------------------- */
 
-static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, uint64_t pool, CUstream stream) {
+static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                         CUstream stream) {
     static int once;
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     if (hv_created(stream) && hv_tag_device(stream) != dev)
         return hv_unsupported("cuMemAllocAsync from one vGPU's pool on another's stream", &once);
-    hvgpu_mem_alloc_async_req_t q = { size, pool, hv_untag(stream) };
-    hvgpu_mem_alloc_async_rep_t v;
-    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_ALLOC_ASYNC, &q, sizeof q, NULL, 0, &v, sizeof v,
-                                    NULL, NULL, 0));
+    CUresult r = pool ? CUDA_SUCCESS : cuDeviceGetDefaultMemPool(&pool, dev); /* asked once */
     if (r) return r;
+    size_t n = hv_pool_block_size(size);
+    CUdeviceptr ptr;
+    if (size && hv_pool_take(dev, hv_untag(pool), stream, n, &ptr)) {
+        HV_ON(dev, (hv_range_add(ptr, size, HV_RANGE_POOL), CUDA_SUCCESS));
+        *dptr = ptr;
+        return CUDA_SUCCESS;
+    }
+    hvgpu_mem_alloc_async_req_t q = { n, hv_untag(pool), hv_untag(stream) };
+    hvgpu_mem_alloc_async_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_MEM_ALLOC_ASYNC, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
+                           NULL, 0));
+    int released = 0;
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) { /* what the guest keeps of the pool may be enough */
+        CUresult e = hv_pool_release(dev, q.pool, &released);
+        if (e) return e;
+        if (released)
+            r = HV_ON(dev, hv_call(HVGPU_OP_MEM_ALLOC_ASYNC, &q, sizeof q, NULL, 0, &v, sizeof v,
+                                   NULL, NULL, 0));
+    }
+    if (r) return r;
+    hv_pool_track(dev, q.pool, v.dptr, n);
     HV_ON(dev, (hv_range_add(v.dptr, size, HV_RANGE_POOL), CUDA_SUCCESS));
     *dptr = v.dptr;
     return CUDA_SUCCESS;
@@ -219,7 +269,7 @@ HV_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmem
                                            CUstream stream) {
     int dev = pool_device(pool);
     if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
-    return alloc_on(dev, dptr, size, hv_untag(pool), stream);
+    return alloc_on(dev, dptr, size, pool, stream);
 }
 
 HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stream) {
@@ -227,7 +277,7 @@ HV_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream stre
     if (r) return r;
     int dev = hv_tag_device(stream);
     CUmemoryPool pool = __atomic_load_n(&current[dev], __ATOMIC_ACQUIRE);
-    return alloc_on(dev, dptr, size, pool ? hv_untag(pool) : 0 /* the default */, stream);
+    return alloc_on(dev, dptr, size, pool /* NULL: the default */, stream);
 }
 
 HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
@@ -245,6 +295,7 @@ HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
         if (r) return r;
         stream = NULL;
     }
+    if (hv_pool_keep(dev, dptr, stream)) return CUDA_SUCCESS; /* for the next allocation */
     hvgpu_mem_free_async_req_t q = { dptr, hv_untag(stream) };
     return HV_ON(dev, hv_oneway(HVGPU_OP_MEM_FREE_ASYNC, &q, sizeof q, NULL, 0));
 }

@@ -115,6 +115,12 @@ void hv_range_add(CUdeviceptr ptr, size_t size, unsigned kind); /* on hv_routed_
 int hv_range_kind(CUdeviceptr ptr);        /* of the range holding ptr; -1: none */
 int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind);
 void hv_ranges_drop(int device, CUdeviceptr ptr, size_t size, unsigned kind);
+/* Freed pool blocks poolcache.c keeps, per vGPU: freed memory to the program, though
+   still allocated on the executor, so the guest refuses copies into them itself. */
+void hv_kept_add(int device, CUdeviceptr ptr, size_t size);
+void hv_kept_remove(int device, CUdeviceptr ptr);
+int hv_kept_touches(int device, CUdeviceptr ptr, size_t n); /* [ptr, ptr + n) meets one */
+void hv_kept_forget(void);                 /* a forked child's: the parent's are not its */
 /* Reserved address ranges (cuMemAddressReserve), per vGPU. */
 void hv_reserve_add(int device, CUdeviceptr ptr, size_t size);
 int hv_reserve_remove(int device, CUdeviceptr ptr);
@@ -128,6 +134,27 @@ int hv_host_find(const void *ptr, void **base, size_t *size);
 void hv_host_add(void *ptr, size_t size, unsigned flags);
 int hv_host_remove(void *ptr);
 unsigned hv_host_flags(const void *ptr);
+
+/* poolcache.c: freed blocks of stream-ordered pools, kept for the next allocation of
+   the same pool, size and stream. Pools are the executor's numbers (untagged), streams
+   the program's values (tagged). */
+size_t hv_pool_block_size(size_t size);    /* what the executor is asked for: rounded */
+int hv_pool_take(int device, uint64_t pool, CUstream stream, size_t size, CUdeviceptr *ptr);
+void hv_pool_track(int device, uint64_t pool, CUdeviceptr ptr, size_t size); /* allocated */
+int hv_pool_keep(int device, CUdeviceptr ptr, CUstream stream); /* 0: free it for real */
+/* Really free what the guest keeps of one pool (waiting until the frees have run,
+   so that the driver can reuse or release the memory) or of one stream; the first
+   error is returned (an earlier one-way frame's may surface here). */
+CUresult hv_pool_release(int device, uint64_t pool, int *released);
+CUresult hv_pool_release_stream(CUstream stream);
+void hv_pool_set_threshold(int device, uint64_t pool, uint64_t threshold);
+uint64_t hv_pool_used(int device, uint64_t pool, int high, uint64_t driver);
+void hv_pool_reset_high(int device, uint64_t pool);
+/* cuMemPoolDestroy: first closing (its kept blocks really freed, nothing kept or taken
+   from now), then destroyed (ok) or open again (the executor refused). */
+void hv_pool_closing(int device, uint64_t pool);
+void hv_pool_destroyed(int device, uint64_t pool, int ok);
+int hv_stats_enabled(void);               /* wire.c: HVGPU_SHIM_STATS is set */
 
 /* Run one call on another vGPU's connection. */
 #define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \
@@ -151,6 +178,7 @@ static inline int hv_tag_device(const void *v) {
 /* Driver calls the shim's other parts use internally. */
 CUresult cuInit(unsigned int flags);
 CUresult cuStreamSynchronize(CUstream stream);
+CUresult cuCtxSynchronize(void);
 CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuDeviceGetCount(int *count);

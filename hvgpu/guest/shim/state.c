@@ -5,7 +5,9 @@
  * (cuMemAlloc, module variables, mapped memory, pool allocations) and
  * pinned-host ranges answer pointer queries and give cuMemcpy its direction
  * without a round trip; reserved address ranges say which vGPU a VMM call
- * about an address goes to. Nothing here talks to the agent.
+ * about an address goes to; the ranges of freed pool blocks the guest keeps
+ * (poolcache.c) let copies into them be refused. Nothing here talks to the
+ * agent.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -46,6 +48,10 @@ static struct ranges host_ranges = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 };
 static struct ranges reserved[HV_MAX_DEVICES] = {
     [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
 };
+static struct ranges kept[HV_MAX_DEVICES] = {
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0 }
+};
+static size_t kept_count; /* all vGPUs': while 0, a copy looks nothing up */
 
 /* Index of the first range whose base is > p. */
 static size_t upper(struct ranges *r, uintptr_t p) {
@@ -142,6 +148,37 @@ int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind) {
 
 void hv_ranges_drop(int device, CUdeviceptr ptr, size_t size, unsigned kind) {
     drop(&dev_ranges[device], (uintptr_t)ptr, (uintptr_t)ptr + size, kind);
+}
+
+void hv_kept_add(int device, CUdeviceptr ptr, size_t size) {
+    add(&kept[device], (uintptr_t)ptr, size, 0);
+    __atomic_add_fetch(&kept_count, 1, __ATOMIC_RELEASE);
+}
+
+void hv_kept_remove(int device, CUdeviceptr ptr) {
+    if (removed(&kept[device], (uintptr_t)ptr, 0))
+        __atomic_sub_fetch(&kept_count, 1, __ATOMIC_RELEASE);
+}
+
+int hv_kept_touches(int device, CUdeviceptr ptr, size_t n) {
+    if (!n || device < 0 || device >= HV_MAX_DEVICES ||
+        !__atomic_load_n(&kept_count, __ATOMIC_ACQUIRE))
+        return 0;
+    struct ranges *r = &kept[device];
+    pthread_mutex_lock(&r->lock);
+    uintptr_t last = n - 1 > UINTPTR_MAX - (uintptr_t)ptr ? UINTPTR_MAX : (uintptr_t)ptr + n - 1;
+    size_t i = upper(r, last); /* the first range past the last byte */
+    int touches = i > 0 && r->v[i - 1].base + r->v[i - 1].size > (uintptr_t)ptr;
+    pthread_mutex_unlock(&r->lock);
+    return touches;
+}
+
+void hv_kept_forget(void) {
+    for (int d = 0; d < HV_MAX_DEVICES; d++) {
+        pthread_mutex_init(&kept[d].lock, NULL); /* a thread of the parent may have held it */
+        kept[d].n = 0;
+    }
+    kept_count = 0;
 }
 
 void hv_reserve_add(int device, CUdeviceptr ptr, size_t size) {

@@ -69,6 +69,8 @@ _Static_assert(sizeof(hvgpu_stream_synchronize_req_t) == 8 &&
                sizeof(hvgpu_event_synchronize_req_t) == 8, "one-handle requests");
 
 HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+    /* Pool blocks kept for reuse on it are freed on it first, while it exists. */
+    if (hv_created(stream)) hv_pool_release_stream(stream);
     return about(stream, HVGPU_OP_STREAM_DESTROY);
 }
 

@@ -89,6 +89,8 @@ static int stats_enabled(void) {
     return level;
 }
 
+int hv_stats_enabled(void) { return stats_enabled(); }
+
 static void count_frame(uint16_t op, int oneway) {
     if (!oneway) __atomic_add_fetch(&round_trips, 1, __ATOMIC_RELAXED);
     if (stats_enabled())
