@@ -173,7 +173,7 @@ def table(doc: dict) -> str:
             rt = h["round_trips_per_step"]
             rows.append(f"| {r['label']} | {n['throughput']:,.0f} {n['unit']} | "
                         f"{h['throughput']:,.0f} {h['unit']} | **{r['ratio']:.2f}** | "
-                        f"{'n/a' if rt is None else f'{rt:.1f}'} | {ok} "
+                        f"{'n/a' if rt is None else f'{rt:.2f}'} | {ok} "
                         f"(max rel. diff {r['max_rel_diff']:.1e}) |")
     m = doc["machine"]
     rows.append("")
