@@ -1,0 +1,64 @@
+"""The guest side of hvgpu inside a real Linux guest (QEMU under TCG), over real AF_VSOCK
+to the agent on the host, which runs the GPU test double: installed from the wheel as a
+user installs it, refused while the VM has no slice, then the CLI, the Python API, an
+unmodified nvcc-built program, and an agent restart under a running program.
+
+Run alone: ``pytest -m vm tests/vm``. What the guest printed is read back from its
+serial console (tests/vm/vm.py); nothing is assumed."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
+
+
+def test_the_wheel_installs_in_the_guest_as_a_user_installs_it(guest_run):
+    rc, out = guest_run.step("install")
+    assert rc == 0, out
+
+
+def test_a_vm_without_a_slice_is_refused_clearly(guest_run):
+    rc, out = guest_run.step("noslice")
+    assert rc != 0
+    assert "no slice" in out and "hvgpu attach" in out, out
+
+
+def test_attach_by_name_serves_the_running_guest(guest_run):
+    assert [a[:2] for a in guest_run.actions][:1] == [("attach", 0)], guest_run.actions
+    rc, out = guest_run.step("info")
+    assert rc == 0, out
+    assert "hvgpu fake GPU" in out and "vsock://2:5170" in out, out
+    rc, out = guest_run.step("smi")
+    assert rc == 0, out
+    assert "256" in out, out  # the slice's 256 MiB quota is what the guest sees
+
+
+def test_the_python_api_computes_and_reports_a_deferred_error(guest_run):
+    rc, out = guest_run.step("api")
+    assert rc == 0, out
+    for check in ("copies there and back: ok", "saxpy: ok", "memory in use is charged: ok",
+                  "deferred error at the next sync: ok"):
+        assert check in out, out
+
+
+def test_an_unmodified_cuda_program_runs_through_the_shim(guest_run):
+    rc, out = guest_run.step("cuda")
+    if rc == 127 or "not found" in out and "saxpy_static" in out:
+        pytest.skip("nvcc was not there to build the program")
+    assert rc == 0, out
+    assert "copy back: no error" in out, out
+    got, want = out.split("sum ")[1].split(" (expect ")
+    assert got == want.split(")")[0], out
+
+
+def test_an_agent_restart_fails_the_running_program_and_the_next_one_works(guest_run):
+    assert ("restart", 0, "") in guest_run.actions
+    rc, out = guest_run.step("restarted")
+    assert rc == 0 and "restarted" in out, out
+    rc, out = guest_run.step("loss")
+    assert "first: 0" in out, out
+    assert "second: 46 CUDA_ERROR_DEVICE_UNAVAILABLE" in out, out
+    assert "exit 0" in out, out  # an error, not a signal
+    rc, out = guest_run.step("after")
+    assert rc == 0 and "copy back: no error" in out, out
