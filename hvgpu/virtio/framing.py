@@ -19,6 +19,7 @@ session's job.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 from typing import Callable, NamedTuple
@@ -65,8 +66,18 @@ def set_silence_timeout(sock: socket.socket, seconds: float | None) -> None:
     seconds = max(0.0, seconds or 0.0)
     whole = int(seconds)
     tv = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    target = sock
+    if sock.family == getattr(socket, "AF_VSOCK", None):
+        # Python passes an AF_VSOCK socket's option values as 64-bit integers, never as
+        # bytes, but the kernel takes these two as a struct timeval: set them through a
+        # second descriptor of the same socket that Python treats as a plain one.
+        target = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(sock.fileno()))
+    try:
+        target.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        target.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    finally:
+        if target is not sock:
+            target.close()
 
 
 def send_all(sock: socket.socket, data, on_stall: Callable[[], bool] | None = None) -> None:

@@ -93,3 +93,24 @@ def test_oversize_body_and_payload_are_refused_before_reading(pair):
     with pytest.raises(ProtocolError) as info:
         FrameReader(b).read_frame()
     assert info.value.code == "oversize"
+
+
+def test_a_vsock_socket_takes_the_silence_timeout():
+    # Python hands an AF_VSOCK socket's option values to the kernel as 64-bit integers;
+    # the timeout is a struct timeval (found in a real guest, where the guest API failed).
+    import os
+    import socket
+    import struct
+
+    from hvgpu.virtio.framing import set_silence_timeout
+
+    try:
+        sock = socket.socket(socket.AF_VSOCK, socket.SOCK_STREAM)
+    except (AttributeError, OSError) as exc:
+        pytest.skip(f"no AF_VSOCK sockets here: {exc}")
+    with sock:
+        set_silence_timeout(sock, 2.5)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, os.dup(sock.fileno())) as alias:
+            for opt in (socket.SO_RCVTIMEO, socket.SO_SNDTIMEO):
+                got = alias.getsockopt(socket.SOL_SOCKET, opt, struct.calcsize("ll"))
+                assert struct.unpack("ll", got) == (2, 500000)
