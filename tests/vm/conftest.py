@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
-from bench import toolkit
-from hvgpu.guest.shim import library
 from tests.vm import vm
-
-CUDA = Path(__file__).resolve().parents[1] / "guest" / "cuda"
 
 
 class GuestRun:
-    def __init__(self, lines, steps, host_log, console):
-        self.lines, self.steps, self.host_log, self.console = lines, steps, host_log, console
+    """What one boot reported: its console lines, its steps, the host's actions."""
+
+    def __init__(self, lines, steps, work, actions):
+        self.lines, self.steps, self.work, self.actions = lines, steps, work, actions
 
     def step(self, name: str) -> tuple[int, str]:
         if name not in self.steps:
@@ -30,22 +26,6 @@ class GuestRun:
             pytest.fail(f"the guest never reported step {name!r}; its console ended:\n{tail}")
         rc, out = self.steps[name]
         return rc, "\n".join(out)
-
-
-def _programs(out: Path) -> dict[str, Path]:
-    """Built on the host, as a user builds them: nvcc's defaults (static cudart), and a C
-    program linked against libcuda.so.1 by name."""
-    out.mkdir(parents=True, exist_ok=True)
-    nvcc = toolkit.nvcc()
-    built = {}
-    if nvcc:
-        built["saxpy_static"] = out / "saxpy_static"
-        subprocess.run([nvcc, "-arch=sm_90", "-o", str(built["saxpy_static"]),
-                        str(CUDA / "saxpy.cu")], check=True, capture_output=True, timeout=300)
-    built["agent_loss"] = out / "agent_loss"
-    subprocess.run(["gcc", "-O2", "-o", str(built["agent_loss"]), str(CUDA / "agent_loss.c"),
-                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True, timeout=120)
-    return built
 
 
 @pytest.fixture(scope="session")
@@ -60,7 +40,7 @@ def guest_run(tmp_path_factory) -> GuestRun:
         (overlay / d).mkdir(parents=True)
     shutil.copy(vm.wheel(work / "dist"), overlay / "opt/wheels")
     shutil.copy(vm.pip_wheel(work / "dist"), overlay / "opt/wheels/pip.whl")
-    for name, exe in _programs(work / "programs").items():
+    for name, exe in vm.programs(work / "programs").items():
         shutil.copy(exe, overlay / "opt/programs" / name)
     shutil.copy(vm.HERE / "guest_api.py", overlay / "opt/tests")
     shutil.copy(vm.HERE / "guest_test.sh", overlay / "guest-test.sh")
@@ -78,6 +58,4 @@ def guest_run(tmp_path_factory) -> GuestRun:
                 host.tell_guest(1235, "restarted")
                 actions.append(("restart", 0, ""))
         lines = vm.boot(cache, initrd, host, work / "console.log", on_line)
-    run = GuestRun(lines, vm.results(lines), work, work / "console.log")
-    run.actions = actions
-    return run
+    return GuestRun(lines, vm.results(lines), work, actions)

@@ -39,8 +39,15 @@ fi
 
 mkdir -p "$C/debs"
 cd "$C/debs"
-KPKG=$(apt-cache depends linux-image-cloud-amd64 2>/dev/null |
-       awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+kernel_package() {
+    apt-cache depends linux-image-cloud-amd64 2>/dev/null |
+        awk '/Depends: linux-image-[0-9]/{print $2; exit}'
+}
+KPKG=$(kernel_package)
+if [ -z "$KPKG" ] && [ "$(id -u)" = 0 ]; then  # a fresh machine's apt index may be empty
+    apt-get update -q >/dev/null 2>&1 || true
+    KPKG=$(kernel_package)
+fi
 [ -n "$KPKG" ] || unavailable "no linux-image-cloud-amd64 in this machine's apt index"
 [ -n "$(ls "$KPKG"_*.deb 2>/dev/null)" ] || apt-get download -q "$KPKG" >/dev/null 2>&1 \
     || unavailable "could not download $KPKG"

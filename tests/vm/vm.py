@@ -70,6 +70,27 @@ def pip_wheel(out: Path) -> Path:
     return Path(sorted(glob.glob(str(out / "pip-*.whl")))[-1])
 
 
+def programs(out: Path) -> dict[str, Path]:
+    """Programs for the guest, built on the host as a user builds them: nvcc's defaults
+    (static cudart) where a CUDA toolkit is installed, and a C program linked against
+    libcuda.so.1 by name."""
+    from bench import toolkit
+    from hvgpu.guest.shim import library
+
+    cuda = HERE.parent / "guest" / "cuda"
+    out.mkdir(parents=True, exist_ok=True)
+    built = {}
+    nvcc = toolkit.nvcc()
+    if nvcc:
+        built["saxpy_static"] = out / "saxpy_static"
+        subprocess.run([nvcc, "-arch=sm_90", "-o", str(built["saxpy_static"]),
+                        str(cuda / "saxpy.cu")], check=True, capture_output=True, timeout=300)
+    built["agent_loss"] = out / "agent_loss"
+    subprocess.run(["gcc", "-O2", "-o", str(built["agent_loss"]), str(cuda / "agent_loss.c"),
+                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True, timeout=120)
+    return built
+
+
 def initrd(cache: Path, overlay: Path, out: Path) -> Path:
     """The image's initramfs with the overlay's files on top (concatenated cpio archives:
     the kernel unpacks both, the later one wins)."""
@@ -161,19 +182,25 @@ class Host:
             time.sleep(0.3)
 
 
+def qemu_command(cache: Path, initrd_path: Path, host: Host, mem_mb: int = 512) -> list[str]:
+    """QEMU under TCG with the guest's console on stdio and its vsock device served by
+    the host's vhost-device-vsock (vhost-user needs the guest's RAM shared: memfd)."""
+    return ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
+            "-no-reboot", "-accel", "tcg", "-cpu", "max", "-M", "q35,memory-backend=mem",
+            "-m", str(mem_mb), "-smp", "2",
+            "-object", f"memory-backend-memfd,id=mem,size={mem_mb}M,share=on",
+            "-chardev", f"socket,id=vvs,path={host.vhost}",
+            "-device", "vhost-user-vsock-pci,chardev=vvs",
+            "-kernel", str(cache / "vmlinuz"), "-initrd", str(initrd_path),
+            "-append", "console=ttyS0 quiet panic=-1", "-serial", "stdio"]
+
+
 def boot(cache: Path, initrd_path: Path, host: Host, console: Path,
          on_line: Callable[[str], None] = lambda line: None, timeout: float = 600,
          mem_mb: int = 512) -> list[str]:
     """Boots the guest until it powers off; returns its console lines, each also handed
     to on_line as it arrives (the host's actions happen there)."""
-    cmd = ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
-           "-no-reboot", "-accel", "tcg", "-cpu", "max", "-M", "q35,memory-backend=mem",
-           "-m", str(mem_mb), "-smp", "2",
-           "-object", f"memory-backend-memfd,id=mem,size={mem_mb}M,share=on",
-           "-chardev", f"socket,id=vvs,path={host.vhost}",
-           "-device", "vhost-user-vsock-pci,chardev=vvs",
-           "-kernel", str(cache / "vmlinuz"), "-initrd", str(initrd_path),
-           "-append", "console=ttyS0 quiet panic=-1", "-serial", "stdio"]
+    cmd = qemu_command(cache, initrd_path, host, mem_mb)
     lines: list[str] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
