@@ -229,7 +229,10 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
     gets one (hot-plugged, live and in its config), and the slice is written
-    into the domain's metadata (virsh dumpxml shows it).
+    into the domain's metadata (virsh dumpxml shows it). A domain whose guest
+    reaches the agent through a hybrid-vsock listener bound to it (hvgpu agent
+    --listen hvsock://UDS:5170=VM; see hvgpu domain-xml --vhost-user-vsock)
+    gets no vsock device, only the metadata.
 
     A VM may have several vGPUs (--count, or --add later), each served by its
     own executor on its GPU; the guest reaches vGPU N at the data lane's vsock
@@ -251,6 +254,9 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
             (f"device {v['device']}: " if len(s["vgpus"]) > 1 or v["device"] else "")
             + f"{format_size(v['mem'])}, compute {_share(v['compute'])}, "
               f"GPU {v['gpu_index']} ({v['gpu_uuid']})" for v in s["vgpus"])
+        if "hybrid_vsock" in s:
+            line += f", served by the hybrid-vsock listener {s['hybrid_vsock']} (no vsock " \
+                    "device hot-plugged)"
         if "vsock_cid" in s:
             line += (f", vsock CID {s['vsock_cid']}" if s["vsock_cid"] is not None
                      else ", vsock CID assigned when the domain starts")
@@ -365,22 +371,35 @@ def status(ctx, as_json):
 @click.option("--network", default="default", show_default=True, help="libvirt network.")
 @click.option("--type", "domain_type", default="kvm", show_default=True,
               type=click.Choice(["kvm", "qemu"]), help="qemu: software emulation (no KVM).")
-def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, domain_type):
+@click.option("--vhost-user-vsock", "vhost_user_vsock", default=None, metavar="SOCKET",
+              help="For a host without the vhost_vsock module: the guest's vsock is QEMU's "
+                   "vhost-user-vsock device served by a vhost-user backend listening on "
+                   "SOCKET (vhost-device-vsock --socket SOCKET --uds-path UDS), instead of "
+                   "libvirt's <vsock>; its RAM becomes shared memory. Serve it with "
+                   "hvgpu agent --listen hvsock://UDS:5170=NAME.")
+def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, domain_type,
+                   vhost_user_vsock):
     """Print a complete q35 domain for a GPU-sharing guest (with its vsock device).
 
     \b
-    Example:
+    Examples:
       hvgpu domain-xml vm1 --memory 8G --vcpus 4 --disk /var/lib/libvirt/images/vm1.qcow2 \\
           --cloud-init /var/lib/libvirt/images/vm1-seed.iso > vm1.xml && virsh define vm1.xml
+      hvgpu domain-xml vm2 --disk /var/lib/libvirt/images/vm2.qcow2 \\
+          --vhost-user-vsock /run/hvgpu/vm2-vhost.sock > vm2.xml && virsh define vm2.xml
     """
     from hvgpu.host.render import domain_xml
     from hvgpu.units import parse_size
 
+    if vhost_user_vsock is not None and not vhost_user_vsock.startswith("/"):
+        # QEMU resolves a relative path from its own working directory, not this one
+        raise click.BadParameter(f"{vhost_user_vsock!r} is not an absolute path",
+                                 param_hint="--vhost-user-vsock")
     try:
         click.echo(domain_xml(name, parse_size(memory), vcpus, disk, disk_format=disk_format,
                               cloud_init=cloud_init, network=network, domain_type=domain_type,
                               cpu_mode="host-passthrough" if domain_type == "kvm"
-                              else "host-model"), nl=False)
+                              else "host-model", vhost_user_vsock=vhost_user_vsock), nl=False)
     except HvgpuError as exc:
         _fail(exc)
 

@@ -76,3 +76,16 @@ def test_domain_xml_prints_what_the_golden_file_holds():
                                    "--cloud-init", "/var/lib/libvirt/images/vm1-seed.iso"])
     assert out.exit_code == 0
     assert out.output == (GOLDEN / "domain-vm1.xml").read_text()
+
+
+def test_domain_xml_with_a_vhost_user_vsock_backend():
+    from tests.host.test_render import GOLDEN
+
+    out = CliRunner().invoke(cli, ["domain-xml", "vm3", "--memory", "4G", "--vcpus", "2",
+                                   "--disk", "/var/lib/libvirt/images/vm3.qcow2",
+                                   "--vhost-user-vsock", "/run/hvgpu/vm3-vhost.sock"])
+    assert out.exit_code == 0, out.output
+    assert out.output == (GOLDEN / "domain-vm3-vhost-user-vsock.xml").read_text()
+    out = CliRunner().invoke(cli, ["domain-xml", "vm3", "--disk", "/x",
+                                   "--vhost-user-vsock", "vm3-vhost.sock"])
+    assert out.exit_code == 2 and "not an absolute path" in out.output

@@ -52,12 +52,14 @@ class ControlAPI:
                placement: str | None = None, count: int = 1, add: bool = False) -> dict:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has); a
         libvirt domain also gets a vsock device (hot-plugged, live and in its config,
-        when missing) and its vGPUs in its metadata. Every step is undone if a later
+        when missing and no hybrid-vsock listener is bound to it) and its vGPUs in its
+        metadata. Every step is undone if a later
         one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
         check_vm_name(vm)
         vms = self.agent.vms
         bound = any(k.vm == vm for k in self.agent.bindings.values())
         by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
+        hybrid = self._hybrid_listener(vm)
         if cid is None and not bound and vms is None:
             raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
                            f"({self.agent.libvirt_reason}); pass --cid N (the VM's vsock "
@@ -66,7 +68,7 @@ class ControlAPI:
         share = parse_share(compute) if compute not in (None, "") else 0
         with Transaction() as tx:
             if by_libvirt:
-                vm = check_vm_name(vms.prepare(vm, tx))  # libvirt's canonical name
+                vm = check_vm_name(vms.prepare(vm, tx, hybrid))  # libvirt's canonical name
             new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
@@ -76,9 +78,19 @@ class ControlAPI:
                 self.agent.slice_attached(s.key, size)
         d = new[0].as_dict()
         d["vgpus"] = [s.as_dict() for s in new]
-        if by_libvirt:
+        if by_libvirt and hybrid is not None:
+            d["hybrid_vsock"] = hybrid
+        elif by_libvirt:
             d["vsock_cid"] = vms.hv.vsock_cid(vms.hv.domain(vm))
         return d
+
+    def _hybrid_listener(self, vm: str) -> str | None:
+        """The hybrid-vsock listener bound to the VM's vGPU 0 (its guest's vsock is then
+        served by a vhost-user backend, not by a vsock device libvirt knows)."""
+        for listener, key in self.agent.bindings.items():
+            if key.vm == vm and key.device == 0 and listener.address.scheme == "hvsock":
+                return str(listener.address)
+        return None
 
     def detach(self, vm: str, unplug: bool = False, device: int | None = None) -> dict:
         """Remove the VM's vGPUs, or only its last one (``device``); with ``unplug``
@@ -94,6 +106,10 @@ class ControlAPI:
         if unplug and (vms is None or s.cid is not None):
             raise HvgpuError(f"{vm!r} is not a libvirt domain known to the agent: nothing "
                              "to unplug (run without --unplug to remove its slice)")
+        if unplug and self._hybrid_listener(vm) is not None:
+            raise HvgpuError(f"{vm!r} reaches the agent through the hybrid-vsock listener "
+                             f"{self._hybrid_listener(vm)}, not a vsock device hvgpu added: "
+                             "nothing to unplug (run without --unplug to remove its slice)")
         if unplug and device is not None:
             raise HvgpuError("--unplug removes the VM's vsock device, which all its vGPUs "
                              "use: detach them all (no --device) to unplug it")

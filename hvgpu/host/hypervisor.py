@@ -72,7 +72,10 @@ def translate(exc, doing: str, vm: str = "") -> HypervisorError:
                                                   c["internal"]):
         # QEMU reports a host without /dev/vhost-vsock as an unsupported configuration
         return NoVhostVsock(f"{doing}: the host could not open /dev/vhost-vsock; load the "
-                           f"vhost_vsock kernel module (modprobe vhost_vsock) ({detail})")
+                           f"vhost_vsock kernel module (modprobe vhost_vsock), or, where it "
+                           f"cannot be loaded, give the domain a vhost-user vsock (hvgpu "
+                           f"domain-xml --vhost-user-vsock) and bind its hybrid-vsock socket "
+                           f"to it (hvgpu agent --listen hvsock://UDS:5170=VM) ({detail})")
     return HypervisorError(f"{doing}: {detail} (libvirt error {code})")
 
 

@@ -12,6 +12,12 @@ from hvgpu.templates_dir import templates_dir
 
 NAMESPACE = "urn:x-hvgpu:slice:1"  # the private XML namespace of slice metadata
 PREFIX = "hvgpu"
+# The PCI slot on q35's root bus of a vhost-user-vsock device given through
+# <qemu:commandline>: libvirt does not know the device, so it must be kept off the
+# slots libvirt hands out itself (root ports from slot 1 up, 0x1b/0x1d/0x1e/0x1f for
+# sound, USB, the DMI bridge and the chipset). The root bus has no hot-plug, so
+# libvirt never adds anything there later.
+VHOST_USER_VSOCK_SLOT = "0x10"
 
 
 def _environment() -> jinja2.Environment:
@@ -45,10 +51,18 @@ def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int,
 
 def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: str = "qcow2",
                cloud_init: str | None = None, network: str = "default",
-               domain_type: str = "kvm", cpu_mode: str = "host-passthrough") -> str:
+               domain_type: str = "kvm", cpu_mode: str = "host-passthrough",
+               vhost_user_vsock: str | None = None) -> str:
+    """With ``vhost_user_vsock`` (a vhost-user backend's socket, such as
+    vhost-device-vsock's), the guest's vsock is QEMU's vhost-user-vsock device on that
+    socket instead of libvirt's <vsock> (which needs the host's vhost_vsock module);
+    its RAM is then shared memory, which a vhost-user backend needs."""
     return render("libvirt/domain.xml.j2", name=name, memory_kib=memory // 1024, vcpus=vcpus,
                   disk=disk, disk_format=disk_format, cloud_init=cloud_init, network=network,
-                  domain_type=domain_type, cpu_mode=cpu_mode)
+                  domain_type=domain_type, cpu_mode=cpu_mode,
+                  # QEMU's option syntax: a comma in a value is written twice
+                  vhost_user_vsock=vhost_user_vsock and vhost_user_vsock.replace(",", ",,"),
+                  vhost_user_vsock_slot=VHOST_USER_VSOCK_SLOT)
 
 
 def agent_unit(hvgpu: str, state_dir: str, connect: str) -> str:

@@ -56,10 +56,19 @@ class VmDirectory:
         with self._lock:
             self._cids = {}
 
-    def prepare(self, vm: str, tx: Transaction) -> str:
-        """Give the domain a vsock device if it has none; returns its canonical name."""
+    def prepare(self, vm: str, tx: Transaction, hybrid: str | None = None) -> str:
+        """Give the domain a vsock device if it has none; returns its canonical name.
+
+        ``hybrid``: the hybrid-vsock listener bound to the VM. Its guest's vsock is then
+        a vhost-user one (vhost-device-vsock, Firecracker, Cloud Hypervisor) that libvirt
+        does not see, and a second, kernel vsock device would be no use to it (a guest
+        has one vsock transport to its host), so nothing is hot-plugged.
+        """
         dom = self.hv.domain(vm)
-        if self.hv.plug_vsock(dom):
+        if hybrid is not None:
+            log.info("%s: served by the hybrid-vsock listener %s; no vsock device is "
+                     "hot-plugged", dom.name(), hybrid)
+        elif self.hv.plug_vsock(dom):
             tx.on_undo(lambda: self.hv.unplug_vsock(dom), "vsock hot-plug")
         return dom.name()
 

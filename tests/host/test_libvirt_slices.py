@@ -168,3 +168,54 @@ def test_a_failed_attach_of_several_vgpus_leaves_none(agent, monkeypatch):
     with pytest.raises(HvgpuError, match="metadata write failed"):
         agent.api.attach("lv-w", "64M", gpu=0, count=3)
     assert agent.api.list() == []
+
+
+@pytest.fixture
+def hybrid_agent(tmp_path):
+    """An agent whose VM lv-h reaches it through a hybrid-vsock listener bound to it, as
+    a domain with a vhost-user vsock (hvgpu domain-xml --vhost-user-vsock) does."""
+    uds = tmp_path / "lv-h.vsock"
+    running = RunningAgent(tmp_path, FAKE_DEVICE, [f"hvsock://{uds}:5170=lv-h"], slices=True,
+                           connect="test:///default")
+    running.guest_side = f"unix://{uds}_5170"  # where the backend delivers guest port 5170
+    running.defined = []
+    yield running
+    running.stop()
+    for dom in running.defined:
+        try:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        except Exception:
+            pass
+
+
+def test_a_domain_served_by_a_bound_hybrid_listener_gets_metadata_and_no_hot_plug(hybrid_agent):
+    agent = hybrid_agent
+    # the test driver cannot hot-plug: attach fails if it tries
+    dom = define(agent, WITHOUT_VSOCK.format(name="lv-h"))
+    s = agent.api.attach("lv-h", "64M", "25%")
+    assert s["hybrid_vsock"].endswith("lv-h.vsock:5170") and "vsock_cid" not in s
+    assert "<vsock" not in dom.XMLDesc(0)
+    (recorded,) = agent.agent.vms.hv.read_vgpus(dom)
+    assert (recorded.mem, recorded.compute) == (64 << 20, 25)
+    Connection(agent.guest_side).call("PING")  # the guest is served by its slice
+    assert agent.api.status()[0]["executors"]
+    with pytest.raises(HvgpuError, match="hybrid-vsock listener .* nothing to unplug"):
+        agent.api.detach("lv-h", unplug=True)
+    assert agent.agent.vms.hv.read_slice(dom) is not None  # nothing was lost
+    agent.api.detach("lv-h")
+    assert agent.agent.vms.hv.read_slice(dom) is None and agent.api.list() == []
+
+
+def test_the_cli_says_no_vsock_device_was_hot_plugged(hybrid_agent):
+    from click.testing import CliRunner
+
+    from hvgpu.cli import cli
+
+    define(hybrid_agent, WITHOUT_VSOCK.format(name="lv-h"))
+    out = CliRunner().invoke(cli, ["--control", hybrid_agent.control, "attach", "lv-h",
+                                   "--mem", "32M"])
+    assert out.exit_code == 0, out.output
+    assert "served by the hybrid-vsock listener hvsock://" in out.output
+    assert "(no vsock device hot-plugged)" in out.output

@@ -105,3 +105,18 @@ def test_libvirt_accepts_the_rendered_domain(agent):
         assert "<vsock model='virtio'>" in inactive_xml(dom)
     finally:
         dom.undefine()
+
+
+def test_libvirt_accepts_the_rendered_domain_with_a_vhost_user_vsock(agent):
+    from hvgpu.host.render import domain_xml
+
+    xml = domain_xml(f"hvgpu-ci-{os.getpid()}-vhost-user", 1 << 30, 1, "/nonexistent/disk.qcow2",
+                     domain_type="qemu", cpu_mode="host-model",
+                     vhost_user_vsock="/run/hvgpu/vm-vhost.sock")
+    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    try:
+        kept = inactive_xml(dom)
+        assert "vhost-user-vsock-pci,chardev=hvgpu-vsock" in kept  # not dropped by libvirt
+        assert "<access mode='shared'/>" in kept and "<vsock" not in kept
+    finally:
+        dom.undefine()

@@ -68,6 +68,19 @@ def test_domain_without_cloud_init_and_with_the_slice_metadata_validates(tmp_pat
     validate(tmp_path, xml.replace("  <vcpu", f"  <metadata>\n{meta}  </metadata>\n  <vcpu", 1))
 
 
+def test_domain_whose_vsock_is_served_by_a_vhost_user_backend(tmp_path):
+    xml = render.domain_xml("vm3", 4 << 30, 2, "/var/lib/libvirt/images/vm3.qcow2",
+                            vhost_user_vsock="/run/hvgpu/vm3-vhost.sock")
+    check_golden("domain-vm3-vhost-user-vsock.xml", xml)
+    validate(tmp_path, xml)
+    assert "<vsock" not in xml  # one vsock transport per guest: the vhost-user one
+
+
+def test_a_comma_in_the_vhost_user_socket_path_is_escaped_for_qemu():
+    xml = render.domain_xml("vm3", 1 << 30, 1, "/x", vhost_user_vsock="/run/a,b.sock")
+    assert "path=/run/a,,b.sock'" in xml
+
+
 def test_values_are_escaped_and_missing_values_are_errors():
     xml = render.domain_xml("a<b>&'c", 1 << 30, 1, "/x")
     assert "<name>a&lt;b&gt;&amp;&#39;c</name>" in xml
