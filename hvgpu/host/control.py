@@ -53,13 +53,12 @@ class ControlAPI:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has); a
         libvirt domain also gets a vsock device (hot-plugged, live and in its config,
         when missing and no hybrid-vsock listener is bound to it) and its vGPUs in its
-        metadata. Every step is undone if a later
-        one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
+        metadata. Every step is undone if a later one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
         check_vm_name(vm)
         vms = self.agent.vms
         bound = any(k.vm == vm for k in self.agent.bindings.values())
         by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
-        hybrid = self._hybrid_listener(vm)
+        hybrid = None
         if cid is None and not bound and vms is None:
             raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
                            f"({self.agent.libvirt_reason}); pass --cid N (the VM's vsock "
@@ -68,7 +67,8 @@ class ControlAPI:
         share = parse_share(compute) if compute not in (None, "") else 0
         with Transaction() as tx:
             if by_libvirt:
-                vm = check_vm_name(vms.prepare(vm, tx, hybrid))  # libvirt's canonical name
+                vm, hybrid = vms.prepare(vm, tx, self._hybrid_listener)
+                vm = check_vm_name(vm)  # libvirt's canonical name
             new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 from hvgpu.host.hypervisor import Hypervisor, NoSuchVm
 from hvgpu.host.names import BadDevice, BadVmName, VgpuKey
@@ -56,21 +57,25 @@ class VmDirectory:
         with self._lock:
             self._cids = {}
 
-    def prepare(self, vm: str, tx: Transaction, hybrid: str | None = None) -> str:
-        """Give the domain a vsock device if it has none; returns its canonical name.
+    def prepare(self, vm: str, tx: Transaction,
+                hybrid_for: Callable[[str], str | None] = lambda name: None
+                ) -> tuple[str, str | None]:
+        """Give the domain a vsock device if it has none; returns its canonical name and
+        the hybrid-vsock listener bound to it (``hybrid_for(name)``), if any.
 
-        ``hybrid``: the hybrid-vsock listener bound to the VM. Its guest's vsock is then
-        a vhost-user one (vhost-device-vsock, Firecracker, Cloud Hypervisor) that libvirt
-        does not see, and a second, kernel vsock device would be no use to it (a guest
-        has one vsock transport to its host), so nothing is hot-plugged.
+        A VM with such a listener has a vhost-user vsock (vhost-device-vsock,
+        Firecracker, Cloud Hypervisor) that libvirt does not see, and a second, kernel
+        vsock device would be no use to it (a guest has one vsock transport to its
+        host), so nothing is hot-plugged.
         """
         dom = self.hv.domain(vm)
+        hybrid = hybrid_for(dom.name())
         if hybrid is not None:
             log.info("%s: served by the hybrid-vsock listener %s; no vsock device is "
                      "hot-plugged", dom.name(), hybrid)
         elif self.hv.plug_vsock(dom):
             tx.on_undo(lambda: self.hv.unplug_vsock(dom), "vsock hot-plug")
-        return dom.name()
+        return dom.name(), hybrid
 
     def record(self, vgpus: list[Slice], tx: Transaction | None = None) -> None:
         """Write all of one VM's vGPUs (device 0 first) into its domain."""

@@ -219,3 +219,10 @@ def test_the_cli_says_no_vsock_device_was_hot_plugged(hybrid_agent):
     assert out.exit_code == 0, out.output
     assert "served by the hybrid-vsock listener hvsock://" in out.output
     assert "(no vsock device hot-plugged)" in out.output
+
+
+def test_a_hybrid_bound_domain_attached_by_its_uuid_gets_no_hot_plug_either(hybrid_agent):
+    dom = define(hybrid_agent, WITHOUT_VSOCK.format(name="lv-h"))
+    s = hybrid_agent.api.attach(dom.UUIDString(), "32M")
+    assert s["vm"] == "lv-h" and "hybrid_vsock" in s
+    assert "<vsock" not in dom.XMLDesc(0)
