@@ -127,8 +127,12 @@ class Host:
             [str(self.cache / "vhost-device-vsock"), "--guest-cid", str(GUEST_CID),
              "--socket", str(self.vhost), "--uds-path", str(self.uds)],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.start_agent()
-        _wait_for(lambda: self.vhost.exists(), 20, "vhost-device-vsock's socket")
+        try:
+            self.start_agent()
+            _wait_for(lambda: self.vhost.exists(), 20, "vhost-device-vsock's socket")
+        except BaseException:
+            self.__exit__(None, None, None)  # nothing left running when the start fails
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
