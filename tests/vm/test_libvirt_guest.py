@@ -67,7 +67,7 @@ def _qemu_owner(conn) -> tuple[int, int]:
     return 0, 0
 
 
-def _domain(name: str, cache: Path, initrd: Path, host: vm.Host, console: Path) -> str:
+def _domain(name: str, kernel: Path, initrd: Path, host: vm.Host, console: Path) -> str:
     """hvgpu's domain for a vhost-user vsock, with what this machine lacks replaced: a
     direct kernel boot instead of the disk, no network, the serial console in a file."""
     root = ET.fromstring(domain_xml(name, 512 << 20, 2, "/nonexistent.qcow2",
@@ -75,7 +75,7 @@ def _domain(name: str, cache: Path, initrd: Path, host: vm.Host, console: Path) 
                                     vhost_user_vsock=str(host.vhost)))
     os_ = root.find("os")
     os_.remove(os_.find("boot"))
-    for tag, text in (("kernel", str(cache / "vmlinuz")), ("initrd", str(initrd)),
+    for tag, text in (("kernel", str(kernel)), ("initrd", str(initrd)),
                       ("cmdline", "console=ttyS0 quiet panic=-1")):
         ET.SubElement(os_, tag).text = text
     root.find("on_reboot").text = "destroy"  # a guest that panics stops, not loops
@@ -168,12 +168,18 @@ def _boot(conn, cache: Path, name: str, work: Path, build: Path):
     shutil.copy(vm.HERE / "guest_libvirt.sh", overlay / "guest-test.sh")
     os.chmod(overlay / "guest-test.sh", 0o755)
     initrd = vm.initrd(cache, overlay, work / "initrd.cpio")
+    # libvirt's QEMU user reads the kernel too: the image cache may sit in a home it
+    # cannot enter (/root/.cache in CI).
+    kernel = work / "vmlinuz"
+    shutil.copy(cache / "vmlinuz", kernel)
+    os.chmod(kernel, 0o644)
+    os.chmod(initrd, 0o644)
     console = work / "console.log"
     run = {"actions": {}, "name": name}
     dom = None
     try:
         with LibvirtHost(cache, work, name) as host:
-            dom = conn.defineXML(_domain(name, cache, initrd, host, console))
+            dom = conn.defineXML(_domain(name, kernel, initrd, host, console))
             run["defined"] = dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
             # vhost-device-vsock makes its socket anew for each QEMU that leaves
             os.chown(host.vhost, *_qemu_owner(conn))
