@@ -27,6 +27,8 @@
 #define HVGPU_CAP_NVRTC 0x1ull
 #define HVGPU_CAP_PARAM_INFO 0x2ull
 #define HVGPU_CAP_PROGRESS 0x4ull
+#define HVGPU_CAP_SHM_DEVICE 0x10ull
+#define HVGPU_CAP_SHM_MEMFD 0x8ull
 
 
 typedef struct __attribute__((packed)) hvgpu_header {
@@ -110,6 +112,12 @@ enum hvgpu_op {
     HVGPU_OP_MEM_POOL_SET_ATTRIBUTE = 0x75,  /* cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number. */
     HVGPU_OP_MEM_POOL_GET_ATTRIBUTE = 0x76,
     HVGPU_OP_MEM_POOL_TRIM_TO = 0x77,  /* cuMemPoolTrimTo. */
+    HVGPU_OP_SHM_ATTACH = 0x90,  /* kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose header the executor writes with the token it replies (size 0: all of it). The region is registered with the driver (DMA) and counts against the VM's shared-memory limit. */
+    HVGPU_OP_SHM_DETACH = 0x91,  /* Waits for the connection's work, then unregisters and unmaps the region. */
+    HVGPU_OP_SHM_ALLOC = 0x92,  /* Room in a region (page-aligned) for this connection: its pinned host memory. */
+    HVGPU_OP_SHM_FREE = 0x93,  /* Gives back an SHM_ALLOC after the connection's work on it is done. */
+    HVGPU_OP_MEMCPY_HTOD_SHM = 0x94,  /* cuMemcpyHtoDAsync from the region: ordered on the stream, DMA. */
+    HVGPU_OP_MEMCPY_DTOH_SHM = 0x95,  /* cuMemcpyDtoHAsync into the region: the bytes are there once a later synchronising op on the stream (or the context) has answered. */
     HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
 };
 
@@ -125,6 +133,8 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_STREAM_WAIT_EVENT:
     case HVGPU_OP_EVENT_RECORD:
     case HVGPU_OP_MEM_FREE_ASYNC:
+    case HVGPU_OP_MEMCPY_HTOD_SHM:
+    case HVGPU_OP_MEMCPY_DTOH_SHM:
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
         return 1;
     default:
@@ -202,6 +212,12 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_POOL_SET_ATTRIBUTE: return "MEM_POOL_SET_ATTRIBUTE";
     case HVGPU_OP_MEM_POOL_GET_ATTRIBUTE: return "MEM_POOL_GET_ATTRIBUTE";
     case HVGPU_OP_MEM_POOL_TRIM_TO: return "MEM_POOL_TRIM_TO";
+    case HVGPU_OP_SHM_ATTACH: return "SHM_ATTACH";
+    case HVGPU_OP_SHM_DETACH: return "SHM_DETACH";
+    case HVGPU_OP_SHM_ALLOC: return "SHM_ALLOC";
+    case HVGPU_OP_SHM_FREE: return "SHM_FREE";
+    case HVGPU_OP_MEMCPY_HTOD_SHM: return "MEMCPY_HTOD_SHM";
+    case HVGPU_OP_MEMCPY_DTOH_SHM: return "MEMCPY_DTOH_SHM";
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG: return "FUNC_SET_CACHE_CONFIG";
     default:
         return 0;
@@ -711,6 +727,57 @@ typedef struct __attribute__((packed)) hvgpu_mem_pool_trim_to_req {
     uint64_t pool;
     uint64_t keep;
 } hvgpu_mem_pool_trim_to_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_attach_req {
+    uint32_t kind;
+    uint32_t flags;
+    uint64_t size;
+} hvgpu_shm_attach_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_attach_rep {
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t size;
+    uint32_t token_len;
+} hvgpu_shm_attach_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_detach_req {
+    uint32_t region;
+} hvgpu_shm_detach_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_alloc_req {
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t size;
+} hvgpu_shm_alloc_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_alloc_rep {
+    uint64_t offset;
+} hvgpu_shm_alloc_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_shm_free_req {
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t offset;
+} hvgpu_shm_free_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_htod_shm_req {
+    uint64_t dst;
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t offset;
+    uint64_t size;
+    uint64_t stream;
+} hvgpu_memcpy_htod_shm_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_shm_req {
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t offset;
+    uint64_t src;
+    uint64_t size;
+    uint64_t stream;
+} hvgpu_memcpy_dtoh_shm_req_t;
 
 typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
     uint64_t function;

@@ -989,6 +989,12 @@ class Session:
         return (self.device.event_elapsed(self.events.get(start), self.events.get(end)),)
 
 
+    def op_shm_attach(self, hdr, kind, flags, size):
+        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "shared-memory regions are not built yet")
+
+    op_shm_detach = op_shm_alloc = op_shm_free = op_shm_attach
+    op_memcpy_htod_shm = op_memcpy_dtoh_shm = op_shm_attach
+
 _ALREADY_REPLIED = object()
 # One per executor process: a module's cost is the driver's free memory before and
 # after its load, which another session's allocation must not change in between.
