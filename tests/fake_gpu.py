@@ -150,6 +150,7 @@ class FakeDevice:
         self.window = address_window
         self.pinned: dict[int, ctypes.Array] = {}
         self.module_bytes: dict[int, int] = {}  # module -> its __device__ arrays (not backed)
+        self.registered: dict[int, int] = {}  # host_register: address -> bytes
         self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
         self.allocated = 0
@@ -425,6 +426,17 @@ class FakeDevice:
 
     def host_free(self, addr):
         self.pinned.pop(addr)
+
+    def host_register(self, addr, size):
+        self._check()
+        if any(a <= addr < a + n or addr <= a < addr + size
+               for a, n in self.registered.items()):
+            raise CudaError(712, "cuMemHostRegister: already registered")  # HOST_MEMORY_ALREADY_REGISTERED
+        self.registered[addr] = size
+
+    def host_unregister(self, addr):
+        if self.registered.pop(addr, None) is None:
+            raise CudaError(713, "cuMemHostUnregister: not registered")
 
     def stream(self, special):
         return ("stream", special)

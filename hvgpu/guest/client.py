@@ -35,7 +35,7 @@ from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import Address, parse_address
 from hvgpu.virtio.framing import (FrameReader, PeerSilent, pack_header, send_all, send_frame,
                                   set_silence_timeout)
-from hvgpu.virtio.transport import connect
+from hvgpu.virtio.transport import connect, send_with_fds
 
 ENV_ADDRESS = "HVGPU_AGENT"
 ENV_TIMEOUT = "HVGPU_TIMEOUT"
@@ -45,6 +45,7 @@ CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
 BATCH_BYTES = 64 << 10  # coalesced one-way frames leave once this much gathered
 SMALL_COPY = 16 << 10  # host-to-device copies up to this size are coalesced too
 FLUSH_DELAY = 100e-6  # the longest a coalesced frame waits for company
+SHARED_MIN = 1 << 20  # pageable copies from this size are staged through a shared region
 
 _HDR = P.HEADER
 _LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
@@ -119,9 +120,10 @@ class Connection:
         self._out = bytearray()  # coalesced one-way frames not yet sent
         self._out_pending = threading.Event()
         self._flusher: threading.Thread | None = None
+        self.shared = None  # hvgpu.guest.shm.SharedLane, made on the first copy that can use it
         version, _, caps, max_payload, _, peer, agent = self.call(
-            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS,
-            f"hvgpu-guest {__version__} pid {os.getpid()}")
+            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS
+            | P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE, f"hvgpu-guest {__version__} pid {os.getpid()}")
         self.version, self.caps, self.peer, self.agent = version, caps, peer, agent
         self.max_payload = max_payload
 
@@ -147,6 +149,52 @@ class Connection:
             self._check_open()
             self._flush_frees()
             return self._roundtrip(code, body, payload, reply_into)
+
+    def call_with_fds(self, op: str, *values, fds=()):
+        """A synchronous op whose frame carries file descriptors (SCM_RIGHTS)."""
+        code = P.OP[op]
+        body = codec.REQUEST[code].encode(values)
+        with self.lock:
+            self._check_open()
+            seq = self.send_request(code, body, fds)
+            return self.read_reply(code, seq)
+
+    def send_request(self, code: int, body: bytes, fds=()) -> int:
+        """Send a synchronous op's frame without waiting (lock held); its seq. Replies
+        come in the order of their requests: read each with read_reply."""
+        self._flush_out()
+        seq = self._next_seq()
+        frame = pack_header(code, 0, seq, 0, len(body)) + body
+        try:
+            if fds:
+                send_with_fds(self.sock, frame, fds)
+            else:
+                send_all(self.sock, frame, self._stalled)
+        except PeerSilent:
+            self._silent(code)
+        except (ConnectionLost, OSError) as exc:
+            self._broken(exc)
+        return seq
+
+    def read_reply(self, code: int, seq: int):
+        """The values of the reply to seq (lock held); raises its error."""
+        try:
+            while True:
+                hdr, rbody = self.reader.read_frame()
+                if not hdr.flags & P.FLAG_PROGRESS:
+                    break
+                self.reader.skip_payload()
+        except PeerSilent:
+            self._silent(code)
+        except (ConnectionLost, ProtocolError, OSError) as exc:
+            self._broken(exc)
+        if hdr.seq != seq or not hdr.flags & P.FLAG_REPLY:
+            self._broken(ProtocolError(f"reply out of order (seq {hdr.seq}, expected {seq})"))
+        if hdr.payload_len:
+            self._broken(ProtocolError(f"an unexpected payload in the reply to {seq}"))
+        if hdr.status != 0:
+            self._raise(code, seq, hdr.status, rbody)
+        return codec.REPLY[code].decode(rbody)
 
     def _roundtrip(self, code, body, payload, reply_into):
         self._flush_out()
@@ -250,13 +298,30 @@ class Connection:
                 except HvgpuError:
                     return  # the next call on the connection reports it
 
+    def _may_share(self, n: int) -> bool:
+        """Worth asking the shared-memory lane: a large copy, or any once pinned
+        memory exists."""
+        if not n or not self.caps & (P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE):
+            return False
+        return n >= SHARED_MIN or (self.shared is not None and bool(self.shared.pinned))
+
+    def _shared_lane(self):
+        if self.shared is None:
+            from hvgpu.guest.shm import SharedLane
+            self.shared = SharedLane(self)
+        return self.shared
+
     def copy_to_device(self, dst: int, src, stream: int = 0) -> None:
-        """Host-to-device copy of any buffer; pipelined (one-way)."""
+        """Host-to-device copy of any buffer; pipelined (one-way). From pinned memory
+        (a shared-memory region) it names offsets; a large pageable source is staged
+        through the region; elsewhere its bytes travel on the socket."""
         view = memoryview(src).cast("B")
         n = view.nbytes
         body = codec.REQUEST[_HTOD_OP]
         with self.lock:
             self._check_open()
+            if self._may_share(n) and self._shared_lane().upload(dst, view, stream):
+                return
             if 0 < n <= SMALL_COPY:  # the bytes are copied here, so the source is free at once
                 head = pack_header(_HTOD_OP, P.FLAG_ONEWAY, self._next_seq(), 0, body.fixed.size, n)
                 self._queue(head + body.encode((dst, stream)) + bytes(view))
@@ -273,8 +338,16 @@ class Connection:
                     self._broken(exc)
 
     def copy_from_device(self, dst, src: int, stream: int = 0) -> None:
-        """Device-to-host copy into any writable buffer; waits for the stream."""
+        """Device-to-host copy into any writable buffer; waits for the stream. Into
+        pinned memory the bytes come by DMA; a large pageable one is staged through
+        the shared-memory region; elsewhere they come on the socket."""
         view = memoryview(dst).cast("B")
+        if self._may_share(view.nbytes):
+            with self.lock:
+                self._check_open()
+                self._flush_frees()
+                if self._shared_lane().download(view, src, stream):
+                    return
         self.call("MEMCPY_DTOH", src, view.nbytes, stream, reply_into=view)
 
     def free_later(self, dptr: int) -> None:
@@ -325,6 +398,8 @@ class Connection:
         with self.lock:
             if self.closed:
                 return
+            if self.shared is not None:
+                self.shared.forget()  # its mappings stay valid; the agent frees its side
             try:
                 self._flush_out()  # one-way work already issued still reaches the GPU
             except HvgpuError:

@@ -88,6 +88,16 @@ class Device:
         ptr, = self.conn.call("MEM_ALLOC", int(size))
         return Buffer(self.conn, ptr, int(size))
 
+    def pinned(self, size: int):
+        """Page-locked host memory (cudaMallocHost): ``PinnedMemory`` whose ``view`` is
+        a writable memoryview. It lies in the shared-memory region the agent offers
+        (``hvgpu attach --shm``; on a unix socket, a memfd), so copies from and to it
+        are DMA on the host and carry no bytes on the socket. CudaError
+        CUDA_ERROR_NOT_SUPPORTED where no region can be had."""
+        with self.conn.lock:
+            self.conn._check_open()
+            return self.conn._shared_lane().allocate(size)
+
     def create_stream(self, *, non_blocking: bool = True) -> "Stream":
         handle, = self.conn.call("STREAM_CREATE", _STREAM_NON_BLOCKING if non_blocking else 0)
         return Stream(self.conn, handle, owned=True)

@@ -36,6 +36,7 @@ from typing import Callable
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.executor import lane
 from hvgpu.host.executor import sandbox
+from hvgpu.host import regions as regions_host
 from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
@@ -77,6 +78,10 @@ class AgentConfig:
     confine: str = "auto"  # executor/sandbox.MODES; "none" for tests and debugging only
     executor_read: list[str] = field(default_factory=list)  # more paths executors may read
     executor_write: list[str] = field(default_factory=list)  # ... and write (tests' doubles)
+    # Shared memory (memfd regions) a host-local connection may have its executor map
+    # and page-lock; a VM's limit is its slice's (hvgpu attach --shm).
+    local_shm: int = 1 << 30
+    shm_dir: str = "/dev/shm"  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
 
 
 @dataclass
@@ -500,6 +505,7 @@ class Agent:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
                                                       "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
+                                                      "--shm", str(getattr(s, "shm", 0)),
                                                       "--gpu", "0"], env, vm=key.vm)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
@@ -556,6 +562,9 @@ class Agent:
             return {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
         if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
             return {"count": len(self._keys_of(ex.key.vm))}
+        if message is lane.REGION:
+            self._send_region(ex, msg["id"])
+            return None
         if message is lane.RELEASE:
             if ledger is not None:
                 ledger.release(ex, msg["n"])
@@ -570,6 +579,25 @@ class Agent:
             with self.lock:
                 self._retire(ex)
         return None
+
+    def _send_region(self, ex: SliceExecutor, rid: int) -> None:
+        """The VM's shared-memory device file, opened here (executors open no host
+        file): the one its slice names, a regular file of the slice's size, never a
+        link."""
+        try:
+            fd, size = regions_host.open_region(self.config.shm_dir, ex.key,
+                                                self.slices.by_key(ex.key) if self.slices
+                                                else None)
+        except CudaError as exc:
+            log.warning("slice %s: no shared-memory region for its guest: %s", ex.key,
+                        exc.detail)
+            send_message(ex.ctrl, lane.encode(lane.REPLY, id=rid, ok=False, status=exc.status,
+                                              message=exc.detail[:lane.REPLY_MESSAGE_MAX]))
+            return
+        try:
+            send_message(ex.ctrl, lane.encode(lane.REGION_FD, id=rid, size=size), [fd])
+        finally:
+            os.close(fd)
 
     def _executor_failed(self, ex: SliceExecutor, why: str) -> None:
         """An executor sent what the lane does not allow: it may be compromised. Kill
@@ -662,7 +690,8 @@ class Agent:
 
     def _spawn(self, fd: int, peer: str) -> subprocess.Popen:
         return self._start_executor(fd, ["--fd", str(fd), "--peer", peer,
-                                         "--gpu", str(self.config.gpu)], {})
+                                         "--gpu", str(self.config.gpu),
+                                         "--shm", str(self.config.local_shm)], {})
 
     def _start_executor(self, fd: int, args: list[str], env: dict,
                         vm: str | None = None) -> subprocess.Popen:

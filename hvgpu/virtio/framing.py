@@ -30,6 +30,8 @@ from hvgpu.virtio import protocol as P
 _HDR = P.HEADER
 _SMALL_PAYLOAD = 64 << 10  # below this, header and payload go in one send
 _CHUNK = 1 << 20  # a payload read whole, or skipped, moves through this much at a time
+MAX_HELD_FDS = 4  # descriptors received and not yet taken by a frame
+_FD_SPACE = socket.CMSG_SPACE(MAX_HELD_FDS * 4)
 _SILENT = (BlockingIOError, TimeoutError)  # a kernel (SO_RCVTIMEO) or Python timeout passed
 
 
@@ -133,8 +135,12 @@ class FrameReader:
     """
 
     def __init__(self, sock: socket.socket, bufsize: int = 64 << 10,
-                 max_body: int = P.MAX_BODY, max_payload: int = P.MAX_PAYLOAD):
+                 max_body: int = P.MAX_BODY, max_payload: int = P.MAX_PAYLOAD,
+                 accept_fds: bool = False):
         self.sock = sock
+        # Descriptors the peer sent (SCM_RIGHTS, unix sockets only), oldest first; the
+        # frame that announces one takes it (take_fd), the reader closes the rest.
+        self.fds: list[int] | None = [] if accept_fds else None
         self.buf = bytearray(max(bufsize, _HDR.size))
         self.view = memoryview(self.buf)
         self.start = 0
@@ -145,6 +151,8 @@ class FrameReader:
 
     def _recv_into(self, view: memoryview, flags: int = 0) -> int:
         try:
+            if self.fds is not None:
+                return self._recvmsg_into(view, flags)
             return self.sock.recv_into(view, 0, flags)
         except ConnectionResetError:
             return 0
@@ -152,6 +160,26 @@ class FrameReader:
             if flags & socket.MSG_DONTWAIT:
                 raise
             raise PeerSilent("the peer sent nothing for the connection's timeout") from None
+
+    def _recvmsg_into(self, view: memoryview, flags: int) -> int:
+        got, ancillary, _, _ = self.sock.recvmsg_into([view], _FD_SPACE,
+                                                      flags | socket.MSG_CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = list(memoryview(data).cast("i")[:len(data) // 4])
+                keep = max(0, MAX_HELD_FDS - len(self.fds))
+                self.fds.extend(fds[:keep])
+                for fd in fds[keep:]:  # a peer that floods descriptors keeps none of them
+                    os.close(fd)
+        return got
+
+    def take_fd(self) -> int | None:
+        """The oldest descriptor the peer sent and no frame took yet, now the caller's."""
+        return self.fds.pop(0) if self.fds else None
+
+    def close_fds(self) -> None:
+        while self.fds:
+            os.close(self.fds.pop())
 
     def _fill(self, need: int) -> None:
         """Make at least ``need`` bytes available from ``start``."""

@@ -234,6 +234,13 @@ def send_message(sock: socket.socket, data: bytes, fds=()) -> None:
         sock.send(data)
 
 
+def send_with_fds(sock: socket.socket, data: bytes, fds) -> None:
+    """A frame on a stream socket whose first byte carries ``fds`` (SCM_RIGHTS)."""
+    sent = socket.send_fds(sock, [data], list(fds))
+    if sent < len(data):
+        sock.sendall(data[sent:])
+
+
 def receive_message(sock: socket.socket, maxfds: int = 1) -> tuple[bytes, list[int]]:
     """(b"", []) when the other end has closed."""
     try:

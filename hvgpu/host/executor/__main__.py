@@ -27,7 +27,7 @@ import sys
 import threading
 
 from hvgpu.errors import CudaError
-from hvgpu.host.executor import lane
+from hvgpu.host.executor import lane, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota
@@ -76,8 +76,9 @@ def watch_lifeline(fd: int) -> None:
 
 
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
-                compute: int = 0) -> None:
+                compute: int = 0, shm: int = 0, vgpu: int = 0) -> None:
     quota = RemoteQuota(link)
+    shared = regions.Shared(shm, link.region, vgpu)
     staging = StagingPool(device) if device is not None else None
     heartbeat = Heartbeat()
     sessions: dict[str, tuple[Session, threading.Thread]] = {}
@@ -108,7 +109,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             session = Session(sock, device, peer=peer, cache=cache, device_error=error,
                               quota=quota, owns_device=False, slice_name=name, compute=compute,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
-                              on_poisoned=poison)
+                              on_poisoned=poison, shared=shared)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             with lock:
                 sessions[key] = (session, thread)
@@ -165,6 +166,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             start(adopt(fds[0]), msg["peer"], key)
         elif message is lane.REPLY:
             link.deliver(msg)
+        elif message is lane.REGION_FD:
+            link.deliver({**msg, "fd": fds[0]})
         elif message is lane.RETIRE:
             log.info("slice %s: retiring once its %d connections close", name, len(sessions))
             retiring.set()
@@ -184,6 +187,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
     if staging is not None:
         staging.close()
     if device is not None:
+        shared.close()
         device.close()
 
 
@@ -194,6 +198,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vm", default="")
     ap.add_argument("--vgpu", type=int, default=0)
     ap.add_argument("--compute", type=int, default=0)
+    ap.add_argument("--shm", type=int, default=0, help="bytes of shared-memory regions")
     ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
@@ -222,10 +227,11 @@ def main(argv=None) -> int:
         os.getuid(), os.getgid())
     if args.control_fd is not None:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
-                    args.compute)
+                    args.compute, args.shm, args.vgpu)
         return 0
+    shared = regions.Shared(args.shm)  # memfds only: no VM, no device region
     Session(adopt(args.fd), device, peer=args.peer, cache=cache, device_error=error,
-            heartbeat=Heartbeat()).serve()  # its own staging pool, closed with it
+            heartbeat=Heartbeat(), shared=shared).serve()  # its own staging pool, closed with it
     return 0
 
 

@@ -64,11 +64,21 @@ class AgentLink:
             return None, {}, []
         return message, fields, fds
 
+    def region(self) -> tuple[int, int]:
+        """(fd, size) of the VM's shared-memory device region, opened by the agent."""
+        reply = self.request(lane.REGION)
+        fd = reply.get("fd")
+        if fd is None:
+            raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
+        return fd, reply["size"]
+
     def deliver(self, fields: dict) -> None:
         slot = self._waiting.pop(fields["id"], None)
         if slot is not None:
             slot[1] = fields
             slot[0].set()
+        elif "fd" in fields:  # nobody waits for it any more
+            os.close(fields["fd"])
 
     def fail_all(self) -> None:
         for slot in list(self._waiting.values()):

@@ -426,6 +426,14 @@ class CudaDevice:
     def host_free(self, addr: int) -> None:
         _ok(cu.cuMemFreeHost(addr), "cuMemFreeHost")
 
+    def host_register(self, addr: int, size: int) -> None:
+        # portable: every context of this process may copy from and to it
+        _ok(cu.cuMemHostRegister(addr, size, 1),  # CU_MEMHOSTREGISTER_PORTABLE
+            f"cuMemHostRegister({size})")
+
+    def host_unregister(self, addr: int) -> None:
+        _ok(cu.cuMemHostUnregister(addr), "cuMemHostUnregister")
+
     def stream(self, special: int):
         return self._specials[special]
 

@@ -64,6 +64,11 @@ class GpuDevice(Protocol):
     def host_alloc(self, size: int) -> tuple[int, memoryview]:
         """Page-locked host memory: (address, writable view)."""
     def host_free(self, addr: int) -> None: ...
+
+    def host_register(self, addr: int, size: int) -> None:
+        """Page-lock memory the executor mapped (a shared region) for DMA."""
+
+    def host_unregister(self, addr: int) -> None: ...
     def stream(self, special: int) -> Any:
         """The handle of STREAM_DEFAULT, STREAM_LEGACY or STREAM_PER_THREAD."""
     def memcpy_htod_async(self, dst: int, src_addr: int, n: int, stream: Any) -> None: ...

@@ -83,9 +83,15 @@ CLOSED = Message("closed", TO_AGENT, (_PEER,), doc="a guest connection ended")
 POISONED = Message("poisoned", TO_AGENT, (Field("status", int, 1, (1 << 31) - 1),),
                    doc="a kernel fault poisoned this process's CUDA: retire it now")
 
+REGION = Message("region", TO_AGENT, (_ID,),
+                 doc="open the VM's shared-memory device region; answered by REGION_FD, or "
+                     "by a REPLY with status+message")
+REGION_FD = Message("region_fd", TO_EXECUTOR, (_ID, Field("size", int, 1, MAX_BYTES)), fds=1,
+                    doc="the VM's region file, opened read-write, size bytes long")
+
 TABLE: dict[str, Message] = {m.op: m for m in (CONN, RETIRE, REPLY, RESERVE, RELEASE, USAGE,
-                                               VGPUS, CLOSED, POISONED)}
-REQUESTS = (RESERVE, USAGE, VGPUS)  # those that carry an id and wait for a REPLY
+                                               VGPUS, CLOSED, POISONED, REGION, REGION_FD)}
+REQUESTS = (RESERVE, USAGE, VGPUS, REGION)  # those that carry an id and wait for an answer
 
 
 def _check(message: Message, fields: dict) -> dict:

@@ -26,6 +26,7 @@ Must not import CUDA (``cuda_device`` does) and must not touch other guests.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import struct
 import threading
@@ -43,14 +44,17 @@ from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.executor.tables import Allocations, Handles
 from hvgpu.host.executor.pools import Pools
+from hvgpu.host.executor import regions
 from hvgpu.host.executor.vmm import VirtualMemory
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as region_layout
 from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 
 log = logging.getLogger(__name__)
 
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
+_SHM_ATTACH = P.OP["SHM_ATTACH"]
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
@@ -84,7 +88,8 @@ class Session:
                  quota=None, owns_device: bool = True, slice_name: str = "",
                  compute: int = 0, vgpus: Callable[[], int] | None = None,
                  staging: StagingPool | None = None, heartbeat: Heartbeat | None = None,
-                 on_poisoned: Callable[[int], None] | None = None):
+                 on_poisoned: Callable[[int], None] | None = None,
+                 shared: regions.Shared | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.send_lock = threading.Lock()
@@ -105,7 +110,7 @@ class Session:
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
         self.cache = cache or CompileCache(None)
-        self.reader = FrameReader(sock)
+        self.reader = FrameReader(sock, accept_fds=sock.family == socket.AF_UNIX)
         self.allocs = Allocations()
         self.charged = 0  # bytes of the slice's quota this guest holds
         self.alloc_charges: dict[int, int] = {}  # allocation -> bytes charged for it
@@ -122,6 +127,11 @@ class Session:
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use
+        # Shared-memory regions: the executor's budget and VM region; none by default
+        self.shared = shared or regions.Shared(0)
+        self.regions: dict[int, regions.Attached] = {}
+        self.region_ids = 0
+        self.frame_fd: int | None = None  # the descriptor the SHM_ATTACH in work came with
         self.owns_staging = staging is None
         self.version = 0
         self.handlers: dict[int, Callable] = {
@@ -179,7 +189,6 @@ class Session:
         reader = self.reader
         read_frame = reader.read_frame
         handlers = self.handlers
-        request = codec.REQUEST
         burst = self.burst
         monotonic = time.monotonic
         while True:
@@ -212,6 +221,15 @@ class Session:
                     self._failed(hdr, oneway, refused)  # answered before the bytes are skipped
                     self.reader.skip_payload()
                     continue
+            if hdr.op == _SHM_ATTACH:  # an hvgpu setup call: no deferred CUDA error for it
+                self.frame_fd = self.reader.take_fd()
+                try:
+                    self._serve_one(hdr, body, oneway)
+                finally:
+                    if self.frame_fd is not None:  # the frame failed before taking it
+                        os.close(self.frame_fd)
+                        self.frame_fd = None
+                continue
             if not oneway and self.deferred is not None:
                 self.reader.skip_payload()
                 err, op, seq = self.deferred
@@ -219,24 +237,27 @@ class Session:
                 self._reply_error(hdr.op, hdr.seq, err.status, err.detail, failed_op=op,
                                   failed_seq=seq)
                 continue
-            try:
-                if self.device is None and hdr.op != _PING:
-                    raise self.device_error
-                if hdr.op == _LAUNCH:  # the hot path: no generic decode
-                    result = self.launch(body)
-                else:
-                    result = handler(hdr, *request[hdr.op].decode(body))
-            except (CudaError, ProtocolError) as exc:
-                if self.reader.payload_left:
-                    self.reader.skip_payload()
-                if isinstance(exc, ProtocolError):
-                    exc = CudaError(P.HV_BAD_FRAME, str(exc))
-                self._failed(hdr, oneway, exc)
-                continue
+            self._serve_one(hdr, body, oneway)
+
+    def _serve_one(self, hdr, body, oneway) -> None:
+        try:
+            if self.device is None and hdr.op != _PING:
+                raise self.device_error
+            if hdr.op == _LAUNCH:  # the hot path: no generic decode
+                result = self.launch(body)
+            else:
+                result = self.handlers[hdr.op](hdr, *codec.REQUEST[hdr.op].decode(body))
+        except (CudaError, ProtocolError) as exc:
             if self.reader.payload_left:
                 self.reader.skip_payload()
-            if not oneway and result is not _ALREADY_REPLIED:
-                self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[hdr.op].encode(result or ())))
+            if isinstance(exc, ProtocolError):
+                exc = CudaError(P.HV_BAD_FRAME, str(exc))
+            self._failed(hdr, oneway, exc)
+            return
+        if self.reader.payload_left:
+            self.reader.skip_payload()
+        if not oneway and result is not _ALREADY_REPLIED:
+            self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[hdr.op].encode(result or ())))
 
     def _refuse_payload(self, hdr) -> CudaError | None:
         """Why this frame's payload is not accepted, or None."""
@@ -326,6 +347,10 @@ class Session:
             return False
         self.version = chosen
         mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS
+        if self.device is not None:
+            mycaps |= self.shared.caps
+            if self.reader.fds is None:  # descriptors travel on unix sockets only
+                mycaps &= ~P.CAP_SHM_MEMFD
         log.info("%s: connected, protocol v%d, client %r", self.peer, chosen, client)
         reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
                  f"hvgpu {__version__}")
@@ -416,6 +441,8 @@ class Session:
         except Exception:  # releasing must not outlive the session: say so once, close anyway
             log.error("%s: releasing the session failed", self.peer, exc_info=True)
         finally:
+            if self.reader.fds:
+                self.reader.close_fds()
             with self.send_lock:
                 try:
                     self.sock.close()
@@ -436,6 +463,9 @@ class Session:
                  len(self.streams.objects), len(self.events.objects))
         if self.by_op:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
+        for attached in self.regions.values():
+            _quietly(self._drop_region, attached)
+        self.regions.clear()
         if self.staging is not None and self.owns_staging:
             self.staging.close()
         self.staging = None
@@ -989,11 +1019,91 @@ class Session:
         return (self.device.event_elapsed(self.events.get(start), self.events.get(end)),)
 
 
-    def op_shm_attach(self, hdr, kind, flags, size):
-        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "shared-memory regions are not built yet")
+    # -- the shared-memory lane (executor/regions.py) ------------------------
 
-    op_shm_detach = op_shm_alloc = op_shm_free = op_shm_attach
-    op_memcpy_htod_shm = op_memcpy_dtoh_shm = op_shm_attach
+    def op_shm_attach(self, hdr, kind, flags, size):
+        fd, self.frame_fd = self.frame_fd, None
+        try:
+            if flags:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"SHM_ATTACH flags {flags:#x}")
+            if len(self.regions) >= regions.MAX_REGIONS:
+                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "a connection attaches at most "
+                                f"{regions.MAX_REGIONS} shared-memory regions")
+            if kind == region_layout.KIND_MEMFD:
+                if fd is None:
+                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                                    "SHM_ATTACH of a memfd came without its descriptor")
+                regions.check_memfd(fd, size)
+                self.shared.budget.take(size, "a memfd region")
+                try:
+                    got, fd = regions.Region(fd, size, self.device,
+                                             kind=region_layout.KIND_MEMFD), None
+                except BaseException:
+                    self.shared.budget.give(size)
+                    raise
+                attached = regions.Attached(got, owned=True)
+            elif kind == region_layout.KIND_DEVICE:
+                if fd is not None:
+                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                                    "SHM_ATTACH of the device region takes no descriptor")
+                if any(not a.owned for a in self.regions.values()):
+                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                                    "the device region is already attached on this connection")
+                attached = regions.Attached(self.shared.attach_device(self.device), owned=False)
+            else:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"no region kind {kind}")
+        finally:
+            if fd is not None:
+                os.close(fd)
+        self.region_ids += 1
+        self.regions[self.region_ids] = attached
+        log.info("%s: attached a %s region of %d bytes as %d", self.peer,
+                 "memfd" if attached.owned else "device", attached.region.size, self.region_ids)
+        return self.region_ids, 0, attached.region.size, attached.region.token
+
+    def _region(self, region: int) -> regions.Attached:
+        attached = self.regions.get(region)
+        if attached is None:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"region {region} is not attached on this connection")
+        return attached
+
+    def _drop_region(self, attached: regions.Attached) -> None:
+        """After the GPU is done with it: no DMA may outlive the mapping or the room."""
+        self.device.synchronize()
+        attached.give_all()
+        if attached.owned:
+            attached.region.close()
+            self.shared.budget.give(attached.region.size)
+
+    def op_shm_detach(self, hdr, region):
+        self._drop_region(self._region(region))
+        del self.regions[region]
+
+    def op_shm_alloc(self, hdr, region, reserved, size):
+        return (self._region(region).take(size),)
+
+    def op_shm_free(self, hdr, region, reserved, offset):
+        attached = self._region(region)
+        if offset not in attached.rooms:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                            f"offset {offset} is not an allocation of this connection")
+        self.device.synchronize()  # cuMemFreeHost waits for the device, too
+        attached.give(offset)
+
+    def op_memcpy_htod_shm(self, hdr, dst, region, reserved, offset, size, stream):
+        src = self._region(region).address(offset, size, "source")
+        self._check_range(dst, size, "destination")
+        if size:
+            self.device.memcpy_htod_async(dst, src, size, self._stream(stream))
+        self.counts["h2d_bytes"] += size
+
+    def op_memcpy_dtoh_shm(self, hdr, region, reserved, offset, src, size, stream):
+        dst = self._region(region).address(offset, size, "destination")
+        self._check_range(src, size, "source")
+        if size:
+            self.device.memcpy_dtoh_async(dst, src, size, self._stream(stream))
+        self.counts["d2h_bytes"] += size
 
 _ALREADY_REPLIED = object()
 # One per executor process: a module's cost is the driver's free memory before and

@@ -1,0 +1,291 @@
+"""The guest's end of the shared-memory lane: pinned memory and staged copies.
+
+A connection whose agent offers a region (HELLO's CAP_SHM_DEVICE in a VM with
+``hvgpu attach --shm``; CAP_SHM_MEMFD on a unix socket) gets one on its first
+large copy or pinned allocation:
+
+- the VM's device region: SHM_ATTACH(kind 2) answers with a token, and
+  ``hvgpu.guest.region`` finds the ivshmem BAR whose header carries it;
+- otherwise a sealed memfd, passed with SHM_ATTACH(kind 1).
+
+Pinned memory (``PinnedMemory``: ``Device.pinned``) is room in the region, so a
+copy from or to it names an offset and the host's DMA does the rest. A large
+pageable copy is staged through two slots of the region: the guest copies one
+chunk while the host's DMA moves the other, each slot reused only after its
+fence (a STREAM_SYNCHRONIZE sent without waiting) has answered. Where no region
+can be had, ``upload``/``download`` say so (False) and the socket carries the
+bytes as before.
+
+Must not import ``hvgpu.host``; maps only memory the agent handed over (a BAR)
+or memory it made itself (a memfd).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import fcntl
+import logging
+import mmap
+import os
+
+from hvgpu.errors import CudaError
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as R
+
+log = logging.getLogger(__name__)
+
+STAGE_CHUNK = 8 << 20  # a staged copy moves this much per slot
+STAGE_SLOTS = 2
+STAGE_MIN = 1 << 20  # below this a pageable copy goes on the socket (one-way up, no fence)
+_SYNC = P.OP["STREAM_SYNCHRONIZE"]
+
+
+def address_of(view: memoryview) -> int | None:
+    """The address of a writable buffer's first byte, or None (read-only)."""
+    if view.readonly or not view.nbytes:
+        return None
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+class _Mapping:
+    """Memory both sides map: (region id, the guest's mmap, its address)."""
+
+    def __init__(self, region: int, size: int, mem, owned_fd: int | None = None):
+        self.region, self.size, self.mem = region, size, mem
+        self._anchor = (ctypes.c_char * size).from_buffer(mem)
+        self.addr = ctypes.addressof(self._anchor)
+        self.fd = owned_fd
+
+    def close(self) -> None:
+        self._anchor = None
+        try:
+            self.mem.close()
+        except BufferError:  # views of it are still alive; the mapping goes with them
+            pass
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class PinnedMemory:
+    """Page-locked host memory in the shared region: ``view`` is writable, and
+    copies from and to it (or any buffer inside it) are DMA on the host."""
+
+    def __init__(self, lane: "SharedLane", mapping: _Mapping, offset: int, size: int,
+                 whole_region: bool):
+        self.lane, self.mapping, self.offset, self.size = lane, mapping, offset, size
+        self.whole_region = whole_region
+        self.addr = mapping.addr + offset
+        self.view = memoryview(mapping.mem)[offset:offset + size]
+
+    def __repr__(self) -> str:
+        return f"<hvgpu PinnedMemory {self.size} bytes in region {self.mapping.region}>"
+
+    def close(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+            self.lane.free(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SharedLane:
+    """One connection's regions: staging slots and pinned memory. Every method runs
+    with the connection's lock held (the client's copy paths take it)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.tried = False
+        self.device: _Mapping | None = None  # the VM's region, if attached
+        self.staging: tuple[_Mapping, int] | None = None  # (mapping, offset of the slots)
+        self.pinned: list[tuple[int, int, PinnedMemory]] = []  # (addr, end, mem), sorted
+        self.why_not = ""
+
+    # -- setting up ----------------------------------------------------------
+
+    def _attach(self) -> bool:
+        """A region for staging, once; False (and why_not) where none can be had."""
+        if self.tried:
+            return self.staging is not None
+        self.tried = True
+        caps = self.conn.caps
+        try:
+            if caps & P.CAP_SHM_DEVICE and self._attach_device():
+                at = self._room(STAGE_SLOTS * STAGE_CHUNK)
+                self.staging = (self.device, at)
+            elif caps & P.CAP_SHM_MEMFD:
+                self.staging = (self._memfd(STAGE_SLOTS * STAGE_CHUNK), 0)
+            else:
+                self.why_not = self.why_not or "the agent offers no shared-memory region"
+        except CudaError as exc:
+            self.why_not = f"{exc}"
+        if self.staging is None:
+            log.info("copies travel on the socket: %s", self.why_not)
+        return self.staging is not None
+
+    def _attach_device(self) -> bool:
+        region, _, size, token = self.conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+        try:
+            from hvgpu.guest import region as guest_region
+            found = guest_region.find_device_region(token, 0)
+        except (ImportError, OSError, CudaError) as exc:
+            found, self.why_not = None, f"the VM's shared-memory device cannot be mapped: {exc}"
+        if found is None:
+            self.why_not = self.why_not or ("no ivshmem device of this VM carries the agent's "
+                                            "token")
+            self.conn.call("SHM_DETACH", region)
+            return False
+        self.device = _Mapping(region, found.size, found.map)
+        self._device_found = found  # keeps its mapping alive
+        return True
+
+    def _memfd(self, size: int) -> _Mapping:
+        size = R.align_up(size)
+        fd = os.memfd_create("hvgpu-pinned", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS,
+                        fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            mem = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            region, _, got, _ = self.conn.call_with_fds("SHM_ATTACH", R.KIND_MEMFD, 0, size,
+                                                        fds=[fd])
+        except BaseException:
+            os.close(fd)
+            raise
+        return _Mapping(region, got, mem, owned_fd=fd)
+
+    def _room(self, size: int) -> int:
+        return self.conn.call("SHM_ALLOC", self.device.region, 0, size)[0]
+
+    # -- pinned memory --------------------------------------------------------
+
+    def allocate(self, size: int) -> PinnedMemory:
+        if size <= 0:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"pinned memory of {size} bytes")
+        if not self._attach():
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                            f"no pinned memory without a shared-memory region: {self.why_not}")
+        if self.device is not None:
+            mem = PinnedMemory(self, self.device, self._room(size), size, False)
+        else:
+            mem = PinnedMemory(self, self._memfd(size), 0, size, True)
+        bisect.insort(self.pinned, (mem.addr, mem.addr + size, mem), key=lambda t: t[0])
+        return mem
+
+    def free(self, mem: PinnedMemory) -> None:
+        with self.conn.lock:
+            self.pinned = [t for t in self.pinned if t[2] is not mem]
+            if self.conn.closed:
+                return
+            if mem.whole_region:
+                self.conn.call("SHM_DETACH", mem.mapping.region)
+                mem.mapping.close()
+            else:
+                self.conn.call("SHM_FREE", mem.mapping.region, 0, mem.offset)
+
+    def find(self, view: memoryview) -> tuple[int, int] | None:
+        """(region, offset) where the buffer lies wholly in pinned memory."""
+        if not self.pinned:
+            return None
+        addr = address_of(view)
+        if addr is None:
+            return None
+        i = bisect.bisect_right(self.pinned, addr, key=lambda t: t[0]) - 1
+        if i < 0:
+            return None
+        start, end, mem = self.pinned[i]
+        if addr + view.nbytes > end:
+            return None
+        return mem.mapping.region, mem.offset + (addr - start)
+
+    # -- copies ------------------------------------------------------------------
+
+    def upload(self, dst: int, view: memoryview, stream: int) -> bool:
+        """Host to device through the region; False: use the socket."""
+        n = view.nbytes
+        pinned = self.find(view)
+        conn = self.conn
+        if pinned is not None:
+            region, offset = pinned
+            conn.post("MEMCPY_HTOD_SHM", dst, region, 0, offset, n, stream)
+            return True
+        if n < STAGE_MIN or not self._attach():
+            return False
+        mapping, slots = self.staging
+        fences: list[int] = []
+        sync = codec.REQUEST[_SYNC]
+        err = None
+        for k, off in enumerate(range(0, n, STAGE_CHUNK)):
+            slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
+            if len(fences) == STAGE_SLOTS:  # this slot's last chunk has reached the GPU
+                err = self._settle(fences.pop(0), err)
+            if err is not None:
+                break
+            c = min(STAGE_CHUNK, n - off)
+            mapping.mem[slot:slot + c] = view[off:off + c]
+            conn.post("MEMCPY_HTOD_SHM", dst + off, mapping.region, 0, slot, c, stream)
+            fences.append(conn.send_request(_SYNC, sync.encode((stream,))))
+        for seq in fences:
+            err = self._settle(seq, err)
+        if err is not None:
+            raise err
+        return True
+
+    def download(self, view: memoryview, src: int, stream: int) -> bool:
+        """Device to host through the region, waiting for the stream; False: use the
+        socket."""
+        n = view.nbytes
+        pinned = self.find(view)
+        conn = self.conn
+        sync = codec.REQUEST[_SYNC]
+        if pinned is not None:
+            region, offset = pinned
+            conn.post("MEMCPY_DTOH_SHM", region, 0, offset, src, n, stream)
+            conn.read_reply(_SYNC, conn.send_request(_SYNC, sync.encode((stream,))))
+            return True
+        if n < STAGE_MIN or not self._attach():
+            return False
+        mapping, slots = self.staging
+        chunks = [(off, min(STAGE_CHUNK, n - off)) for off in range(0, n, STAGE_CHUNK)]
+        fences: list[int] = []
+        err = None
+
+        def ask(k: int) -> None:
+            off, c = chunks[k]
+            slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
+            conn.post("MEMCPY_DTOH_SHM", mapping.region, 0, slot, src + off, c, stream)
+            fences.append(conn.send_request(_SYNC, sync.encode((stream,))))
+
+        for k in range(min(STAGE_SLOTS, len(chunks))):
+            ask(k)
+        for k, (off, c) in enumerate(chunks):
+            err = self._settle(fences.pop(0), err)
+            if err is None:
+                slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
+                view[off:off + c] = mapping.mem[slot:slot + c]
+                if k + STAGE_SLOTS < len(chunks):
+                    ask(k + STAGE_SLOTS)
+        for seq in fences:
+            err = self._settle(seq, err)
+        if err is not None:
+            raise err
+        return True
+
+    def _settle(self, seq: int, err):
+        """Read a fence's reply; keep the first error (every reply is still read)."""
+        try:
+            self.conn.read_reply(_SYNC, seq)
+        except CudaError as exc:
+            return err or exc
+        return err
+
+    def forget(self) -> None:
+        """The connection closed: the agent let go of everything already."""
+        self.pinned = []

@@ -1,0 +1,59 @@
+"""The agent's side of a VM's shared-memory region: finding and opening its file.
+
+A libvirt VM with ``hvgpu attach --shm`` has an ivshmem-plain device whose memory
+QEMU keeps in ``/dev/shm/hvgpu-VM`` (``<shmem name='hvgpu-VM'>``). Executors open
+no host file, so the agent opens it for the executor of that VM's slice and
+passes the descriptor over the executor lane. Only the file the slice names is
+opened, never through a link, and only when it is a regular file of exactly the
+slice's size (what QEMU made for the device).
+
+Must not map the file or talk to libvirt.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from hvgpu.errors import CudaError
+from hvgpu.host.names import VgpuKey
+from hvgpu.virtio import protocol as P
+
+
+def region_name(key: VgpuKey) -> str:
+    return f"hvgpu-{key.vm}" if key.device == 0 else f"hvgpu-{key.vm}-{key.device}"
+
+
+def open_region(shm_dir: str, key: VgpuKey, slice_) -> tuple[int, int]:
+    """(fd, size) of the VM's region file; CudaError saying why not."""
+    limit = getattr(slice_, "shm", 0) if slice_ is not None else 0
+    if not limit:
+        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                        f"the slice {str(key)!r} has no shared memory (hvgpu attach --shm)")
+    name = region_name(key)
+    path = os.path.join(shm_dir, name)
+    try:
+        dirfd = os.open(shm_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{shm_dir}: {exc.strerror}") from None
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                     dir_fd=dirfd)
+    except OSError as exc:
+        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                        f"{path}: {exc.strerror} (is the VM's <shmem name='{name}'> device "
+                        "plugged and the VM running?)") from None
+    finally:
+        os.close(dirfd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{path} is not a regular file")
+        if st.st_size != limit:
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                            f"{path} holds {st.st_size} bytes, the slice's shared memory is "
+                            f"{limit}: the VM runs with an older device (restart it)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size

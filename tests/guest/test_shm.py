@@ -1,0 +1,106 @@
+"""The guest Python API over the shared-memory lane (a memfd on a unix socket),
+end to end through an agent with the GPU test double: pinned memory, copies that
+name offsets, pageable copies staged in pipelined chunks, and the socket where no
+region is offered."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from hvgpu.errors import CudaError
+from hvgpu.guest import Connection, Device
+from hvgpu.guest import shm
+from hvgpu.virtio import protocol as P
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def dev(fake_agent):
+    conn = Connection(fake_agent.address)
+    yield Device(connection=conn)
+    conn.close()
+
+
+def _ops(conn, monkeypatch) -> list[str]:
+    sent: list[str] = []
+    post, send_request = conn.post, conn.send_request
+
+    def spy_post(op, *values, **kw):
+        sent.append(op)
+        return post(op, *values, **kw)
+
+    def spy_request(code, body, fds=()):
+        sent.append(P.op_name(code))
+        return send_request(code, body, fds)
+
+    monkeypatch.setattr(conn, "post", spy_post)
+    monkeypatch.setattr(conn, "send_request", spy_request)
+    return sent
+
+
+def test_pinned_memory_copies_name_offsets_both_ways(dev, monkeypatch):
+    assert dev.conn.caps & P.CAP_SHM_MEMFD
+    pinned = dev.pinned(3 * MiB + 5)
+    host = np.frombuffer(pinned.view, dtype=np.uint8)
+    host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
+    back = dev.pinned(pinned.size)
+    buf = dev.allocate(pinned.size)
+    sent = _ops(dev.conn, monkeypatch)
+    buf.copy_from(host)
+    buf.copy_to(back.view)
+    assert bytes(back.view) == bytes(pinned.view)
+    assert sent == ["MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM", "STREAM_SYNCHRONIZE"]
+    # a slice of pinned memory is pinned memory too
+    buf.copy_to(back.view[4096:8192], offset=100)
+    assert bytes(back.view[4096:8192]) == bytes(pinned.view[100:4196])
+    pinned.close()
+    back.close()
+    assert not dev.conn.shared.pinned
+
+
+@pytest.mark.parametrize("size", [shm.STAGE_MIN, 3 * shm.STAGE_CHUNK + 12345])
+def test_large_pageable_copies_are_staged_in_chunks(dev, monkeypatch, size):
+    data = os.urandom(size)
+    sent = _ops(dev.conn, monkeypatch)
+    buf = dev.allocate(size)
+    buf.copy_from(data)
+    back = buf.copy_to()
+    assert bytes(back) == data
+    chunks = -(-size // shm.STAGE_CHUNK)
+    assert sent.count("MEMCPY_HTOD_SHM") == chunks == sent.count("MEMCPY_DTOH_SHM")
+    assert "MEMCPY_HTOD" not in sent and "MEMCPY_DTOH" not in sent
+
+
+def test_small_copies_stay_on_the_socket_and_one_way(dev, monkeypatch):
+    sent = _ops(dev.conn, monkeypatch)
+    buf = dev.allocate(64 << 10)
+    buf.copy_from(b"x" * (64 << 10))
+    assert "STREAM_SYNCHRONIZE" not in sent and dev.conn.shared is None
+    assert bytes(buf.copy_to()) == b"x" * (64 << 10)
+
+
+def test_a_staged_copy_reports_an_earlier_error_and_the_connection_goes_on(dev):
+    buf = dev.allocate(4 * MiB)
+    dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        buf.copy_from(b"\1" * (4 * MiB))
+    assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
+    buf.copy_from(b"\2" * (4 * MiB))
+    assert bytes(buf.copy_to()[:4]) == b"\2\2\2\2"
+
+
+def test_without_a_region_pinned_memory_is_refused_and_copies_use_the_socket(fake_agent):
+    conn = Connection(fake_agent.address)
+    conn.caps &= ~(P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE)  # as an agent without the lane
+    dev = Device(connection=conn)
+    with pytest.raises(CudaError) as info:
+        dev.pinned(MiB)
+    assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+    buf = dev.allocate(2 * MiB)
+    buf.copy_from(b"z" * (2 * MiB))
+    assert bytes(buf.copy_to()) == b"z" * (2 * MiB)
+    conn.close()

@@ -1,0 +1,260 @@
+"""A hostile guest against the shared-memory lane: a region is only ever the
+guest's own memory, named by checked offsets, within its VM's limit; nothing it
+passes or names reaches a host file, another connection's room or the executor's
+memory, and the session goes on after each refusal."""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import mmap
+import os
+import socket
+import threading
+
+import pytest
+
+from hvgpu.host.executor import regions
+from hvgpu.host.executor.session import Session
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as R
+from hvgpu.virtio.transport import socket_pair
+from tests.fake_gpu import FakeDevice
+from tests.security.data_lane import frame, hello, read_reply
+
+MiB = 1 << 20
+ONEWAY = P.FLAG_ONEWAY
+
+
+def memfd(size: int, seal: bool = True) -> int:
+    fd = os.memfd_create("hvgpu-test", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    return fd
+
+
+class Guest:
+    """A raw guest on an in-process session over a unix socket pair."""
+
+    def __init__(self, limit: int = 64 * MiB, shared: regions.Shared | None = None,
+                 device: FakeDevice | None = None):
+        self.device = device or FakeDevice()
+        self.shared = shared or regions.Shared(limit)
+        self.sock, host = socket_pair()
+        self.sock.settimeout(30)
+        self.session = Session(host, self.device, peer="guest", shared=self.shared)
+        self.thread = threading.Thread(target=self.session.serve, daemon=True)
+        self.thread.start()
+        self.sock.sendall(hello(caps=P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE))
+        _, _, _, status, body = read_reply(self.sock)
+        assert status == 0
+        self.caps = codec.REPLY[P.OP["HELLO"]].decode(body)[2]
+        self.seq = 10
+
+    def call(self, op: str, *values, fds=()):
+        self.seq += 1
+        data = frame(op, *values, seq=self.seq)
+        if fds:
+            self.sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, _ints(fds))])
+        else:
+            self.sock.sendall(data)
+        _, op_, seq, status, body = read_reply(self.sock)
+        assert seq == self.seq
+        if status:
+            return status, codec.ERROR.decode(body)[3]
+        return 0, codec.REPLY[P.OP[op]].decode(body)
+
+    def post(self, op: str, *values):
+        self.seq += 1
+        self.sock.sendall(frame(op, *values, flags=ONEWAY, seq=self.seq))
+
+    def attach_memfd(self, size: int, seal: bool = True):
+        fd = memfd(size, seal)
+        status, got = self.call("SHM_ATTACH", R.KIND_MEMFD, 0, size, fds=[fd])
+        return fd, status, got
+
+    def alloc(self, size: int) -> int:
+        status, got = self.call("MEM_ALLOC", size)
+        assert status == 0, got
+        return got[0]
+
+    def close(self):
+        self.sock.close()
+        self.thread.join(10)
+
+
+def _ints(fds) -> bytes:
+    return array.array("i", fds).tobytes()
+
+
+@pytest.fixture
+def guest():
+    g = Guest()
+    yield g
+    g.close()
+
+
+def test_a_memfd_region_carries_copies_both_ways_without_bytes_on_the_socket(guest):
+    assert guest.caps & P.CAP_SHM_MEMFD
+    fd, status, got = guest.attach_memfd(4 * MiB)
+    assert status == 0, got
+    region, _, size, token = got
+    assert size == 4 * MiB and len(token) == R.TOKEN_SIZE
+    view = mmap.mmap(fd, size)
+    view[0:8] = b"ABCDEFGH"
+    dptr = guest.alloc(1 * MiB)
+    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 8, 0)
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 4096, dptr, 8, 0)
+    assert guest.call("STREAM_SYNCHRONIZE", 0)[0] == 0
+    assert view[4096:4104] == b"ABCDEFGH"
+    assert guest.session.counts["h2d_bytes"] == 8 and guest.session.counts["d2h_bytes"] == 8
+    assert guest.device.registered  # page-locked for DMA
+    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert not guest.device.registered
+    assert guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+
+
+@pytest.mark.parametrize("what", ["unsealed", "pipe", "no-fd", "short", "unaligned"])
+def test_what_is_not_a_sealed_memfd_of_the_size_said_is_refused(guest, what):
+    size = 1 * MiB
+    if what == "pipe":
+        r, w = os.pipe()
+        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, size, fds=[r])
+        os.close(r), os.close(w)
+    elif what == "no-fd":
+        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, size)
+    else:
+        fd = memfd(size // 2 if what == "short" else size, seal=what != "unsealed")
+        said = size + 100 if what == "unaligned" else size
+        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, said, fds=[fd])
+        os.close(fd)
+    assert status == P.CUDA_ERROR_INVALID_VALUE, msg
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.session.reader.fds  # the descriptor did not linger
+    assert guest.call("PING")[0] == 0  # and the session goes on
+
+
+def test_offsets_outside_the_region_or_overflowing_are_refused(guest):
+    fd, status, got = guest.attach_memfd(1 * MiB)
+    region = got[0]
+    dptr = guest.alloc(2 * MiB)
+    for offset, size in ((MiB - 8, 16), (MiB, 1), ((1 << 64) - 8, 16), (0, 2 * MiB)):
+        guest.post("MEMCPY_DTOH_SHM", region, 0, offset, dptr, size, 0)
+        status, msg = guest.call("CTX_SYNCHRONIZE")
+        assert status == P.CUDA_ERROR_INVALID_VALUE and "outside" in msg, (offset, size, msg)
+    guest.post("MEMCPY_HTOD_SHM", dptr, region + 1, 0, 0, 8, 0)  # a region never attached
+    status, msg = guest.call("CTX_SYNCHRONIZE")
+    assert status == P.CUDA_ERROR_INVALID_VALUE and "not attached" in msg
+    # a device address the guest does not own is refused as for any copy
+    guest.post("MEMCPY_HTOD_SHM", 0x10, region, 0, 0, 8, 0)
+    status, msg = guest.call("CTX_SYNCHRONIZE")
+    assert status == P.CUDA_ERROR_INVALID_VALUE
+    os.close(fd)
+
+
+def test_regions_count_against_the_limit_and_come_back_at_disconnect():
+    shared = regions.Shared(8 * MiB)
+    g = Guest(shared=shared)
+    fd1, status, _ = g.attach_memfd(6 * MiB)
+    assert status == 0
+    fd2, status, msg = g.attach_memfd(4 * MiB)
+    assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "limit" in msg
+    assert shared.budget.used == 6 * MiB
+    g.close()
+    assert shared.budget.used == 0 and not g.device.registered
+    for fd in (fd1, fd2):
+        os.close(fd)
+
+
+def test_a_vm_without_shared_memory_offers_none_and_refuses_attach():
+    g = Guest(limit=0)
+    assert not g.caps & (P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE)
+    fd, status, msg = g.attach_memfd(1 * MiB)
+    assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "hvgpu attach --shm" in msg
+    status, msg = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+    assert status == P.CUDA_ERROR_NOT_SUPPORTED and "--shm" in msg
+    os.close(fd)
+    g.close()
+
+
+def test_a_flood_of_descriptors_is_closed_not_kept(guest):
+    before = len(os.listdir("/proc/self/fd"))
+    r, w = os.pipe()
+    for _ in range(20):
+        guest.sock.sendmsg([frame("PING", seq=5)], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                                     _ints([r, w, r, w]))])
+        read_reply(guest.sock)
+    assert len(guest.session.reader.fds) <= 4
+    guest.close()
+    os.close(r), os.close(w)
+    assert len(os.listdir("/proc/self/fd")) <= before
+
+
+def _device_shared(tmp_path, size=4 * MiB):
+    path = tmp_path / "hvgpu-vm1"
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+    def open_device():
+        return os.open(path, os.O_RDWR), size
+
+    return regions.Shared(size, open_device, vgpu=0), path
+
+
+def test_the_device_region_is_shared_by_a_vms_connections_but_rooms_are_not(tmp_path):
+    shared, path = _device_shared(tmp_path)
+    device = FakeDevice()
+    a, b = Guest(shared=shared, device=device), Guest(shared=shared, device=device)
+    assert a.caps & P.CAP_SHM_DEVICE
+    status, (ra, _, size, token) = a.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+    assert status == 0 and size == 4 * MiB
+    with open(path, "rb") as f:  # what the guest finds in its BAR
+        assert R.unpack_header(f.read(R.HEADER.size)) == (size, token, 0)
+    status, (rb, _, _, token_b) = b.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+    assert token_b == token
+    (oa,) = a.call("SHM_ALLOC", ra, 0, 8192)[1]
+    (ob,) = b.call("SHM_ALLOC", rb, 0, 8192)[1]
+    assert oa >= R.DATA_OFFSET and ob >= R.DATA_OFFSET and abs(oa - ob) >= 8192
+    dptr = a.alloc(MiB)
+    a.post("MEMCPY_DTOH_SHM", ra, 0, ob, dptr, 16, 0)  # into b's room: refused
+    status, msg = a.call("CTX_SYNCHRONIZE")
+    assert status == P.CUDA_ERROR_INVALID_VALUE and "not inside an allocation" in msg
+    a.post("MEMCPY_DTOH_SHM", ra, 0, 0, dptr, 16, 0)  # the header: nobody's room
+    assert a.call("CTX_SYNCHRONIZE")[0] == P.CUDA_ERROR_INVALID_VALUE
+    a.post("MEMCPY_DTOH_SHM", ra, 0, oa, dptr, 16, 0)
+    assert a.call("CTX_SYNCHRONIZE")[0] == 0
+    status, msg = a.call("SHM_FREE", ra, 0, ob)
+    assert status == P.CUDA_ERROR_INVALID_VALUE
+    a.close()  # its room comes back; b's stays
+    assert b.call("SHM_ALLOC", rb, 0, 8192)[1][0] == oa
+    b.close()
+    assert shared.budget.used == size  # the device region stays mapped with the executor
+    shared.close()
+    assert shared.budget.used == 0 and not device.registered
+
+
+def test_rooms_in_the_device_region_are_bounded(tmp_path):
+    shared, _ = _device_shared(tmp_path, 1 * MiB)
+    g = Guest(shared=shared)
+    region = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+    status, msg = g.call("SHM_ALLOC", region, 0, 2 * MiB)
+    assert status == P.CUDA_ERROR_INVALID_VALUE
+    got = [g.call("SHM_ALLOC", region, 0, 4096) for _ in range(300)]
+    assert got[-1][0] == P.CUDA_ERROR_OUT_OF_MEMORY  # 255 pages after the header
+    assert sum(1 for s, _ in got if s == 0) == (1 * MiB - R.DATA_OFFSET) // 4096
+    g.close()
+    shared.close()
+
+
+def test_rooms_first_fit_and_coalesce():
+    rooms = regions.Rooms(0, 16 * 4096)
+    a, b, c = rooms.take(4096), rooms.take(8192), rooms.take(4096)
+    assert (a, b, c) == (0, 4096, 3 * 4096)
+    rooms.give(b, 8192)
+    rooms.give(a, 4096)
+    assert rooms.take(3 * 4096) == 0
+    assert rooms.take(13 * 4096) is None
