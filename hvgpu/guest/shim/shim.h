@@ -95,6 +95,25 @@ CUresult hv_flush(void);
 /* How many errors of one-way frames the routed vGPU's agent has reported (each
    surfaced at a later call): what the guest assumed they did may not hold. */
 unsigned hv_oneway_failures(void);
+/* The routed vGPU's connection held (locked) across several frames: a copy through
+   the shared-memory lane sends synchronous requests before reading their replies
+   (in order). hv_wire_hold connects first; NULL with *r saying why. pass >= 0: a
+   descriptor travels with the frame (only where hv_wire_passes_fds). */
+struct wire;
+struct wire *hv_wire_hold(CUresult *r);
+void hv_wire_release(struct wire *w);
+int hv_wire_device(const struct wire *w);
+uint64_t hv_wire_caps(const struct wire *w);
+int hv_wire_passes_fds(const struct wire *w);
+unsigned hv_wire_failures(const struct wire *w); /* as hv_oneway_failures() */
+CUresult hv_wire_oneway(struct wire *w, uint16_t op, const void *body, uint32_t body_len);
+CUresult hv_wire_send(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                      int pass, uint32_t *seq);
+CUresult hv_wire_reply(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                       uint32_t reply_cap, uint32_t *reply_len);
+CUresult hv_wire_call(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                      int pass, void *reply, uint32_t reply_cap, uint32_t *reply_len);
+CUresult hv_wire_flush(struct wire *w);
 int hv_trace_enabled(void);
 void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);

@@ -18,6 +18,11 @@
  *
  * HVGPU_SHIM_STATS=1 counts the frames sent, per op, synchronous calls (each a
  * round trip) apart from one-way frames, and prints them on stderr at exit.
+ *
+ * The shared-memory lane (shared.c) holds one connection's lock across a whole
+ * copy (hv_wire_hold): it sends several synchronous requests before reading
+ * their replies, which come in order, and passes a memfd with a frame
+ * (SCM_RIGHTS on its first byte) where the connection is a unix socket.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -58,11 +63,14 @@ struct wire {
     unsigned char *batch;
     size_t batch_len;
     unsigned failures;       /* errors of one-way frames the agent has reported */
+    uint64_t caps;           /* what HELLO agreed on */
+    int passes_fds;          /* a unix socket to the agent itself: descriptors can travel */
     char address[512];
 };
 
 static struct wire wires[HV_MAX_DEVICES] = {
-    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, 0, "" }
+    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, 0, 0,
+                                   0, "" }
 };
 static int trace_level = -1;
 #define DEFAULT_TIMEOUT 60.0
@@ -288,6 +296,41 @@ static int send_all(int fd, struct iovec *iov, int n) {
     return 0;
 }
 
+/* As send_all, with descriptor `pass` riding on the first byte (SCM_RIGHTS). */
+static int send_all_passing(int fd, struct iovec *iov, int n, int pass) {
+    if (pass < 0) return send_all(fd, iov, n);
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr m = {0};
+    m.msg_iov = iov;
+    m.msg_iovlen = (size_t)n;
+    m.msg_control = control.buf;
+    m.msg_controllen = sizeof control.buf;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pass, sizeof pass);
+    ssize_t sent;
+    do {
+        sent = sendmsg(fd, &m, MSG_NOSIGNAL);
+    } while (sent < 0 && errno == EINTR);
+    if (sent <= 0) {
+        if (sent == 0) errno = EPIPE;
+        return -1;
+    }
+    while (n > 0 && (size_t)sent >= iov->iov_len) { /* the rest goes as usual */
+        sent -= (ssize_t)iov->iov_len;
+        iov++;
+        n--;
+    }
+    if (n > 0) {
+        iov->iov_base = (char *)iov->iov_base + sent;
+        iov->iov_len -= (size_t)sent;
+    }
+    return send_all(fd, iov, n);
+}
+
 static int recv_all(int fd, void *buf, size_t n) {
     char *p = buf;
     while (n) {
@@ -451,9 +494,13 @@ static CUresult to_cuda(int status, const char *message) {
     }
 }
 
-static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint32_t body_len, const void *payload,
-                            uint64_t payload_len, void *reply, uint32_t reply_cap,
-                            uint32_t *reply_len, void *rpayload, uint64_t rpayload_len) {
+/* A synchronous request, sent without waiting for its reply (read_reply_locked reads
+   it; replies come in the order of their requests); `pass` >= 0: a descriptor rides
+   on the frame's first byte. */
+static CUresult send_request_locked(struct wire *w, uint16_t op, const void *body,
+                                    uint32_t body_len, const void *payload,
+                                    uint64_t payload_len, int pass, uint32_t *seq_out) {
+    if (w->state != ST_READY) return w->error;
     CUresult r = flush_locked(w);
     if (r) return r;
     hvgpu_header_t h;
@@ -462,7 +509,16 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
     count_frame(op, 0);
     struct iovec iov[3] = { { &h, sizeof h }, { (void *)body, body_len },
                             { (void *)payload, (size_t)payload_len } };
-    if (send_all(w->fd, iov, 3) < 0) return lost(w, "sending");
+    if (send_all_passing(w->fd, iov, 3, pass) < 0) return lost(w, "sending");
+    *seq_out = seq;
+    return CUDA_SUCCESS;
+}
+
+static CUresult read_reply_locked(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                                  uint32_t reply_cap, uint32_t *reply_len, void *rpayload,
+                                  uint64_t rpayload_len) {
+    if (w->state != ST_READY) return w->error;
+    hvgpu_header_t h;
     for (;;) {
         if (recv_all(w->fd, &h, sizeof h) < 0) return lost(w, "waiting for a reply");
         if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_PROGRESS)) break;
@@ -515,6 +571,15 @@ static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint3
     return CUDA_SUCCESS;
 }
 
+static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                            uint64_t payload_len, void *reply, uint32_t reply_cap,
+                            uint32_t *reply_len, void *rpayload, uint64_t rpayload_len) {
+    uint32_t seq;
+    CUresult r = send_request_locked(w, op, body, body_len, payload, payload_len, -1, &seq);
+    return r ? r : read_reply_locked(w, op, seq, reply, reply_cap, reply_len, rpayload,
+                                     rpayload_len);
+}
+
 static void child_after_fork(void) {
     /* The parent's connections (and their GPU objects) stay the parent's. */
     for (int d = 0; d < HV_MAX_DEVICES; d++) {
@@ -558,7 +623,8 @@ static CUresult handshake_locked(struct wire *w) {
     const char client[] = "hvgpu libcuda shim";
     unsigned char body[sizeof(hvgpu_hello_req_t) + sizeof client];
     hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION,
-                              HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS,
+                              HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS |
+                              HVGPU_CAP_SHM_MEMFD | HVGPU_CAP_SHM_DEVICE,
                               (uint32_t)(sizeof client - 1) };
     memcpy(body, &req, sizeof req);
     memcpy(body + sizeof req, client, sizeof client - 1);
@@ -575,6 +641,12 @@ static CUresult handshake_locked(struct wire *w) {
         }
         return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? CUDA_ERROR_NO_DEVICE : r;
     }
+    hvgpu_hello_rep_t hello = {0};
+    memcpy(&hello, rep, n < sizeof hello ? n : sizeof hello);
+    w->caps = hello.caps;
+    /* Only a socket straight to the agent carries descriptors (hvsock goes through the
+       VMM, which forwards bytes alone). */
+    w->passes_fds = !strncmp(addr, "unix://", 7);
     if (hv_trace_enabled()) hv_log("connected to %s", addr);
     return CUDA_SUCCESS;
 }
@@ -619,21 +691,15 @@ CUresult hv_call(uint16_t op, const void *body, uint32_t body_len, const void *p
     return r;
 }
 
-CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
-                   uint64_t payload_len) {
-    CUresult r = hv_ensure();
-    if (r) return r;
-    struct wire *w = target();
-    pthread_mutex_lock(&w->lock);
-    if (w->state != ST_READY) {
-        r = w->error;
-        goto out;
-    }
+static CUresult oneway_locked(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                              const void *payload, uint64_t payload_len) {
+    if (w->state != ST_READY) return w->error;
+    CUresult r = CUDA_SUCCESS;
     hvgpu_header_t h;
     pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++w->seq, body_len, payload_len);
     count_frame(op, 1);
     uint64_t total = sizeof h + body_len + payload_len;
-    if (w->batch_len + total > BATCH_CAP && (r = flush_locked(w)) != CUDA_SUCCESS) goto out;
+    if (w->batch_len + total > BATCH_CAP && (r = flush_locked(w)) != CUDA_SUCCESS) return r;
     if (total <= BATCH_CAP) {
         unsigned char *p = w->batch + w->batch_len;
         memcpy(p, &h, sizeof h);
@@ -645,7 +711,16 @@ CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void 
                                 { (void *)payload, (size_t)payload_len } };
         if (send_all(w->fd, iov, 3) < 0) r = lost(w, "sending");
     }
-out:
+    return r;
+}
+
+CUresult hv_oneway(uint16_t op, const void *body, uint32_t body_len, const void *payload,
+                   uint64_t payload_len) {
+    CUresult r = hv_ensure();
+    if (r) return r;
+    struct wire *w = target();
+    pthread_mutex_lock(&w->lock);
+    r = oneway_locked(w, op, body, body_len, payload, payload_len);
     pthread_mutex_unlock(&w->lock);
     return r;
 }
@@ -662,6 +737,58 @@ CUresult hv_flush(void) {
     r = w->state == ST_READY ? flush_locked(w) : w->error;
     pthread_mutex_unlock(&w->lock);
     return r;
+}
+
+/* -- one connection held across several frames (shared.c) ------------------- */
+
+struct wire *hv_wire_hold(CUresult *r) {
+    *r = hv_ensure();
+    if (*r) return NULL;
+    struct wire *w = target();
+    pthread_mutex_lock(&w->lock);
+    if (w->state != ST_READY) {
+        *r = w->error;
+        pthread_mutex_unlock(&w->lock);
+        return NULL;
+    }
+    return w;
+}
+
+void hv_wire_release(struct wire *w) { pthread_mutex_unlock(&w->lock); }
+
+int hv_wire_device(const struct wire *w) { return (int)(w - wires); }
+
+uint64_t hv_wire_caps(const struct wire *w) { return w->state == ST_READY ? w->caps : 0; }
+
+int hv_wire_passes_fds(const struct wire *w) { return w->passes_fds; }
+
+unsigned hv_wire_failures(const struct wire *w) {
+    return __atomic_load_n(&w->failures, __ATOMIC_ACQUIRE);
+}
+
+CUresult hv_wire_oneway(struct wire *w, uint16_t op, const void *body, uint32_t body_len) {
+    return oneway_locked(w, op, body, body_len, NULL, 0);
+}
+
+CUresult hv_wire_send(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                      int pass, uint32_t *seq) {
+    return send_request_locked(w, op, body, body_len, NULL, 0, pass, seq);
+}
+
+CUresult hv_wire_reply(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                       uint32_t reply_cap, uint32_t *reply_len) {
+    return read_reply_locked(w, op, seq, reply, reply_cap, reply_len, NULL, 0);
+}
+
+CUresult hv_wire_call(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                      int pass, void *reply, uint32_t reply_cap, uint32_t *reply_len) {
+    uint32_t seq;
+    CUresult r = send_request_locked(w, op, body, body_len, NULL, 0, pass, &seq);
+    return r ? r : read_reply_locked(w, op, seq, reply, reply_cap, reply_len, NULL, 0);
+}
+
+CUresult hv_wire_flush(struct wire *w) {
+    return w->state == ST_READY ? flush_locked(w) : w->error;
 }
 
 CUresult hv_unsupported(const char *api, int *once) {
