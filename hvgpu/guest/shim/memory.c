@@ -331,9 +331,11 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     case PA_HOST_POINTER:
         if (!is_host) return lenient ? (*(void **)data = NULL, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
         *(void **)data = (void *)(uintptr_t)ptr; break;
-    case PA_SYNC_MEMOPS: case PA_IS_MANAGED: case PA_IS_LEGACY_CUDA_IPC_CAPABLE:
-    case PA_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case PA_SYNC_MEMOPS: case PA_IS_LEGACY_CUDA_IPC_CAPABLE: case PA_IS_GPU_DIRECT_RDMA_CAPABLE:
         *(unsigned char *)data = 0; break;
+    /* Four bytes: cudaPointerGetAttributes hands a slot of that size, uninitialised, and
+       reads it whole (cudaMallocHost memory came back as managed with one byte set). */
+    case PA_IS_MANAGED: *(unsigned *)data = 0; break;
     case PA_MAPPED: *(unsigned char *)data = (unsigned char)(is_dev || is_host); break;
     case PA_BUFFER_ID: *(unsigned long long *)data = is_dev ? dbase : (uintptr_t)hbase; break;
     case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? owner : -2; break;
