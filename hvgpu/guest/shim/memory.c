@@ -4,8 +4,14 @@
  * calls; host-to-device copies and memsets are one-way frames (the bytes are
  * taken from the program before the call returns, as CUDA's pageable copies
  * do); device-to-host copies wait for their bytes, so the Async forms finish
- * before returning (stronger than CUDA promises, never weaker). "Pinned" host
- * memory is ordinary guest memory: the guest has no DMA to pin for.
+ * before returning (stronger than CUDA promises, never weaker).
+ *
+ * Where the agent offers a shared-memory region (shared.c), pinned host memory
+ * (cuMemHostAlloc) lies in it: copies from and to it carry offsets, not bytes, and
+ * are asynchronous as CUDA's are; large pageable copies are staged through it.
+ * Elsewhere pinned memory is ordinary guest memory and the bytes travel on the
+ * socket. Memory the program registers (cuMemHostRegister) is its own and stays
+ * pageable to the host.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -71,6 +77,8 @@ HV_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUde
 
 HV_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
     if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r;
+    if (hv_shm_host_alloc(pp, size, flags, &r)) return r;
     void *p = NULL;
     if (posix_memalign(&p, 4096, size)) return CUDA_ERROR_OUT_OF_MEMORY;
     hv_host_add(p, size, flags);
@@ -81,6 +89,8 @@ HV_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
 HV_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostAlloc(pp, size, 0); }
 
 HV_EXPORT CUresult cuMemFreeHost(void *p) {
+    CUresult r;
+    if (hv_shm_host_free(p, &r)) return r;
     if (!hv_host_remove(p)) return CUDA_ERROR_INVALID_VALUE;
     free(p);
     return CUDA_SUCCESS;
@@ -145,13 +155,23 @@ static CUresult host_copy(void *dst, const void *src, size_t n, CUstream stream)
    though still allocated on the executor, which would take the copy: refused here. */
 static int kept(int device, CUdeviceptr ptr, size_t n) { return hv_kept_touches(device, ptr, n); }
 
-static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream) {
+/* On the routed vGPU: through the shared-memory region where it takes the copy. */
+static CUresult htod_routed(CUdeviceptr dst, const void *src, size_t n, CUstream stream,
+                            int wait) {
+    CUresult r;
+    if (hv_shm_htod(dst, src, n, stream, wait, &r)) return r;
+    return htod_on(dst, src, n, stream);
+}
+
+/* wait: the synchronous form (cuMemcpyHtoD), which matters for pinned sources only:
+   a pageable source's bytes are taken before the call returns either way. */
+static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait) {
     if (!n) return CUDA_SUCCESS;
     if (!src) return CUDA_ERROR_INVALID_VALUE;
     if (host_span(dst, n)) return host_copy((void *)(uintptr_t)dst, src, n, stream);
     int device = device_for(stream, dst);
     if (kept(device, dst, n)) return CUDA_ERROR_INVALID_VALUE;
-    return HV_ON(device, htod_on(dst, src, n, stream));
+    return HV_ON(device, htod_routed(dst, src, n, stream, wait));
 }
 
 static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
@@ -166,13 +186,21 @@ static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
     return CUDA_SUCCESS;
 }
 
-static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
+static CUresult dtoh_routed(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
+    CUresult r;
+    if (hv_shm_dtoh(dst, src, n, stream, wait, &r)) return r;
+    return dtoh_on(dst, src, n, stream);
+}
+
+/* wait: the synchronous form (cuMemcpyDtoH). Into pinned memory the Async form returns
+   at once; into pageable memory both wait for the bytes. */
+static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     if (!n) return CUDA_SUCCESS;
     if (!dst) return CUDA_ERROR_INVALID_VALUE;
     if (host_span(src, n)) return host_copy(dst, (const void *)(uintptr_t)src, n, stream);
     int device = device_for(stream, src);
     if (kept(device, src, n)) return CUDA_ERROR_INVALID_VALUE;
-    return HV_ON(device, dtoh_on(dst, src, n, stream));
+    return HV_ON(device, dtoh_routed(dst, src, n, stream, wait));
 }
 
 /* Between two vGPUs: their executors are separate processes, so the bytes come
@@ -194,11 +222,11 @@ static CUresult peer(CUdeviceptr dst, int dst_dev, CUdeviceptr src, int src_dev,
     return r;
 }
 
-static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     if (!n) return CUDA_SUCCESS;
     if (host_span(dst, n) || host_span(src, n)) { /* a "device" side is host memory */
-        if (!host_span(src, n)) return dtoh((void *)(uintptr_t)dst, src, n, stream);
-        if (!host_span(dst, n)) return htod(dst, (const void *)(uintptr_t)src, n, stream);
+        if (!host_span(src, n)) return dtoh((void *)(uintptr_t)dst, src, n, stream, wait);
+        if (!host_span(dst, n)) return htod(dst, (const void *)(uintptr_t)src, n, stream, wait);
         return host_copy((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, stream);
     }
     int dst_dev = hv_alloc_owner(dst), src_dev = hv_alloc_owner(src);
@@ -211,40 +239,40 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream
 }
 
 HV_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
-    return htod(dst, src, n, NULL);
+    return htod(dst, src, n, NULL, 1);
 }
 HV_EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
-    return htod(dst, src, n, s);
+    return htod(dst, src, n, s, 0);
 }
 HV_EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
-    return dtoh(dst, src, n, NULL);
+    return dtoh(dst, src, n, NULL, 1);
 }
 HV_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
-    return dtoh(dst, src, n, s);
+    return dtoh(dst, src, n, s, 0);
 }
 HV_EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return dtod(dst, src, n, NULL);
+    return dtod(dst, src, n, NULL, 1);
 }
 HV_EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return dtod(dst, src, n, s);
+    return dtod(dst, src, n, s, 0);
 }
 
 /* Unified addressing: the direction follows from which side owns each pointer. */
-static CUresult any_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream) {
+static CUresult any_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     int dst_dev = hv_alloc_find(dst, NULL, NULL), src_dev = hv_alloc_find(src, NULL, NULL);
-    if (dst_dev && src_dev) return dtod(dst, src, n, stream);
-    if (dst_dev) return htod(dst, (const void *)(uintptr_t)src, n, stream);
-    if (src_dev) return dtoh((void *)(uintptr_t)dst, src, n, stream);
+    if (dst_dev && src_dev) return dtod(dst, src, n, stream, wait);
+    if (dst_dev) return htod(dst, (const void *)(uintptr_t)src, n, stream, wait);
+    if (src_dev) return dtoh((void *)(uintptr_t)dst, src, n, stream, wait);
     CUresult r = cuStreamSynchronize(stream); /* host to host, in stream order */
     if (!r && n) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return r;
 }
 
 HV_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-    return any_copy(dst, src, n, NULL);
+    return any_copy(dst, src, n, NULL, 1);
 }
 HV_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
-    return any_copy(dst, src, n, s);
+    return any_copy(dst, src, n, s, 0);
 }
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx,
                           size_t n, CUstream s) {
@@ -387,7 +415,7 @@ typedef struct {
 
 enum { MT_HOST = 1, MT_DEVICE = 2, MT_ARRAY = 3, MT_UNIFIED = 4 };
 
-static CUresult copy2d(const hv_memcpy2d *c, CUstream stream) {
+static CUresult copy2d(const hv_memcpy2d *c, CUstream stream, int wait) {
     static int once;
     if (!c) return CUDA_ERROR_INVALID_VALUE;
     if (c->src_type == MT_ARRAY || c->dst_type == MT_ARRAY)
@@ -398,16 +426,22 @@ static CUresult copy2d(const hv_memcpy2d *c, CUstream stream) {
     dst += c->dst_y * c->dst_pitch + c->dst_x;
     size_t rows = c->height, width = c->width;
     if (c->src_pitch == width && c->dst_pitch == width) { width *= rows; rows = 1; }
+    /* Rows from or to pinned memory are one-way frames: the synchronous form waits
+       once, after the last. */
+    int pinned = wait && rows > 1 && c->height &&
+                 (hv_shm_holds((const void *)src, (rows - 1) * c->src_pitch + width) ||
+                  hv_shm_holds((const void *)dst, (rows - 1) * c->dst_pitch + width));
     for (size_t i = 0; i < rows; i++) {
-        CUresult r = any_copy(dst + i * c->dst_pitch, src + i * c->src_pitch, width, stream);
+        CUresult r = any_copy(dst + i * c->dst_pitch, src + i * c->src_pitch, width, stream,
+                              wait && !pinned);
         if (r) return r;
     }
-    return CUDA_SUCCESS;
+    return pinned ? cuStreamSynchronize(stream) : CUDA_SUCCESS;
 }
 
-HV_EXPORT CUresult cuMemcpy2D_v2(const hv_memcpy2d *c) { return copy2d(c, NULL); }
-HV_EXPORT CUresult cuMemcpy2DUnaligned_v2(const hv_memcpy2d *c) { return copy2d(c, NULL); }
-HV_EXPORT CUresult cuMemcpy2DAsync_v2(const hv_memcpy2d *c, CUstream s) { return copy2d(c, s); }
+HV_EXPORT CUresult cuMemcpy2D_v2(const hv_memcpy2d *c) { return copy2d(c, NULL, 1); }
+HV_EXPORT CUresult cuMemcpy2DUnaligned_v2(const hv_memcpy2d *c) { return copy2d(c, NULL, 1); }
+HV_EXPORT CUresult cuMemcpy2DAsync_v2(const hv_memcpy2d *c, CUstream s) { return copy2d(c, s, 0); }
 
 static CUresult memset2d(CUdeviceptr d, size_t pitch, uint32_t v, uint32_t width_bytes,
                          size_t w, size_t h, CUstream s) {

@@ -175,6 +175,16 @@ void hv_pool_closing(int device, uint64_t pool);
 void hv_pool_destroyed(int device, uint64_t pool, int ok);
 int hv_stats_enabled(void);               /* wire.c: HVGPU_SHIM_STATS is set */
 
+/* shared.c: the shared-memory lane. Each returns 0 where it did nothing (the caller
+   goes on as without a region), else 1 with the call's status in *r. Copies run on
+   the routed vGPU; `wait`: the synchronous form (the copy has landed on return). */
+int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r);
+int hv_shm_host_free(void *p, CUresult *r);
+int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
+                CUresult *r);
+int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r);
+int hv_shm_holds(const void *p, size_t n); /* [p, p + n) lies in one region allocation */
+
 /* Run one call on another vGPU's connection. */
 #define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \
                                hv_route(hv_prev_); hv_r_; })

@@ -7,6 +7,11 @@
  * stream's earlier work is done (so they still follow that work, but block
  * the caller). The shim never captures graphs: capture queries answer "not
  * capturing", and beginning a capture is not implemented.
+ *
+ * Completion is never answered here: stream and event queries and synchronisations
+ * always ask the executor, after the one-way frames sent before them on the same
+ * connection. So a copy into pinned memory (shared.c), which returns before its
+ * bytes are there, is done once such an answer says its stream's work is.
  */
 #define _GNU_SOURCE
 #include <pthread.h>

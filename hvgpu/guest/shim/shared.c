@@ -1,0 +1,568 @@
+/* The shared-memory lane: pinned host memory, and copies that name offsets in a
+ * region the guest and its executor both map (hvgpu/virtio/region.py), as
+ * hvgpu/guest/shm.py does for the Python API.
+ *
+ * A connection (one per vGPU) whose agent offers a region gets one on its first
+ * pinned allocation or pageable copy of STAGE_MIN bytes or more:
+ * - the VM's device region (HELLO's CAP_SHM_DEVICE): SHM_ATTACH kind 2 answers a
+ *   token, and hvgpu_region_find (region.c, where it is linked) maps the ivshmem
+ *   BAR whose header carries it; the staging slots and pinned memory are room in
+ *   it (SHM_ALLOC);
+ * - otherwise, on a unix socket to the agent (CAP_SHM_MEMFD), sealed memfds
+ *   passed with SHM_ATTACH kind 1: one for the staging slots, one per pinned
+ *   allocation.
+ * A copy from or to pinned memory is a one-way frame naming (region, offset): the
+ * executor's DMA moves the bytes, and a device-to-host copy's are there once a
+ * later synchronising call on its stream or context has answered. A pageable copy
+ * of STAGE_MIN bytes or more goes through two slots of STAGE_CHUNK: the guest
+ * fills (or empties) one while the executor moves the other, and a slot is reused
+ * only after the STREAM_SYNCHRONIZE fence sent behind its chunk has answered. The
+ * connection's lock is held across a whole copy: the slots are the connection's.
+ *
+ * Where no region can be had (an agent without the lane, no device found, a VM
+ * over vsock without a device, a full budget), this file does nothing and the
+ * caller carries the bytes on the socket; pinned memory is ordinary memory then.
+ * HVGPU_SHIM_TRACE says once per vGPU why.
+ *
+ * Must not map anything but its own memfds and what region.c found, and must not
+ * read anything from a region but the bytes of a copy (the header is advisory).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+/* hvgpu/virtio/region.py's (tests/guest/test_shim_shared.py checks they agree). */
+#define KIND_MEMFD 1
+#define KIND_DEVICE 2
+#define TOKEN_SIZE 16
+#define ALIGN 4096ull
+
+/* hvgpu/guest/shm.py's */
+#define STAGE_CHUNK (8ull << 20)
+#define STAGE_SLOTS 2
+#define STAGE_MIN (1ull << 20)
+
+/* region.c: the VM's shared-memory device whose header carries token; 0 when found.
+   Weak: a shim built without it finds none, and uses a memfd or the socket. */
+int hvgpu_region_find(const uint8_t token[16], uint32_t device, void **base, uint64_t *size)
+    __attribute__((weak));
+const char *hvgpu_region_error(void) __attribute__((weak));
+
+enum { LANE_NONE, LANE_DEVICE, LANE_MEMFD };
+
+/* One connection's regions; guarded by the connection's lock (hv_wire_hold). */
+struct lane {
+    int tried;
+    int mode;
+    uint32_t device_region;   /* LANE_DEVICE: the VM's region, mapped at device_base */
+    char *device_base;
+    uint64_t device_size;
+    int staged;               /* the slots exist */
+    uint32_t stage_region;
+    uint64_t stage_offset;    /* of slot 0 in stage_region */
+    char *stage;              /* slot 0 in this process */
+};
+
+static struct lane lanes[HV_MAX_DEVICES];
+static unsigned epoch; /* a forked child's connections are new: the parent's regions are not theirs */
+
+/* Pinned allocations in regions, sorted by address. */
+struct block {
+    uintptr_t addr;
+    size_t size;
+    size_t mapped;     /* whole: the memfd mapping's length, unmapped at free */
+    int whole;         /* a memfd region of its own (SHM_DETACH) or room (SHM_FREE) */
+    int device;
+    unsigned epoch;
+    uint32_t region;
+    uint64_t offset;
+};
+
+static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct block *blocks;
+static size_t nblocks, blocks_cap;
+static size_t live; /* nblocks, read without the lock: while 0, copies look nothing up */
+
+static size_t upper(uintptr_t p) { /* the first block whose address is > p */
+    size_t lo = 0, hi = nblocks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (blocks[mid].addr <= p) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int block_add(const struct block *b) {
+    pthread_mutex_lock(&blocks_lock);
+    if (nblocks == blocks_cap) {
+        size_t cap = blocks_cap ? blocks_cap * 2 : 64;
+        struct block *v = realloc(blocks, cap * sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&blocks_lock);
+            return 0;
+        }
+        blocks = v;
+        blocks_cap = cap;
+    }
+    size_t i = upper(b->addr);
+    memmove(blocks + i + 1, blocks + i, (nblocks - i) * sizeof *blocks);
+    blocks[i] = *b;
+    nblocks++;
+    __atomic_store_n(&live, nblocks, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&blocks_lock);
+    return 1;
+}
+
+/* The block starting at p, taken out of the table. */
+static int block_take(uintptr_t p, struct block *out) {
+    pthread_mutex_lock(&blocks_lock);
+    size_t i = upper(p);
+    int found = i > 0 && blocks[i - 1].addr == p;
+    if (found) {
+        *out = blocks[i - 1];
+        memmove(blocks + i - 1, blocks + i, (nblocks - i) * sizeof *blocks);
+        nblocks--;
+        __atomic_store_n(&live, nblocks, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&blocks_lock);
+    return found;
+}
+
+/* The block of this process's connections holding [p, p + n); device < 0: any vGPU's. */
+static int block_find(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
+    if (!__atomic_load_n(&live, __ATOMIC_ACQUIRE) || !p || !n) return 0;
+    uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&blocks_lock);
+    size_t i = upper(a);
+    int found = 0;
+    if (i > 0) {
+        struct block *b = &blocks[i - 1];
+        found = a - b->addr < b->size && n <= b->size - (a - b->addr) && b->epoch == epoch &&
+                (device < 0 || b->device == device);
+        if (found && region) *region = b->region;
+        if (found && offset) *offset = b->offset + (a - b->addr);
+    }
+    pthread_mutex_unlock(&blocks_lock);
+    return found;
+}
+
+int hv_shm_holds(const void *p, size_t n) { return block_find(p, n, -1, NULL, NULL); }
+
+static void child_after_fork(void) {
+    pthread_mutex_init(&blocks_lock, NULL);
+    memset(lanes, 0, sizeof lanes); /* the parent's mappings stay, unused */
+    epoch++;
+}
+
+static struct wire *hold(CUresult *r) {
+    static int atfork_done;
+    if (!__atomic_exchange_n(&atfork_done, 1, __ATOMIC_ACQ_REL))
+        pthread_atfork(NULL, NULL, child_after_fork);
+    return hv_wire_hold(r);
+}
+
+/* One of the lane's own calls. The executor reports an earlier one-way frame's error
+   on the next synchronous op instead of running it: then that error goes to
+   *earlier (the first one kept) and the op is sent once more, so it still runs. */
+static CUresult lane_call(struct wire *w, uint16_t op, const void *body, uint32_t len,
+                          void *reply, uint32_t cap, uint32_t *got, CUresult *earlier) {
+    unsigned before = hv_wire_failures(w);
+    CUresult r = hv_wire_call(w, op, body, len, -1, reply, cap, got);
+    if (r && hv_wire_failures(w) != before) {
+        if (!*earlier) *earlier = r;
+        r = hv_wire_call(w, op, body, len, -1, reply, cap, got);
+    }
+    return r;
+}
+
+static uint64_t align_up(uint64_t n) { return (n + ALIGN - 1) & ~(ALIGN - 1); }
+
+/* A sealed memfd of `size` bytes, mapped here and attached on w: its region id. */
+static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **map, char *why,
+                        size_t whylen) {
+    int fd = memfd_create("hvgpu-pinned", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        snprintf(why, whylen, "memfd_create: %s", strerror(errno));
+        return 0;
+    }
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)size) != 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        (p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        snprintf(why, whylen, "a memfd of %llu bytes: %s", (unsigned long long)size,
+                 strerror(errno));
+        close(fd);
+        return 0;
+    }
+    hvgpu_shm_attach_req_t q = { KIND_MEMFD, 0, size };
+    unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
+    uint32_t got = 0;
+    CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, fd, rep, sizeof rep, &got);
+    close(fd); /* the executor has its own, and the mapping stays */
+    hvgpu_shm_attach_rep_t a;
+    memcpy(&a, rep, sizeof a);
+    if (r || got < sizeof a || a.size < size) {
+        snprintf(why, whylen, "the agent did not attach a memfd of %llu bytes (CUDA error %d)",
+                 (unsigned long long)size, r ? r : CUDA_ERROR_INVALID_VALUE);
+        munmap(p, size);
+        return 0;
+    }
+    *region = a.region;
+    *map = p;
+    return 1;
+}
+
+/* The VM's device region, attached on w and found among the VM's devices. */
+static int attach_device(struct wire *w, struct lane *l, char *why, size_t whylen,
+                         CUresult *earlier) {
+    hvgpu_shm_attach_req_t q = { KIND_DEVICE, 0, 0 };
+    unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
+    uint32_t got = 0;
+    CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, -1, rep, sizeof rep, &got);
+    if (r) {
+        snprintf(why, whylen, "the agent did not attach the VM's shared-memory device "
+                 "(CUDA error %d)", r);
+        return 0;
+    }
+    hvgpu_shm_attach_rep_t a;
+    memcpy(&a, rep, sizeof a);
+    const uint8_t *token = rep + sizeof a;
+    void *base = NULL;
+    uint64_t size = 0;
+    if (got < sizeof a + TOKEN_SIZE || a.token_len != TOKEN_SIZE) {
+        snprintf(why, whylen, "the agent's SHM_ATTACH reply carries no region token");
+    } else if (!hvgpu_region_find) {
+        snprintf(why, whylen, "this shim was built without the finder of the VM's "
+                 "shared-memory device");
+    } else if (hvgpu_region_find(token, (uint32_t)hv_wire_device(w), &base, &size) != 0) {
+        const char *said = hvgpu_region_error ? hvgpu_region_error() : NULL;
+        snprintf(why, whylen, "%s", said && *said ? said : "no shared-memory device of this VM "
+                 "carries the agent's token");
+        base = NULL;
+    } else if (size < a.size) { /* not the region the executor maps */
+        snprintf(why, whylen, "the VM's shared-memory device maps %llu bytes, the agent's "
+                 "region is %llu", (unsigned long long)size, (unsigned long long)a.size);
+        munmap(base, size);
+        base = NULL;
+    }
+    if (!base) {
+        hvgpu_shm_detach_req_t d = { a.region };
+        lane_call(w, HVGPU_OP_SHM_DETACH, &d, sizeof d, NULL, 0, NULL, earlier);
+        return 0;
+    }
+    l->mode = LANE_DEVICE;
+    l->device_region = a.region;
+    l->device_base = base;
+    l->device_size = a.size;
+    return 1;
+}
+
+/* The lane's region and staging slots, tried once per connection. An earlier one-way
+   frame's error met on the way is left in *earlier. */
+static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
+    if (l->tried) return;
+    char why[512] = "";
+    uint64_t caps = hv_wire_caps(w);
+    uint64_t slots = STAGE_SLOTS * STAGE_CHUNK;
+    int device = (caps & HVGPU_CAP_SHM_DEVICE) && attach_device(w, l, why, sizeof why, earlier);
+    if ((caps & HVGPU_CAP_SHM_DEVICE) && !device && hv_trace_enabled())
+        hv_log("device %d: the VM's shared-memory device cannot be used: %s", hv_wire_device(w),
+               why);
+    if (device) {
+        hvgpu_shm_alloc_req_t q = { l->device_region, 0, slots };
+        hvgpu_shm_alloc_rep_t v;
+        uint32_t got = 0;
+        CUresult r = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
+        if (!r && got == sizeof v && v.offset <= l->device_size &&
+            slots <= l->device_size - v.offset) {
+            l->staged = 1;
+            l->stage_region = l->device_region;
+            l->stage_offset = v.offset;
+            l->stage = l->device_base + v.offset;
+        } else {
+            snprintf(why, sizeof why, "no room of %llu bytes for staging in the VM's "
+                     "shared-memory device (CUDA error %d)", (unsigned long long)slots, r);
+        }
+    } else if ((caps & HVGPU_CAP_SHM_MEMFD) && hv_wire_passes_fds(w)) {
+        l->mode = LANE_MEMFD;
+        void *map;
+        if (memfd_region(w, slots, &l->stage_region, &map, why, sizeof why)) {
+            l->staged = 1;
+            l->stage_offset = 0;
+            l->stage = map;
+        }
+    } else if (!why[0]) {
+        snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_SHM_MEMFD)
+                 ? "the agent offers memfd regions, which travel only on a unix socket to it"
+                 : "the agent offers no shared-memory region");
+    }
+    __atomic_store_n(&l->tried, 1, __ATOMIC_RELEASE); /* route() reads it without the lock */
+    if (hv_trace_enabled()) {
+        if (l->staged)
+            hv_log("device %d: bulk copies go through a shared-memory region (%s)",
+                   hv_wire_device(w), l->mode == LANE_DEVICE ? "the VM's device" : "memfd");
+        else
+            hv_log("device %d: %s; %s", hv_wire_device(w), why,
+                   l->mode == LANE_NONE ? "copies travel on the socket and pinned memory is "
+                                          "ordinary memory"
+                                        : "large pageable copies travel on the socket");
+    }
+}
+
+/* -- pinned memory ---------------------------------------------------------------- */
+
+int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0; /* no agent: ordinary memory, as without the lane */
+    int device = hv_wire_device(w);
+    struct lane *l = &lanes[device];
+    CUresult earlier = CUDA_SUCCESS;
+    attach(w, l, &earlier);
+    struct block b = { 0, size, 0, 0, device, epoch, 0, 0 };
+    char why[512] = "";
+    if (l->mode == LANE_DEVICE) {
+        hvgpu_shm_alloc_req_t q = { l->device_region, 0, size };
+        hvgpu_shm_alloc_rep_t v;
+        uint32_t got = 0;
+        CUresult s = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, &earlier);
+        if (!s && got == sizeof v && v.offset <= l->device_size && size <= l->device_size - v.offset) {
+            b.addr = (uintptr_t)(l->device_base + v.offset);
+            b.region = l->device_region;
+            b.offset = v.offset;
+        } else {
+            snprintf(why, sizeof why, "SHM_ALLOC failed (CUDA error %d)", s);
+        }
+    } else if (l->mode == LANE_MEMFD) {
+        void *map;
+        b.mapped = align_up(size);
+        if (memfd_region(w, b.mapped, &b.region, &map, why, sizeof why)) {
+            b.addr = (uintptr_t)map;
+            b.whole = 1;
+        }
+    }
+    if (b.addr && (earlier || !block_add(&b))) { /* not handed out: given back */
+        if (b.whole) {
+            hvgpu_shm_detach_req_t q = { b.region };
+            lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, &earlier);
+            munmap((void *)b.addr, b.mapped);
+        } else {
+            hvgpu_shm_free_req_t q = { b.region, 0, b.offset };
+            lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, &earlier);
+        }
+        b.addr = 0;
+    }
+    hv_wire_release(w);
+    if (earlier) { /* a synchronous call reports it, and does not do its own work */
+        *r = earlier;
+        return 1;
+    }
+    if (!b.addr) {
+        if (l->mode != LANE_NONE && hv_trace_enabled())
+            hv_log("device %d: pinned memory of %zu bytes is ordinary memory: %s", device, size,
+                   why[0] ? why : "out of memory");
+        return 0;
+    }
+    hv_host_add((void *)b.addr, size, flags);
+    *pp = (void *)b.addr;
+    *r = CUDA_SUCCESS;
+    return 1;
+}
+
+int hv_shm_host_free(void *p, CUresult *r) {
+    struct block b;
+    if (!p || !block_take((uintptr_t)p, &b)) return 0;
+    hv_host_remove(p);
+    CUresult s = CUDA_SUCCESS, earlier = CUDA_SUCCESS, e;
+    if (b.epoch == epoch) {
+        int previous = hv_route(b.device);
+        struct wire *w = hold(&e);
+        if (w) { /* the executor waits for the device before giving it back */
+            if (b.whole) {
+                hvgpu_shm_detach_req_t q = { b.region };
+                s = lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, &earlier);
+            } else {
+                hvgpu_shm_free_req_t q = { b.region, 0, b.offset };
+                s = lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, &earlier);
+            }
+            hv_wire_release(w);
+        } /* else the connection is gone, and the agent let go of everything */
+        hv_route(previous);
+    }
+    if (b.whole) munmap((void *)b.addr, b.mapped);
+    *r = earlier ? earlier : s == CUDA_ERROR_DEVICE_UNAVAILABLE ? CUDA_SUCCESS : s;
+    return 1;
+}
+
+/* -- copies ----------------------------------------------------------------------- */
+
+static CUresult fence_send(struct wire *w, CUstream stream, uint32_t *seq) {
+    hvgpu_stream_synchronize_req_t q = { hv_untag(stream) };
+    return hv_wire_send(w, HVGPU_OP_STREAM_SYNCHRONIZE, &q, sizeof q, -1, seq);
+}
+
+/* Reads a fence's reply; the first error is kept (every reply is still read). */
+static CUresult settle(struct wire *w, uint32_t seq, CUresult err) {
+    CUresult r = hv_wire_reply(w, HVGPU_OP_STREAM_SYNCHRONIZE, seq, NULL, 0, NULL);
+    return err ? err : r;
+}
+
+static CUresult fence(struct wire *w, CUstream stream) {
+    uint32_t seq;
+    CUresult r = fence_send(w, stream, &seq);
+    return r ? r : settle(w, seq, CUDA_SUCCESS);
+}
+
+/* Host to device through the slots: a chunk is copied into a slot, sent, fenced; a
+   slot is filled again once its fence has answered. */
+static CUresult staged_htod(struct wire *w, struct lane *l, CUdeviceptr dst, const char *src,
+                            size_t n, CUstream stream) {
+    uint32_t fences[STAGE_SLOTS];
+    int nf = 0;
+    CUresult err = CUDA_SUCCESS;
+    size_t k = 0;
+    for (size_t off = 0; off < n; off += STAGE_CHUNK, k++) {
+        uint64_t slot = (k % STAGE_SLOTS) * STAGE_CHUNK;
+        if (nf == STAGE_SLOTS) { /* this slot's last chunk has reached the GPU */
+            err = settle(w, fences[0], err);
+            memmove(fences, fences + 1, (STAGE_SLOTS - 1) * sizeof *fences);
+            nf--;
+        }
+        if (err) break;
+        size_t c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        memcpy(l->stage + slot, src + off, c);
+        hvgpu_memcpy_htod_shm_req_t q = { dst + off, l->stage_region, 0, l->stage_offset + slot,
+                                          c, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_SHM, &q, sizeof q);
+        if (!err) err = fence_send(w, stream, &fences[nf]);
+        if (err) break;
+        nf++;
+    }
+    for (int i = 0; i < nf; i++) err = settle(w, fences[i], err);
+    return err;
+}
+
+/* Device to host through the slots: two chunks asked ahead; each copied out once its
+   fence has answered, and the next asked into its slot. */
+static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdeviceptr src, size_t n,
+                            CUstream stream) {
+    size_t chunks = (n + STAGE_CHUNK - 1) / STAGE_CHUNK;
+    uint32_t fences[STAGE_SLOTS];
+    int nf = 0;
+    CUresult err = CUDA_SUCCESS;
+    size_t asked = 0;
+    while (asked < chunks && asked < STAGE_SLOTS) {
+        uint64_t off = asked * STAGE_CHUNK, c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
+                                          l->stage_offset + (asked % STAGE_SLOTS) * STAGE_CHUNK,
+                                          src + off, c, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+        if (!err) err = fence_send(w, stream, &fences[nf]);
+        if (err) break;
+        nf++;
+        asked++;
+    }
+    for (size_t k = 0; nf > 0; k++) {
+        err = settle(w, fences[0], err);
+        memmove(fences, fences + 1, (STAGE_SLOTS - 1) * sizeof *fences);
+        nf--;
+        if (err) continue; /* the rest of the replies are still read */
+        uint64_t off = k * STAGE_CHUNK, c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        uint64_t slot = (k % STAGE_SLOTS) * STAGE_CHUNK;
+        memcpy(dst + off, l->stage + slot, c);
+        if (asked < chunks) { /* into the slot just emptied */
+            uint64_t aoff = asked * STAGE_CHUNK;
+            uint64_t ac = n - aoff < STAGE_CHUNK ? n - aoff : STAGE_CHUNK;
+            hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
+                                              l->stage_offset + (asked % STAGE_SLOTS) * STAGE_CHUNK,
+                                              src + aoff, ac, hv_untag(stream) };
+            err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+            if (!err) err = fence_send(w, stream, &fences[nf]);
+            if (err) continue;
+            nf++;
+            asked++;
+        }
+    }
+    return err;
+}
+
+/* What a copy of n bytes whose host side is p may use: 1 pinned memory (region and
+   offset set), 2 the slots (the connection still to be held and asked), 0 neither. */
+static int route(const void *p, size_t n, uint32_t *region, uint64_t *offset) {
+    int device = hv_routed_device();
+    if (block_find(p, n, device, region, offset)) return 1;
+    if (n < STAGE_MIN) return 0;
+    struct lane *l = &lanes[device];
+    /* read without the lock: once tried without slots, it stays so (a fork's child
+       starts again, with one thread) */
+    if (__atomic_load_n(&l->tried, __ATOMIC_ACQUIRE) && !__atomic_load_n(&l->staged, __ATOMIC_ACQUIRE))
+        return 0;
+    return 2;
+}
+
+int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
+                CUresult *r) {
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    int how = n && src ? route(src, n, &region, &offset) : 0;
+    if (!how) return 0;
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0; /* the socket path says the same */
+    CUresult err = CUDA_SUCCESS;
+    if (how == 1) {
+        hvgpu_memcpy_htod_shm_req_t q = { dst, region, 0, offset, n, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_SHM, &q, sizeof q);
+        /* CUDA: the synchronous form from pinned memory returns once the copy is done */
+        if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
+    } else {
+        struct lane *l = &lanes[hv_wire_device(w)];
+        attach(w, l, &err);
+        if (!err && !l->staged) {
+            hv_wire_release(w);
+            return 0;
+        }
+        if (!err) err = staged_htod(w, l, dst, src, n, stream);
+    }
+    hv_wire_release(w);
+    *r = err;
+    return 1;
+}
+
+int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    int how = n && dst ? route(dst, n, &region, &offset) : 0;
+    if (!how) return 0;
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0;
+    CUresult err = CUDA_SUCCESS;
+    if (how == 1) {
+        /* the async form returns now: the bytes are there after the program's next
+           synchronising call on the stream or context, which the executor answers
+           only once the copy is done */
+        hvgpu_memcpy_dtoh_shm_req_t q = { region, 0, offset, src, n, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+        if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
+    } else {
+        struct lane *l = &lanes[hv_wire_device(w)];
+        attach(w, l, &err);
+        if (!err && !l->staged) {
+            hv_wire_release(w);
+            return 0;
+        }
+        if (!err) err = staged_dtoh(w, l, dst, src, n, stream);
+    }
+    hv_wire_release(w);
+    *r = err;
+    return 1;
+}
