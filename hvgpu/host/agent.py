@@ -585,9 +585,11 @@ class Agent:
         file): the one its slice names, a regular file of the slice's size, never a
         link."""
         try:
-            fd, size = regions_host.open_region(self.config.shm_dir, ex.key,
-                                                self.slices.by_key(ex.key) if self.slices
-                                                else None)
+            try:
+                slice_ = self.slices.by_key(ex.key) if self.slices is not None else None
+            except HvgpuError:  # detached meanwhile
+                slice_ = None
+            fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
         except CudaError as exc:
             log.warning("slice %s: no shared-memory region for its guest: %s", ex.key,
                         exc.detail)
