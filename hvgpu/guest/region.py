@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import grp
 import mmap
 import os
 from pathlib import Path
@@ -114,6 +115,20 @@ class MappedRegion:
         return f"<MappedRegion {self.device.address} {self.size} bytes at {self.address:#x}>"
 
 
+def _permission_advice(resource: Path) -> str:
+    join = (f"as root, usermod -aG {GROUP} USER; it applies to the user's processes from "
+            "its next login")
+    try:
+        given = grp.getgrgid(os.stat(resource).st_gid).gr_name == GROUP
+    except (KeyError, OSError):
+        given = False
+    if given:
+        return f"the file belongs to group {GROUP!r}, which this process is not in ({join})"
+    return (f"as root, run `hvgpu-guest install`: it installs the udev rule {RULE}, which "
+            f"gives group {GROUP!r} read and write on that file; the user must be in that "
+            f"group ({join})")
+
+
 def map_device(device: SharedDevice) -> MappedRegion:
     """Maps ``device``'s BAR; RegionError, saying what to do, where it cannot be."""
     try:
@@ -121,11 +136,8 @@ def map_device(device: SharedDevice) -> MappedRegion:
     except PermissionError:
         raise RegionError(
             f"the VM's shared-memory device {device.address} is there, but this user "
-            f"(uid {os.geteuid()}) may not open {device.resource} for reading and writing. "
-            f"As root, run `hvgpu-guest install`: it installs the udev rule {RULE}, which "
-            f"gives group {GROUP!r} read and write on that file; then add this user to the "
-            f"group (usermod -aG {GROUP} USER) and log in again.",
-            code="shm-permission") from None
+            f"(uid {os.geteuid()}) may not open {device.resource} for reading and writing: "
+            f"{_permission_advice(device.resource)}", code="shm-permission") from None
     except OSError as exc:
         raise RegionError(f"cannot open {device.resource} (shared-memory device "
                           f"{device.address}): {exc.strerror}") from None

@@ -101,8 +101,8 @@ FIND = ("try:\n"
         "    print(json.dumps({'found': r and r.device.address}))\n")
 
 
-def find_as_user(sysfs, groups=()):
-    done = fake_sysfs.as_user(SETUP, FIND, [TOKEN.hex(), str(sysfs)], groups=groups)
+def find_as_user(sysfs, groups=(), setup=SETUP):
+    done = fake_sysfs.as_user(setup, FIND, [TOKEN.hex(), str(sysfs)], groups=groups)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -114,7 +114,18 @@ def test_a_device_this_user_may_not_open_says_which_file_and_what_fixes_it():
     assert got["code"] == "shm-permission", got
     assert str(bar) in got["error"], got  # the file
     assert "hvgpu-guest install" in got["error"] and region.RULE in got["error"], got
-    assert "group 'hvgpu'" in got["error"], got
+    assert "group 'hvgpu'" in got["error"] and "usermod -aG hvgpu" in got["error"], got
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to a group")
+def test_a_device_already_given_to_the_group_says_to_join_it():
+    with fake_sysfs.shared_dir() as d:
+        bar = add_device(fake_sysfs.Path(d), "0000:00:03.0", header=region_header(TOKEN))
+        os.chmod(bar, 0o660)  # root's group stands for hvgpu, which nobody is not in
+        got = find_as_user(d, setup=SETUP + "import hvgpu.guest.region as r; r.GROUP = 'root'\n")
+    assert got["code"] == "shm-permission", got
+    assert "the file belongs to group 'root', which this process is not in" in got["error"]
+    assert "usermod -aG root USER" in got["error"] and "hvgpu-guest install" not in got["error"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a user in another group")
