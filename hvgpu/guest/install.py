@@ -4,7 +4,7 @@ shared-memory device.
 The device's memory is PCI BAR 2, mapped from sysfs ``resource2``, which the kernel
 makes root's alone. The package ships a udev rule (``data/70-hvgpu-shm.rules``)
 giving group ``hvgpu`` read and write on that file whenever such a device appears
-(at boot, or hot-plugged by ``hvgpu attach``); installing it also creates the group
+(at boot, or hot-plugged); installing it also creates the group
 and gives it the devices already there, since udev applies a new rule only to
 devices it sees afterwards.
 
