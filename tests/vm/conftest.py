@@ -47,6 +47,7 @@ def read_back(region: vm.SharedRegion, token: bytes) -> dict:
             "header": region.read(0, region_layout.HEADER.size),
             "pattern": region.read(region_layout.DATA_OFFSET, guest_shm.PATTERN_SIZE),
             "user": region.read(guest_shm.USER_OFFSET, len(guest_shm.USER_MARK)),
+            "shim": region.read(guest_shm.SHIM_OFFSET, len(guest_shm.SHIM_MARK)),
             "tail": region.read(region.size - tail, tail)}
 
 

@@ -5,6 +5,8 @@ the host reads back from the /dev/shm file behind the device (tests/vm/vm.py).
     guest_shm.py TOKEN_FILE root         as root: map, check, write PATTERN at DATA_OFFSET
     guest_shm.py TOKEN_FILE user NAME    as user NAME (its groups from /etc/group, as at
                                          login): map, write USER_MARK after the pattern
+    guest_shm.py TOKEN_FILE shim         the shim's own lookup (hvgpu_region_find), through
+                                         ctypes: map, read the header, write SHIM_MARK
 
 Prints one line per fact; exits 1 when the region is not found or cannot be mapped.
 The host also imports :func:`pattern` and the offsets, to check what came back.
@@ -19,6 +21,8 @@ PATTERN_SIZE = 64 << 10  # sixteen pages
 USER_OFFSET = layout.DATA_OFFSET + PATTERN_SIZE
 USER_MARK = b"written by an ordinary user of the guest"
 TAIL_MARK = b"the region's last bytes"
+SHIM_OFFSET = USER_OFFSET + 4096
+SHIM_MARK = b"written through the shim's mapping"
 
 
 def pattern(token: bytes) -> bytes:
@@ -49,10 +53,33 @@ def become(name: str) -> None:
     print(f"as uid {os.getuid()}, groups {sorted(os.getgroups())}", flush=True)
 
 
+def shim(want: bytes) -> int:
+    import ctypes
+
+    from hvgpu.guest.shim import library
+
+    lib = ctypes.CDLL(str(library()))
+    lib.hvgpu_region_error.restype = ctypes.c_char_p
+    base, size = ctypes.c_void_p(), ctypes.c_uint64()
+    rc = lib.hvgpu_region_find(want, 0, ctypes.byref(base), ctypes.byref(size))
+    print(f"hvgpu_region_find: {rc} {lib.hvgpu_region_error().decode()}".rstrip(), flush=True)
+    if rc != 0:
+        return 1
+    header = layout.unpack_header(ctypes.string_at(base.value, layout.HEADER.size))
+    carries = header is not None and header[1] == want
+    print(f"mapped {size.value} bytes; header {'carries the token' if carries else header}",
+          flush=True)
+    ctypes.memmove(base.value + SHIM_OFFSET, SHIM_MARK, len(SHIM_MARK))
+    print(f"wrote {len(SHIM_MARK)} bytes at {SHIM_OFFSET}", flush=True)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     from hvgpu.guest.region import RegionError, devices, find_device_region
 
     want = token(argv[1])
+    if argv[2] == "shim":
+        return shim(want)
     if argv[2] == "user":
         become(argv[3])
     for dev in devices():

@@ -49,6 +49,7 @@ printf '%s\n' 'root:x:0:0:root:/root:/bin/sh' 'cuda:x:1000:1000:a CUDA user:/tmp
 printf '%s\n' 'root:x:0:' 'cuda:x:1000:' 'hvgpu:x:990:cuda' >> /etc/group
 SHM="/opt/hvgpu/bin/python /opt/tests/guest_shm.py /opt/tests/shm-token"
 step shm $SHM root
+step shm_shim $SHM shim
 step shm_denied $SHM user cuda
 step shm_install hvgpu-guest install
 step shm_user $SHM user cuda

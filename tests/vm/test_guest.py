@@ -90,6 +90,14 @@ def test_the_guest_maps_the_shared_memory_device_by_its_token_and_the_host_sees_
                      r"by this user", out), out
 
 
+def test_the_shims_own_lookup_maps_the_same_device(guest_run):
+    rc, out = guest_run.step("shm_shim")
+    assert rc == 0, out
+    assert f"hvgpu_region_find: 0\nmapped {guest_run.shm['size']} bytes; header carries the token" \
+        in out, out
+    assert guest_run.shm["shim"] == guest_shm.SHIM_MARK
+
+
 def test_an_ordinary_user_maps_the_device_once_hvgpu_guest_install_has_run(guest_run):
     rc, out = guest_run.step("shm_denied")
     assert rc == 1, out
