@@ -57,7 +57,8 @@ def ensure_group(name: str = GROUP) -> tuple[int, bool]:
         if shutil.which(cmd[0]):
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
-                raise InstallError(f"{' '.join(cmd)} failed: {(done.stderr or done.stdout).strip()}")
+                said = (done.stderr or done.stdout).strip()
+                raise InstallError(f"{' '.join(cmd)} failed: {said}")
             break
     else:
         raise InstallError(f"cannot create group {name!r}: neither groupadd nor addgroup is here")

@@ -11,6 +11,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from hvgpu.guest import install as guest_install
 from hvgpu.guest.cli import main
 from hvgpu.guest.region import ENV_SYSFS, GROUP, RULE
@@ -95,3 +97,17 @@ def test_install_by_an_ordinary_user_says_it_needs_root():
     assert done.returncode == 1, done.stdout + done.stderr
     assert "permission denied (run it as root)" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_group_that_cannot_be_created_is_said_with_the_tools_words(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(guest_install.InstallError, match="neither groupadd nor addgroup"):
+        guest_install.ensure_group("hvgpu-test-no-such-group")
+    fake = tmp_path / "groupadd"
+    fake.write_text("#!/bin/sh\necho \"groupadd: cannot lock /etc/group\" >&2\nexit 10\n")
+    fake.chmod(0o755)
+    with pytest.raises(guest_install.InstallError,
+                       match="groupadd --system hvgpu-test-no-such-group failed: groupadd: "
+                             "cannot lock /etc/group"):
+        guest_install.ensure_group("hvgpu-test-no-such-group")
+    assert guest_install.ensure_group("root") == (0, False)  # an existing group is kept

@@ -16,7 +16,8 @@ script runs prints ``VMOUT <step> <line>`` for its output and ``VMTEST <step> rc
 guest waits.
 
 Must not: touch the host beyond its work directory, the image cache and its one
-/dev/shm file (removed when its context ends), or leave a process behind (every process it starts is stopped when its context ends).
+/dev/shm file (removed when its context ends), or leave a process behind (every
+process it starts is stopped when its context ends).
 """
 
 from __future__ import annotations
