@@ -29,7 +29,8 @@ import logging
 import mmap
 import os
 
-from hvgpu.errors import CudaError
+from hvgpu.errors import CudaError, HvgpuError
+from hvgpu.guest import region as guest_region
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
@@ -131,18 +132,17 @@ class SharedLane:
         return self.staging is not None
 
     def _attach_device(self) -> bool:
-        region, _, size, token = self.conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+        region, device, size, token = self.conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
         try:
-            from hvgpu.guest import region as guest_region
-            found = guest_region.find_device_region(token, 0)
-        except (ImportError, OSError, CudaError) as exc:
+            found = guest_region.find_device_region(token, device)
+        except (OSError, HvgpuError) as exc:
             found, self.why_not = None, f"the VM's shared-memory device cannot be mapped: {exc}"
         if found is None:
             self.why_not = self.why_not or ("no ivshmem device of this VM carries the agent's "
                                             "token")
             self.conn.call("SHM_DETACH", region)
             return False
-        self.device = _Mapping(region, found.size, found.map)
+        self.device = _Mapping(region, found.size, found.mmap)
         self._device_found = found  # keeps its mapping alive
         return True
 
