@@ -11,7 +11,8 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.host.names import VgpuKey
-from hvgpu.host.regions import open_region, region_name
+from hvgpu.host.names import shm_name
+from hvgpu.host.regions import open_region
 from hvgpu.virtio import protocol as P
 
 MiB = 1 << 20
@@ -31,9 +32,12 @@ def test_the_slices_file_is_opened_read_write(tmp_path):
         os.close(fd)
 
 
-def test_names_follow_the_vgpu():
-    assert region_name(VgpuKey("vm1", 0)) == "hvgpu-vm1"
-    assert region_name(VgpuKey("vm1", 2)) == "hvgpu-vm1-2"
+def test_the_file_of_vgpu_n_is_its_own(tmp_path):
+    (tmp_path / shm_name(VgpuKey("vm1", 2))).write_bytes(b"\0" * MiB)
+    with pytest.raises(CudaError):  # device 0 has no file here
+        open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=MiB))
+    fd, _ = open_region(str(tmp_path), VgpuKey("vm1", 2), SimpleNamespace(shm=MiB))
+    os.close(fd)
 
 
 @pytest.mark.parametrize("case", ["no-shm", "missing", "symlink", "fifo", "wrong-size", "dir"])
