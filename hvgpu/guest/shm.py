@@ -107,6 +107,7 @@ class SharedLane:
         self.mode: str | None = None  # "device" (the VM's region) or "memfd"; None: none
         self.no_staging = False
         self.device: _Mapping | None = None  # the VM's region, if attached
+        self.token: bytes | None = None  # the one its header carried
         self.staging: tuple[_Mapping, int] | None = None  # (mapping, offset of the slots)
         self.pinned: list[tuple[int, int, PinnedMemory]] = []  # (addr, end, mem), sorted
         self.why_not = ""
@@ -160,6 +161,7 @@ class SharedLane:
             self.conn.call("SHM_DETACH", region)
             return False
         self.device = _Mapping(region, found.size, found.mmap)
+        self.token = token
         self._device_found = found  # keeps its mapping alive
         return True
 

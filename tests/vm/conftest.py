@@ -32,9 +32,10 @@ class GuestRun:
 
 
 def region_token(region: vm.SharedRegion) -> bytes:
-    """The token the guest looks for in its shared-memory device. The host writes the
-    region's header itself here; once the executor serves SHM_ATTACH it writes it, and
-    the guest takes the token from the reply instead of from /opt/tests/shm-token."""
+    """The token of the header the host writes before boot, for the steps that map the
+    device before any slice is attached (tests/vm/guest_shm.py). Once the guest's
+    program attaches the region, the executor writes its own header and token
+    (tests/vm/guest_shm_api.py)."""
     token = os.urandom(region_layout.TOKEN_SIZE)
     region.write(0, region_layout.pack_header(region.size, token, 0))
     return token
@@ -45,7 +46,7 @@ def read_back(region: vm.SharedRegion, token: bytes) -> dict:
     tail = len(guest_shm.TAIL_MARK)
     return {"token": token, "size": region.size,
             "header": region.read(0, region_layout.HEADER.size),
-            "pattern": region.read(region_layout.DATA_OFFSET, guest_shm.PATTERN_SIZE),
+            "pattern": region.read(guest_shm.PATTERN_OFFSET, guest_shm.PATTERN_SIZE),
             "user": region.read(guest_shm.USER_OFFSET, len(guest_shm.USER_MARK)),
             "shim": region.read(guest_shm.SHIM_OFFSET, len(guest_shm.SHIM_MARK)),
             "tail": region.read(region.size - tail, tail)}
@@ -67,6 +68,7 @@ def guest_run(tmp_path_factory) -> GuestRun:
         shutil.copy(exe, overlay / "opt/programs" / name)
     shutil.copy(vm.HERE / "guest_api.py", overlay / "opt/tests")
     shutil.copy(vm.HERE / "guest_shm.py", overlay / "opt/tests")
+    shutil.copy(vm.HERE / "guest_shm_api.py", overlay / "opt/tests")
     shutil.copy(vm.HERE / "guest_test.sh", overlay / "guest-test.sh")
     os.chmod(overlay / "guest-test.sh", 0o755)
     actions = []
@@ -74,10 +76,11 @@ def guest_run(tmp_path_factory) -> GuestRun:
         token = region_token(region)
         (overlay / "opt/tests/shm-token").write_text(token.hex())
         initrd = vm.initrd(cache, overlay, work / "initrd.cpio")
-        with vm.Host(cache, work) as host:
+        with vm.Host(cache, work, shm_dir=region.dir) as host:
             def on_line(line: str) -> None:
                 if line == "VMWANT attach":
-                    done = host.hvgpu("attach", vm.VM, "--mem", "256M")
+                    done = host.hvgpu("attach", vm.VM, "--mem", "256M", "--shm",
+                                      f"{region.size >> 20}M")
                     actions.append(("attach", done.returncode, done.stdout + done.stderr))
                 elif line == "VMWANT restart":
                     host.stop_agent()

@@ -2,7 +2,7 @@
 its region's token with hvgpu.guest.region, reads its header and writes a pattern
 the host reads back from the /dev/shm file behind the device (tests/vm/vm.py).
 
-    guest_shm.py TOKEN_FILE root         as root: map, check, write PATTERN at DATA_OFFSET
+    guest_shm.py TOKEN_FILE root         as root: map, check, write PATTERN at PATTERN_OFFSET
     guest_shm.py TOKEN_FILE user NAME    as user NAME (its groups from /etc/group, as at
                                          login): map, write USER_MARK after the pattern
     guest_shm.py TOKEN_FILE shim         the shim's own lookup (hvgpu_region_find), through
@@ -18,7 +18,10 @@ import sys
 from hvgpu.virtio import region as layout
 
 PATTERN_SIZE = 64 << 10  # sixteen pages
-USER_OFFSET = layout.DATA_OFFSET + PATTERN_SIZE
+# Above the room the executor hands out later in the run (staging slots and pinned
+# memory are taken first-fit from DATA_OFFSET), so what these steps wrote stays.
+PATTERN_OFFSET = 48 << 20
+USER_OFFSET = PATTERN_OFFSET + PATTERN_SIZE
 USER_MARK = b"written by an ordinary user of the guest"
 TAIL_MARK = b"the region's last bytes"
 SHIM_OFFSET = USER_OFFSET + 4096
@@ -101,10 +104,10 @@ def main(argv: list[str]) -> int:
             region.mmap[USER_OFFSET:USER_OFFSET + len(USER_MARK)] = USER_MARK
             print(f"wrote {len(USER_MARK)} bytes at {USER_OFFSET}", flush=True)
         else:
-            region.mmap[layout.DATA_OFFSET:layout.DATA_OFFSET + PATTERN_SIZE] = pattern(want)
+            region.mmap[PATTERN_OFFSET:PATTERN_OFFSET + PATTERN_SIZE] = pattern(want)
             region.mmap[region.size - len(TAIL_MARK):] = TAIL_MARK
-            back = region.mmap[layout.DATA_OFFSET:layout.DATA_OFFSET + PATTERN_SIZE]
-            print(f"wrote {PATTERN_SIZE} bytes at {layout.DATA_OFFSET} and the tail; read "
+            back = region.mmap[PATTERN_OFFSET:PATTERN_OFFSET + PATTERN_SIZE]
+            print(f"wrote {PATTERN_SIZE} bytes at {PATTERN_OFFSET} and the tail; read "
                   f"back {'the same' if back == pattern(want) else 'OTHER BYTES'}", flush=True)
     return 0
 

@@ -59,6 +59,7 @@ until_ok 240 hvgpu-guest info
 step info hvgpu-guest info
 step smi hvgpu-guest smi
 step api /opt/hvgpu/bin/python /opt/tests/guest_api.py
+step shm_api /opt/hvgpu/bin/python /opt/tests/guest_shm_api.py
 step cuda hvgpu-guest run -- /opt/programs/saxpy_static
 # The agent restarts under a running program: its next call fails, the next program works.
 mkfifo /tmp/go

@@ -111,16 +111,23 @@ def initrd(cache: Path, overlay: Path, out: Path) -> Path:
     return out
 
 
+SHM_SIZE = 64 << 20  # room for a program's staging slots and pinned memory, and the marks
+
+
 class SharedRegion:
     """The VM's shared-memory region on the host: a /dev/shm file (one per run, removed
     after it) that QEMU maps as an ivshmem-plain device's BAR 2."""
 
-    def __init__(self, size: int = 16 << 20):
+    def __init__(self, size: int = SHM_SIZE):
         self.size = size
-        self.path = Path(f"/dev/shm/hvgpu-{VM}-test-{os.getpid()}")
+        # named as the agent looks for it (names.shm_name), in a directory of this run's
+        # that the agent is told is its shm directory
+        self.dir = Path(f"/dev/shm/hvgpu-test-{os.getpid()}")
+        self.path = self.dir / f"hvgpu-{VM}"
 
     def __enter__(self) -> "SharedRegion":
-        self.path.unlink(missing_ok=True)  # a killed run's, under this same pid
+        shutil.rmtree(self.dir, ignore_errors=True)  # a killed run's, under this same pid
+        self.dir.mkdir(mode=0o700)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, self.size)
@@ -129,7 +136,7 @@ class SharedRegion:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.path.unlink(missing_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def write(self, offset: int, data: bytes) -> None:
         with open(self.path, "r+b") as f:
@@ -150,8 +157,9 @@ class SharedRegion:
 class Host:
     """vhost-device-vsock and the agent (tests/vm/host_agent.py) for one guest."""
 
-    def __init__(self, cache: Path, work: Path):
+    def __init__(self, cache: Path, work: Path, shm_dir: Path | None = None):
         self.cache, self.work = cache, work
+        self.shm_dir = shm_dir  # where the agent finds the VM's region file
         self.run = work / "run"
         self.run.mkdir(parents=True, exist_ok=True)
         self.vhost = self.run / "vhost.sock"
@@ -185,6 +193,8 @@ class Host:
         log = open(self.work / f"agent-{self.agent_starts}.log", "ab")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(REPO), os.environ.get("PYTHONPATH", "")]))
+        if self.shm_dir is not None:
+            env["HVGPU_TEST_SHM_DIR"] = str(self.shm_dir)
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "tests.vm.host_agent", str(self.agent_dir), str(self.uds),
              VM], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
