@@ -22,7 +22,7 @@ except ImportError:  # a guest-only install: no host dependencies at all
 
 from hvgpu import __version__
 from hvgpu.errors import HvgpuError
-from hvgpu.units import format_size
+from hvgpu.units import format_size, parse_size
 from hvgpu.virtio.protocol import DEFAULT_PORT
 
 
@@ -104,6 +104,15 @@ _SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: C
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
 
+def _local_shm(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text)
+    except (HvgpuError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--local-shm") from None
+
+
 @cli.command()
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
@@ -133,6 +142,10 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               show_default=True, metavar="N",
               help="Open connections a VM may have at once, over all its vGPUs; more are "
                    "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
+@click.option("--local-shm", default="1G", show_default=True, metavar="SIZE",
+              help="Shared memory (memfds) each connection on a listener bound to no VM may "
+                   "have its executor map and page-lock, for its pinned memory and copy "
+                   "staging; 0: none. A VM's is its slice's (attach --shm).")
 @click.option("--executor-user", default="hvgpu", show_default=True, metavar="NAME",
               help="Run executors (the processes that run guests' CUDA work) as this user, "
                    "without capabilities; install.sh creates it. `root` runs them as root, "
@@ -141,7 +154,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, executor_user, log_level):
+          placement, max_connections_per_vm, local_shm, executor_user, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -168,7 +181,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
-                         executor_user=executor_user, run_dir=default_run_dir())
+                         executor_user=executor_user, run_dir=default_run_dir(),
+                         local_shm=_local_shm(local_shm))
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()

@@ -113,3 +113,9 @@ def test_shm_says_what_the_region_is_for():
     assert "copies through it are DMA" in text and "power of two" in text
     text = " ".join(CliRunner().invoke(cli, ["resize", "--help"]).output.split())
     assert "cannot be resized live" in text
+
+
+def test_agent_local_shm_takes_a_size_or_zero():
+    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--local-shm", "3X"])
+    assert result.exit_code == 2 and "--local-shm" in result.output, result.output
+    assert "memfds" in CliRunner().invoke(cli, ["agent", "--help"]).output
