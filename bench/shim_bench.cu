@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 #include <algorithm>
 #include <cublas_v2.h>
@@ -54,29 +55,42 @@ int main(int argc, char **argv) {
     }
     printf(", \"sgemm_4096\": %.3f", median(tflops));
     cublasDestroy(h);
-    // copy sweep, pageable host memory
-    size_t sizes[] = { 4096, 256 << 10, 4 << 20, 64 << 20 };
-    const char *labels[] = { "4 KiB", "256 KiB", "4 MiB", "64 MiB" };
-    char *host = (char *)malloc(64 << 20), *dev;
-    for (size_t i = 0; i < (64u << 20); i++) host[i] = (char)i;
-    CHECK(cudaMalloc(&dev, 64 << 20));
-    for (int s = 0; s < 4; s++) {
-        size_t sz = sizes[s];
-        int k = sz >= (4u << 20) ? (quick ? 5 : 20) : (quick ? 200 : 1000);
-        for (int dir = 0; dir < 2; dir++) {
-            std::vector<double> gbs;
-            for (int r = 0; r < 3; r++) {
-                double t = now();
-                for (int i = 0; i < k; i++) {
-                    if (dir == 0) CHECK(cudaMemcpy(dev, host, sz, cudaMemcpyHostToDevice));
-                    else CHECK(cudaMemcpy(host, dev, sz, cudaMemcpyDeviceToHost));
+    // copy sweep: pageable host memory, then cudaMallocHost (pinned) at the large sizes
+    const size_t GiB = (size_t)1 << 30;
+    size_t sizes[] = { 4096, 256 << 10, 4 << 20, 64 << 20, GiB };
+    const char *labels[] = { "4 KiB", "256 KiB", "4 MiB", "64 MiB", "1 GiB" };
+    char *host = (char *)malloc(GiB), *dev, *pinned;
+    for (size_t i = 0; i < GiB; i++) host[i] = (char)i;
+    CHECK(cudaMalloc(&dev, GiB));
+    CHECK(cudaMallocHost(&pinned, GiB));
+    memcpy(pinned, host, GiB);
+    for (int kind = 0; kind < 2; kind++) {
+        for (int s = kind ? 3 : 0; s < 5; s++) {
+            size_t sz = sizes[s];
+            char *h = kind ? pinned : host;
+            int k = sz >= GiB ? (quick ? 2 : 3) : sz >= (4u << 20) ? (quick ? 5 : 20)
+                                                                   : (quick ? 200 : 1000);
+            for (int dir = 0; dir < 2; dir++) {
+                std::vector<double> gbs;
+                for (int r = 0; r < 3; r++) {
+                    double t = now();
+                    for (int i = 0; i < k; i++) {
+                        if (dir == 0) CHECK(cudaMemcpy(dev, h, sz, cudaMemcpyHostToDevice));
+                        else CHECK(cudaMemcpy(h, dev, sz, cudaMemcpyDeviceToHost));
+                    }
+                    CHECK(cudaDeviceSynchronize());
+                    gbs.push_back(sz * (double)k / (now() - t) / 1e9);
                 }
-                CHECK(cudaDeviceSynchronize());
-                gbs.push_back(sz * (double)k / (now() - t) / 1e9);
+                printf(", \"%s%s_%s\": %.3f", kind ? "pinned_" : "", dir ? "d2h" : "h2d",
+                       labels[s], median(gbs));
             }
-            printf(", \"%s_%s\": %.3f", dir ? "d2h" : "h2d", labels[s], median(gbs));
         }
     }
+    // the bytes that went round trip through both paths are the ones that left
+    CHECK(cudaMemcpy(dev, host, GiB, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(pinned, dev, GiB, cudaMemcpyDeviceToHost));
+    if (memcmp(pinned, host, GiB)) { fprintf(stderr, "copies returned wrong bytes\n"); return 1; }
+    CHECK(cudaFreeHost(pinned));
     printf("}\n");
     return 0;
 }

@@ -22,7 +22,7 @@ except ImportError:  # a guest-only install: no host dependencies at all
 
 from hvgpu import __version__
 from hvgpu.errors import HvgpuError
-from hvgpu.units import format_size
+from hvgpu.units import format_size, parse_size
 from hvgpu.virtio.protocol import DEFAULT_PORT
 
 
@@ -86,15 +86,31 @@ def _share(pct: int) -> str:
 
 
 def _slice_rows(slices, extra=()):
-    rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "CID", *[h for h, _ in extra]]]
+    rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "SHM", "CID", *[h for h, _ in extra]]]
     for s in slices:
         rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
-                     _share(s["compute"]), "-" if s["cid"] is None else str(s["cid"]),
-                     *[f(s) for _, f in extra]])
+                     _share(s["compute"]), format_size(s["shm"]) if s.get("shm") else "-",
+                     "-" if s["cid"] is None else str(s["cid"]), *[f(s) for _, f in extra]])
     return rows
 
 
+_SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: CUDA programs "
+             "in the VM get their pinned host memory (cudaMallocHost) and their copy staging "
+             "from it, and copies through it are DMA on the host. A power of two from 1M to "
+             "1T (1M, 2M, ... 512M, 1G, 2G); host RAM in /dev/shm, not GPU memory, and SIZE "
+             "is its limit. A libvirt domain gets an ivshmem-plain device for it.")
+
+
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+def _local_shm(text: str) -> int:
+    if text.strip() == "0":
+        return 0
+    try:
+        return parse_size(text)
+    except (HvgpuError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--local-shm") from None
 
 
 @cli.command()
@@ -126,6 +142,10 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               show_default=True, metavar="N",
               help="Open connections a VM may have at once, over all its vGPUs; more are "
                    "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
+@click.option("--local-shm", default="1G", show_default=True, metavar="SIZE",
+              help="Shared memory (memfds) each connection on a listener bound to no VM may "
+                   "have its executor map and page-lock, for its pinned memory and copy "
+                   "staging; 0: none. A VM's is its slice's (attach --shm).")
 @click.option("--executor-user", default="hvgpu", show_default=True, metavar="NAME",
               help="Run executors (the processes that run guests' CUDA work) as this user, "
                    "without capabilities; install.sh creates it. `root` runs them as root, "
@@ -134,7 +154,7 @@ _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-rea
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, executor_user, log_level):
+          placement, max_connections_per_vm, local_shm, executor_user, log_level):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -161,7 +181,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
-                         executor_user=executor_user, run_dir=default_run_dir())
+                         executor_user=executor_user, run_dir=default_run_dir(),
+                         local_shm=_local_shm(local_shm))
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
@@ -222,9 +243,10 @@ def gpus(ctx, as_json):
                    "(unless --gpu names one); the guest sees devices 0..COUNT-1.")
 @click.option("--add", is_flag=True,
               help="VM already has vGPUs: attach more after them (its next device numbers).")
+@click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]")
 @_json_option
 @click.pass_context
-def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
+def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, shm, as_json):
     """Give VM a GPU slice (a vGPU); it applies to the VM's next CUDA connection.
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
@@ -233,6 +255,12 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
     reaches the agent through a hybrid-vsock listener bound to it (hvgpu agent
     --listen hvsock://UDS:5170=VM; see hvgpu domain-xml --vhost-user-vsock)
     gets no vsock device, only the metadata.
+
+    With --shm, each new vGPU also gets a shared-memory region: in a libvirt
+    domain an ivshmem-plain device <shmem name='hvgpu-VM'> (hvgpu-VM#N for
+    vGPU N), hot-plugged beside the vsock device (live and in its config; a
+    hybrid-vsock domain gets it too), backed by /dev/shm/hvgpu-VM, which QEMU
+    creates. The guest maps the device's BAR 2.
 
     A VM may have several vGPUs (--count, or --add later), each served by its
     own executor on its GPU; the guest reaches vGPU N at the data lane's vsock
@@ -244,16 +272,20 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, as_json):
       hvgpu attach vm2 --mem 8G --compute 25% --gpu 1
       hvgpu attach vm3 --mem 16G --count 2
       hvgpu attach vm1 --mem 4G --add
+      hvgpu attach vm4 --mem 4G --shm 1G
       hvgpu attach fc-vm --mem 2G --cid 3
     """
     s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid,
-              placement=placement, count=count if count != 1 else None, add=add or None)
+              placement=placement, count=count if count != 1 else None, add=add or None,
+              shm=shm)
 
     def text(s):
         line = f"attached {s['vm']}: " + "; ".join(
             (f"device {v['device']}: " if len(s["vgpus"]) > 1 or v["device"] else "")
             + f"{format_size(v['mem'])}, compute {_share(v['compute'])}, "
-              f"GPU {v['gpu_index']} ({v['gpu_uuid']})" for v in s["vgpus"])
+              f"GPU {v['gpu_index']} ({v['gpu_uuid']})"
+            + (f", shared memory {format_size(v['shm'])}" if v.get("shm") else "")
+            for v in s["vgpus"])
         if "hybrid_vsock" in s:
             line += f", served by the hybrid-vsock listener {s['hybrid_vsock']} (no vsock " \
                     "device hot-plugged)"
@@ -290,11 +322,14 @@ def detach(ctx, vm, unplug, device, as_json):
 @click.argument("vm")
 @click.option("--mem", default=None, metavar="SIZE", help="New memory quota.")
 @click.option("--compute", default=None, metavar="SHARE", help="New compute share.")
+@click.option("--shm", default=None, metavar="SIZE",
+              help="New shared-memory region (0: none). Only while the guest cannot use it: "
+                   "a libvirt domain must be shut off (ivshmem cannot be resized live).")
 @click.option("--device", type=int, default=0, show_default=True, metavar="N",
               help="Which of the VM's vGPUs.")
 @_json_option
 @click.pass_context
-def resize(ctx, vm, mem, compute, device, as_json):
+def resize(ctx, vm, mem, compute, shm, device, as_json):
     """Change a running VM's slice.
 
     The memory quota changes at once for every connection of the VM; shrinking
@@ -303,16 +338,22 @@ def resize(ctx, vm, mem, compute, device, as_json):
     executor process: new CUDA connections get them at once, connections
     already open keep the old ones until they close ("pending" in the output).
 
+    The shared-memory region (--shm) of a libvirt domain changes in its config
+    while it is shut off; a running one is refused: stop the guest first, or
+    detach the slice and attach it again.
+
     \b
     Examples:
       hvgpu resize vm1 --mem 8G
       hvgpu resize vm1 --compute 50%
+      virsh shutdown vm4 && hvgpu resize vm4 --shm 2G
     """
-    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None)
+    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None, shm=shm)
 
     def text(s):
         line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
-                + f": {format_size(s['mem'])}, compute {_share(s['compute'])}")
+                + f": {format_size(s['mem'])}, compute {_share(s['compute'])}"
+                + (f", shared memory {format_size(s['shm'])}" if s.get("shm") else ""))
         if s.get("pending"):
             line += ("\nCUDA connections already open keep their MPS limits until they close; "
                      "new ones get the new limits")
@@ -377,8 +418,12 @@ def status(ctx, as_json):
                    "SOCKET (vhost-device-vsock --socket SOCKET --uds-path UDS), instead of "
                    "libvirt's <vsock>; its RAM becomes shared memory. Serve it with "
                    "hvgpu agent --listen hvsock://UDS:5170=NAME.")
+@click.option("--shm", default=None, metavar="SIZE",
+              help="Also an ivshmem-plain device hvgpu-NAME of SIZE for the shared-memory "
+                   "region of vGPU 0, as hvgpu attach --shm SIZE adds it (give attach the "
+                   "same SIZE). A power of two from 1M to 1T.")
 def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, domain_type,
-                   vhost_user_vsock):
+                   vhost_user_vsock, shm):
     """Print a complete q35 domain for a GPU-sharing guest (with its vsock device).
 
     \b
@@ -387,19 +432,24 @@ def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, 
           --cloud-init /var/lib/libvirt/images/vm1-seed.iso > vm1.xml && virsh define vm1.xml
       hvgpu domain-xml vm2 --disk /var/lib/libvirt/images/vm2.qcow2 \\
           --vhost-user-vsock /run/hvgpu/vm2-vhost.sock > vm2.xml && virsh define vm2.xml
+      hvgpu domain-xml vm4 --disk /var/lib/libvirt/images/vm4.qcow2 --shm 1G > vm4.xml
     """
+    from hvgpu.host.names import VgpuKey, shm_name
     from hvgpu.host.render import domain_xml
-    from hvgpu.units import parse_size
+    from hvgpu.units import parse_shm_size, parse_size
 
     if vhost_user_vsock is not None and not vhost_user_vsock.startswith("/"):
         # QEMU resolves a relative path from its own working directory, not this one
         raise click.BadParameter(f"{vhost_user_vsock!r} is not an absolute path",
                                  param_hint="--vhost-user-vsock")
     try:
+        region = parse_shm_size(shm) if shm not in (None, "") else 0
+        shmem = (shm_name(VgpuKey.of(name)), region >> 20) if region else None
         click.echo(domain_xml(name, parse_size(memory), vcpus, disk, disk_format=disk_format,
                               cloud_init=cloud_init, network=network, domain_type=domain_type,
                               cpu_mode="host-passthrough" if domain_type == "kvm"
-                              else "host-model", vhost_user_vsock=vhost_user_vsock), nl=False)
+                              else "host-model", vhost_user_vsock=vhost_user_vsock,
+                              shmem=shmem), nl=False)
     except HvgpuError as exc:
         _fail(exc)
 

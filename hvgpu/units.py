@@ -2,7 +2,9 @@
 
 Sizes: ``4G``, ``4096M``, ``4GiB``, ``0.5G``, ``512MiB``, plain bytes. Binary
 units throughout (G = GiB), as nvidia-smi and virsh use them. Shares:
-``25%`` or ``0.25``. Pure functions; must not import host or guest code.
+``25%`` or ``0.25``. A shared-memory region's size is a size with QEMU's
+ivshmem rule on top (a power of two). Pure functions; must not import host or
+guest code.
 """
 
 from __future__ import annotations
@@ -31,6 +33,38 @@ def parse_size(text: str | int) -> int:
     if value <= 0:
         raise BadValue(f"{text!r}: a size must be more than zero")
     return value
+
+
+MIN_SHM = 1 << 20  # libvirt sizes an ivshmem region in MiB
+MAX_SHM = 1 << 40  # host RAM in /dev/shm: far beyond any host's, and within SQLite's integers
+_SHM_RULE = ("is not a size for a shared-memory region: it is a power of two from 1 MiB to "
+             "1 TiB (1M, 2M, 4M, ... 512M, 1G, 2G, ...), as QEMU's ivshmem device maps it "
+             "as one PCI BAR; or 0 for none")
+
+
+def check_shm_size(value) -> int:
+    """``value`` when it is a shared-memory region's size: 0 (no region), or a power of
+    two from MIN_SHM to MAX_SHM (QEMU maps an ivshmem region as one PCI BAR, which is a
+    power of two); else BadValue saying what is accepted."""
+    if isinstance(value, int) and not isinstance(value, bool) and (
+            value == 0 or (MIN_SHM <= value <= MAX_SHM and value & (value - 1) == 0)):
+        return value
+    shown = format_size(value) if isinstance(value, int) and value > 0 else repr(value)
+    raise BadValue(f"{shown} {_SHM_RULE}")
+
+
+def parse_shm_size(text: str | int) -> int:
+    """'1G' -> 1073741824; '0' -> 0 (no region); anything else that is not a power of two
+    from 1 MiB to 1 TiB is refused, saying what is accepted."""
+    if isinstance(text, str) and text.strip() == "0":
+        return 0
+    if isinstance(text, int) and not isinstance(text, bool):
+        return check_shm_size(text)
+    value = parse_size(text)
+    try:
+        return check_shm_size(value)
+    except BadValue:
+        raise BadValue(f"{text!r} ({format_size(value)}) {_SHM_RULE}") from None
 
 
 def parse_share(text: str | float) -> int:

@@ -89,3 +89,33 @@ def test_domain_xml_with_a_vhost_user_vsock_backend():
     out = CliRunner().invoke(cli, ["domain-xml", "vm3", "--disk", "/x",
                                    "--vhost-user-vsock", "vm3-vhost.sock"])
     assert out.exit_code == 2 and "not an absolute path" in out.output
+
+
+def test_domain_xml_with_a_shared_memory_device():
+    from tests.host.test_render import GOLDEN
+
+    out = CliRunner().invoke(cli, ["domain-xml", "vm4", "--memory", "8G", "--vcpus", "4",
+                                   "--disk", "/var/lib/libvirt/images/vm4.qcow2", "--shm", "1G"])
+    assert out.exit_code == 0, out.output
+    assert out.output == (GOLDEN / "domain-vm4-shm.xml").read_text()
+    out = CliRunner().invoke(cli, ["domain-xml", "vm4", "--disk", "/x", "--shm", "3G"])
+    assert out.exit_code == 1
+    assert "'3G' (3 GiB) is not a size for a shared-memory region" in out.output
+    assert "a power of two from 1 MiB to 1 TiB (1M, 2M, 4M, ... 512M, 1G, 2G, ...)" in out.output
+
+
+def test_shm_says_what_the_region_is_for():
+    for command in ("attach", "resize", "domain-xml"):
+        out = CliRunner().invoke(cli, [command, "--help"])
+        assert "--shm SIZE" in out.output, command
+    text = " ".join(CliRunner().invoke(cli, ["attach", "--help"]).output.split())
+    assert "pinned host memory (cudaMallocHost) and their copy staging" in text
+    assert "copies through it are DMA" in text and "power of two" in text
+    text = " ".join(CliRunner().invoke(cli, ["resize", "--help"]).output.split())
+    assert "cannot be resized live" in text
+
+
+def test_agent_local_shm_takes_a_size_or_zero():
+    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--local-shm", "3X"])
+    assert result.exit_code == 2 and "--local-shm" in result.output, result.output
+    assert "memfds" in CliRunner().invoke(cli, ["agent", "--help"]).output

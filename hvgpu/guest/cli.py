@@ -5,6 +5,7 @@
     hvgpu-guest run -- CMD ARGS   run an unmodified CUDA program on the vGPU (libcuda shim)
     hvgpu-guest coverage          which CUDA driver entry points the shim implements
     hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
+    hvgpu-guest install           give group hvgpu the VM's shared-memory device (udev rule)
 
 Standard library only (argparse), so it runs in a VM where nothing but this
 package is installed. Must not import ``hvgpu.host``.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from hvgpu import __version__
 from hvgpu.errors import CudaError, HvgpuError, TransportError
+from hvgpu.guest import region
 from hvgpu.guest.client import ENV_ADDRESS, Connection, default_address
 from hvgpu.guest.device import Device
 from hvgpu.virtio import protocol as P
@@ -52,7 +54,22 @@ def collect(agent: str | None = None) -> dict:
         except (HvgpuError, OSError) as exc:
             gpus.append({"index": index, "error": str(exc)})
     return {"agent": agent_version, "address": str(address), "peer": peer,
-            "protocol": version, "vm": vm, "gpus": gpus}
+            "protocol": version, "vm": vm, "gpus": gpus, "shm": shm_devices()}
+
+
+def shm_devices() -> list[dict]:
+    """The VM's shared-memory devices, and whether this user may map them."""
+    return [{"address": d.address, "resource": str(d.resource), "size": d.size,
+             "accessible": d.accessible()} for d in region.devices()]
+
+
+def shm_text(devices: list[dict]) -> list[str]:
+    if not devices:
+        return ["shared memory: no device in this VM (bulk copies go over the socket)"]
+    return [f"shared memory: device {d['address']}, {_gib(d['size'])}, "
+            + ("readable and writable by this user" if d["accessible"] else
+               f"not accessible to this user ({d['resource']}: as root, `hvgpu-guest install`, "
+               f"then join group {region.GROUP})") for d in devices]
 
 
 def _vgpu(index: int, conn: Connection) -> tuple[str, dict]:
@@ -79,6 +96,7 @@ def info_text(d: dict) -> str:
                      f"({_gib(g['memory_used'])} in use), compute {share}, "
                      f"{g['multiprocessors']} SMs, compute capability {g['compute_capability']}, "
                      f"{g['uuid']}")
+    lines += shm_text(d.get("shm", []))
     return "\n".join(lines)
 
 
@@ -182,6 +200,23 @@ def ldconfig_command(write: bool) -> int:
     return 0
 
 
+def install_command(root: str) -> int:
+    from hvgpu.guest.install import install
+
+    try:
+        said = install(root)
+    except PermissionError as exc:
+        print(f"hvgpu-guest install: {exc.filename}: permission denied (run it as root)",
+              file=sys.stderr)
+        return 1
+    except (HvgpuError, OSError) as exc:
+        print(f"hvgpu-guest install: {exc}", file=sys.stderr)
+        return 1
+    for line in said:
+        print(line)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="hvgpu-guest", description="This VM's GPU slices, served by the host's hvgpu agent.",
@@ -212,7 +247,17 @@ def main(argv=None) -> int:
                                    "loader, so every program uses the vGPU without "
                                    "`hvgpu-guest run`.")
     p.add_argument("--write", action="store_true", help="write the file and run ldconfig (root)")
+    p = sub.add_parser("install", help="give group hvgpu the VM's shared-memory device (root)",
+                       description="Install the udev rule that gives group hvgpu read and "
+                                   "write on the VM's shared-memory device (ivshmem, which "
+                                   "carries the vGPU's bulk copies), create the group, and "
+                                   "give it the devices present now.")
+    p.add_argument("--root", default="/", metavar="DIR",
+                   help="install the rule under DIR instead (an image being built); leaves "
+                        "this system's group and devices alone")
     args = ap.parse_args(argv)
+    if args.command == "install":
+        return install_command(args.root)
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         return run_command(cmd, args.agent)

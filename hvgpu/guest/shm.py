@@ -29,7 +29,8 @@ import logging
 import mmap
 import os
 
-from hvgpu.errors import CudaError
+from hvgpu.errors import CudaError, HvgpuError
+from hvgpu.guest import region as guest_region
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
@@ -103,7 +104,10 @@ class SharedLane:
     def __init__(self, conn):
         self.conn = conn
         self.tried = False
+        self.mode: str | None = None  # "device" (the VM's region) or "memfd"; None: none
+        self.no_staging = False
         self.device: _Mapping | None = None  # the VM's region, if attached
+        self.token: bytes | None = None  # the one its header carried
         self.staging: tuple[_Mapping, int] | None = None  # (mapping, offset of the slots)
         self.pinned: list[tuple[int, int, PinnedMemory]] = []  # (addr, end, mem), sorted
         self.why_not = ""
@@ -111,38 +115,53 @@ class SharedLane:
     # -- setting up ----------------------------------------------------------
 
     def _attach(self) -> bool:
-        """A region for staging, once; False (and why_not) where none can be had."""
+        """A region (the VM's device, else memfds), once; False (and why_not) where none
+        can be had."""
         if self.tried:
-            return self.staging is not None
+            return self.mode is not None
         self.tried = True
         caps = self.conn.caps
-        try:
-            if caps & P.CAP_SHM_DEVICE and self._attach_device():
-                at = self._room(STAGE_SLOTS * STAGE_CHUNK)
-                self.staging = (self.device, at)
-            elif caps & P.CAP_SHM_MEMFD:
-                self.staging = (self._memfd(STAGE_SLOTS * STAGE_CHUNK), 0)
-            else:
-                self.why_not = self.why_not or "the agent offers no shared-memory region"
-        except CudaError as exc:
-            self.why_not = f"{exc}"
-        if self.staging is None:
+        if caps & P.CAP_SHM_DEVICE:
+            try:
+                if self._attach_device():
+                    self.mode = "device"
+            except CudaError as exc:
+                self.why_not = f"{exc}"
+        if self.mode is None and caps & P.CAP_SHM_MEMFD:
+            self.mode = "memfd"  # each memfd is attached as it is made
+        if self.mode is None and not self.why_not:
+            self.why_not = "the agent offers no shared-memory region"
+        if self.mode is None:
             log.info("copies travel on the socket: %s", self.why_not)
+        return self.mode is not None
+
+    def _staging(self) -> bool:
+        """Two slots for pageable copies, made on the first one; False where the region
+        has no room for them (the copy then goes on the socket)."""
+        if self.staging is None and not self.no_staging and self._attach():
+            try:
+                if self.mode == "device":
+                    self.staging = (self.device, self._room(STAGE_SLOTS * STAGE_CHUNK))
+                else:
+                    self.staging = (self._memfd(STAGE_SLOTS * STAGE_CHUNK), 0)
+            except CudaError as exc:
+                self.no_staging = True
+                log.info("pageable copies travel on the socket: %s", exc)
         return self.staging is not None
 
     def _attach_device(self) -> bool:
-        region, _, size, token = self.conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+        region, device, size, token = self.conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
         try:
-            from hvgpu.guest import region as guest_region
-            found = guest_region.find_device_region(token, 0)
-        except (ImportError, OSError, CudaError) as exc:
+            found = guest_region.find_device_region(token, device)
+        except (OSError, HvgpuError) as exc:
             found, self.why_not = None, f"the VM's shared-memory device cannot be mapped: {exc}"
         if found is None:
             self.why_not = self.why_not or ("no ivshmem device of this VM carries the agent's "
                                             "token")
             self.conn.call("SHM_DETACH", region)
             return False
-        self.device = _Mapping(region, found.size, found.map)
+        self.device = _Mapping(region, found.size, found.mmap)
+        self.token = token
         self._device_found = found  # keeps its mapping alive
         return True
 
@@ -216,7 +235,7 @@ class SharedLane:
             region, offset = pinned
             conn.post("MEMCPY_HTOD_SHM", dst, region, 0, offset, n, stream)
             return True
-        if n < STAGE_MIN or not self._attach():
+        if n < STAGE_MIN or not self._staging():
             return False
         mapping, slots = self.staging
         fences: list[int] = []
@@ -250,7 +269,7 @@ class SharedLane:
             conn.post("MEMCPY_DTOH_SHM", region, 0, offset, src, n, stream)
             conn.read_reply(_SYNC, conn.send_request(_SYNC, sync.encode((stream,))))
             return True
-        if n < STAGE_MIN or not self._attach():
+        if n < STAGE_MIN or not self._staging():
             return False
         mapping, slots = self.staging
         chunks = [(off, min(STAGE_CHUNK, n - off)) for off in range(0, n, STAGE_CHUNK)]

@@ -40,7 +40,7 @@ from hvgpu.host import regions as regions_host
 from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.names import MAX_VGPUS, VgpuKey
+from hvgpu.host.names import MAX_VGPUS, SHM_DIR, VgpuKey
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import StateStore, lock_state_dir
 from hvgpu.virtio import codec
@@ -81,7 +81,7 @@ class AgentConfig:
     # Shared memory (memfd regions) a host-local connection may have its executor map
     # and page-lock; a VM's limit is its slice's (hvgpu attach --shm).
     local_shm: int = 1 << 30
-    shm_dir: str = "/dev/shm"  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
+    shm_dir: str = SHM_DIR  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
 
 
 @dataclass
@@ -505,7 +505,7 @@ class Agent:
             env.update(self.mps.client_env(s.mem, s.compute))
         proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
                                                       "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
-                                                      "--shm", str(getattr(s, "shm", 0)),
+                                                      "--shm", str(s.shm),
                                                       "--gpu", "0"], env, vm=key.vm)
         theirs.close()
         generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
@@ -585,9 +585,11 @@ class Agent:
         file): the one its slice names, a regular file of the slice's size, never a
         link."""
         try:
-            fd, size = regions_host.open_region(self.config.shm_dir, ex.key,
-                                                self.slices.by_key(ex.key) if self.slices
-                                                else None)
+            try:
+                slice_ = self.slices.by_key(ex.key) if self.slices is not None else None
+            except HvgpuError:  # detached meanwhile
+                slice_ = None
+            fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
         except CudaError as exc:
             log.warning("slice %s: no shared-memory region for its guest: %s", ex.key,
                         exc.detail)

@@ -13,9 +13,9 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
 from hvgpu.host.inventory import Gpu
-from hvgpu.host.names import check_vm_name
+from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, shm_name
 from hvgpu.host.transaction import Transaction
-from hvgpu.units import parse_share, parse_size
+from hvgpu.units import parse_share, parse_shm_size, parse_size
 
 
 class NotBuilt(HvgpuError):
@@ -49,11 +49,15 @@ class ControlAPI:
         return f"memory enforced by accounting; compute time-shared ({reason})"
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
-               placement: str | None = None, count: int = 1, add: bool = False) -> dict:
-        """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has); a
-        libvirt domain also gets a vsock device (hot-plugged, live and in its config,
-        when missing and no hybrid-vsock listener is bound to it) and its vGPUs in its
-        metadata. Every step is undone if a later one fails. Returns the first new vGPU, with all new ones under "vgpus"."""
+               placement: str | None = None, count: int = 1, add: bool = False,
+               shm=None) -> dict:
+        """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has), each
+        with a shared-memory region of ``shm`` (a size; none by default); a libvirt
+        domain also gets a vsock device (hot-plugged, live and in its config, when
+        missing and no hybrid-vsock listener is bound to it), an ivshmem-plain device per
+        region (likewise, bound or not) and its vGPUs in its metadata. Every step is
+        undone if a later one fails. Returns the first new vGPU, with all new ones under
+        "vgpus"."""
         check_vm_name(vm)
         vms = self.agent.vms
         bound = any(k.vm == vm for k in self.agent.bindings.values())
@@ -65,14 +69,20 @@ class ControlAPI:
                            f"CID), or bind a socket to it (--listen unix:///PATH={vm})")
         size = parse_size(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
+        region = parse_shm_size(shm) if shm not in (None, "") else 0
         with Transaction() as tx:
             if by_libvirt:
                 vm, hybrid = vms.prepare(vm, tx, self._hybrid_listener)
                 vm = check_vm_name(vm)  # libvirt's canonical name
-            new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add)
+            if region:  # a name too long for a file in /dev/shm: refused before any change
+                last = len(self.slices.of_vm(vm)) + count - 1 if add else count - 1
+                shm_name(VgpuKey.of(vm, min(last, MAX_VGPUS - 1)))
+            new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add,
+                                     shm=region)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
             if by_libvirt:
+                vms.plug_regions(new, tx)
                 vms.record(self.slices.of_vm(vm), tx)
             for s in new:
                 self.agent.slice_attached(s.key, size)
@@ -115,6 +125,8 @@ class ControlAPI:
                              "use: detach them all (no --device) to unplug it")
         libvirt_vm = vms is not None and s.cid is None
         rest = [x for x in self.slices.of_vm(vm) if x not in gone]
+        if libvirt_vm:  # first: the step that can fail on a live domain
+            vms.unplug_regions(gone)
         if libvirt_vm and rest:
             vms.record(rest)
         elif libvirt_vm:
@@ -126,18 +138,40 @@ class ControlAPI:
         d["vgpus"] = [g.as_dict() for g in gone]
         return d
 
-    def resize(self, vm: str, mem=None, compute=None, device: int = 0) -> dict:
+    def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None) -> dict:
+        """New limits for one vGPU. Its shared-memory region (``shm``) changes only while
+        its guest cannot use it: a libvirt domain that is shut off (in its config), a
+        VM of another kind with no CUDA connection open."""
         check_vm_name(vm)
-        if mem in (None, "") and compute in (None, ""):
-            raise HvgpuError("nothing to change: give --mem and/or --compute")
-        key = self.slices.get(vm, device).key
-        used, _ = self.agent.slice_usage(key)
-        s = self.slices.resize(vm, parse_size(mem) if mem not in (None, "") else None,
-                               parse_share(compute) if compute not in (None, "") else None,
-                               in_use=used, device=device)
+        if all(v in (None, "") for v in (mem, compute, shm)):
+            raise HvgpuError("nothing to change: give --mem, --compute and/or --shm")
+        old = self.slices.get(vm, device)
+        key = old.key
+        size = parse_size(mem) if mem not in (None, "") else None
+        share = parse_share(compute) if compute not in (None, "") else None
+        region = parse_shm_size(shm) if shm not in (None, "") else None
+        vms = self.agent.vms
+        by_libvirt = vms is not None and old.cid is None and vms.knows(vm)
+        used, executors = self.agent.slice_usage(key)
+        with Transaction() as tx:
+            if region is not None and region != old.shm:
+                if region:
+                    shm_name(key)  # a name too long for a file in /dev/shm is refused
+                if by_libvirt:
+                    vms.resize_region(old, region, tx)
+                elif any(e.connections for e in executors):
+                    raise HvgpuError(
+                        f"cannot change the shared-memory region of {key} while its guest "
+                        "has CUDA connections open (the region is mapped on both sides): "
+                        "end its CUDA programs, or detach the slice and attach it again with "
+                        "the new --shm")
+            before = (old.mem, old.compute, old.shm)
+            s = self.slices.resize(vm, size, share, in_use=used, device=device, shm=region)
+            tx.on_undo(lambda: self.slices.resize(vm, *before[:2], device=device,
+                                                  shm=before[2]), "slice record")
+            if by_libvirt:
+                vms.record(self.slices.of_vm(vm), tx)
         pending = self.agent.slice_resized(key, s.mem, s.compute)
-        if self.agent.vms is not None and s.cid is None and self.agent.vms.knows(vm):
-            self.agent.vms.record(self.slices.of_vm(vm))
         d = s.as_dict()
         d["pending"] = pending
         return d

@@ -1,4 +1,5 @@
-"""libvirt: find VMs, give them a vsock device, keep their slice on the domain.
+"""libvirt: find VMs, give them a vsock device and shared-memory devices, keep their
+slice on the domain.
 
 The only module in hvgpu that imports libvirt. libvirt errors are translated
 by error code (``libvirtError.get_error_code()``) into hvgpu errors that say
@@ -18,7 +19,8 @@ from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.names import MAX_VGPUS
-from hvgpu.host.render import NAMESPACE, PREFIX, slice_metadata_xml, vsock_xml
+from hvgpu.host.render import NAMESPACE, PREFIX, shmem_xml, slice_metadata_xml, vsock_xml
+from hvgpu.units import BadValue, check_shm_size, format_size
 
 try:
     import libvirt
@@ -46,6 +48,14 @@ class NoVhostVsock(HypervisorError):
     code = "no-vhost-vsock"
 
 
+class ShmemHotPlugFailed(HypervisorError):
+    code = "shmem-hot-plug"
+
+
+class ShmemMismatch(HypervisorError):
+    code = "shmem-mismatch"
+
+
 def _codes():
     return {
         "no_domain": libvirt.VIR_ERR_NO_DOMAIN,
@@ -68,8 +78,8 @@ def translate(exc, doing: str, vm: str = "") -> HypervisorError:
         return NoSuchVm(f"libvirt has no domain {vm!r} (virsh list --all shows them)")
     if code in (c["no_support"], c["operation_unsupported"]):
         return NotSupported(f"{doing}: this libvirt driver cannot do that ({detail})")
-    if doing.startswith("hot-plug") and code in (c["config_unsupported"], c["system"],
-                                                  c["internal"]):
+    if doing.startswith("hot-plugging a vsock") and code in (
+            c["config_unsupported"], c["system"], c["internal"]):
         # QEMU reports a host without /dev/vhost-vsock as an unsupported configuration
         return NoVhostVsock(f"{doing}: the host could not open /dev/vhost-vsock; load the "
                            f"vhost_vsock kernel module (modprobe vhost_vsock), or, where it "
@@ -89,6 +99,7 @@ class DomainSlice:
     mem: int
     compute: int
     device: int = 0
+    shm: int = 0  # bytes; metadata without it (written before it existed) reads as 0
 
 
 def _recorded(vm: str, element, device: int) -> DomainSlice:
@@ -96,11 +107,29 @@ def _recorded(vm: str, element, device: int) -> DomainSlice:
     gpu = element.find("gpu")
     d = DomainSlice(vm=vm, gpu_uuid=gpu.get("uuid"), gpu_index=int(gpu.get("index")),
                     mem=int(element.findtext("memory")),
-                    compute=int(element.findtext("compute") or 0), device=device)
+                    compute=int(element.findtext("compute") or 0), device=device,
+                    shm=int(element.findtext("shm") or 0))
     if not d.gpu_uuid or d.gpu_index < 0 or d.mem <= 0 or not 0 <= d.compute <= 100 \
             or not 0 <= d.device < MAX_VGPUS:
         raise ValueError(f"out of range: {d}")
+    try:
+        check_shm_size(d.shm)
+    except BadValue as exc:
+        raise ValueError(str(exc)) from None
     return d
+
+
+# libvirt's units for a <size> (it writes 'M' = MiB itself)
+_SIZE_UNITS = {"b": 1, "bytes": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
+               "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40, "kb": 10 ** 3,
+               "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12}
+
+
+def _shmem_size(node) -> int:
+    size = node.find("size")
+    if size is None:
+        return 4 << 20  # QEMU's default when libvirt names none
+    return int(size.text) * _SIZE_UNITS[size.get("unit", "b").lower()]
 
 
 class Hypervisor:
@@ -196,12 +225,100 @@ class Hypervisor:
         log.info("%s: vsock device removed", dom.name())
         return True
 
+    # -- shared-memory devices ---------------------------------------------------------
+
+    def _shmem_nodes(self, dom, name: str) -> dict[int, object]:
+        """The domain's <shmem name=NAME> element by where it is: VIR_DOMAIN_AFFECT_LIVE
+        (the running domain) and VIR_DOMAIN_AFFECT_CONFIG (its persistent config)."""
+        found = {}
+        where = []
+        if self.is_active(dom):
+            where.append((libvirt.VIR_DOMAIN_AFFECT_LIVE, 0))
+        if dom.isPersistent():
+            where.append((libvirt.VIR_DOMAIN_AFFECT_CONFIG, libvirt.VIR_DOMAIN_XML_INACTIVE))
+        for scope, flags in where:
+            for node in ET.fromstring(dom.XMLDesc(flags)).findall("./devices/shmem"):
+                if node.get("name") == name:
+                    found[scope] = node
+        return found
+
+    def shmem_size(self, dom, name: str, live: bool = False) -> int | None:
+        """The size in bytes of the domain's <shmem name=NAME> device, live if it runs,
+        else in its config (``live``: only the running domain's); None when it has none."""
+        nodes = self._shmem_nodes(dom, name)
+        node = nodes.get(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        if node is None and not live:
+            node = nodes.get(libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        return None if node is None else _shmem_size(node)
+
+    def plug_shmem(self, dom, name: str, size: int) -> int:
+        """Add ``<shmem name=NAME>`` (ivshmem-plain, ``size`` bytes) to the running domain
+        and to its config, where it is missing; returns where it was added (libvirt's
+        VIR_DOMAIN_AFFECT_* flags; 0: it was there already), for unplug_shmem to undo.
+
+        A device of that name with another size is refused: ivshmem cannot be resized.
+        """
+        nodes = self._shmem_nodes(dom, name)
+        for node in nodes.values():
+            if _shmem_size(node) != size:
+                have = _shmem_size(node)
+                raise ShmemMismatch(
+                    f"{dom.name()} already has the shared-memory device {name} of "
+                    f"{format_size(have)}, not {format_size(size)}, and ivshmem cannot be "
+                    f"resized: give --shm {format_size(have).replace(' ', '')}, or remove the "
+                    f"device from the domain first (virsh edit {dom.name()})")
+        flags = self._flags(dom)
+        for scope in nodes:  # add it only where it is missing
+            flags &= ~scope
+        if not flags:
+            return 0
+        try:
+            dom.attachDeviceFlags(shmem_xml(name, size >> 20), flags)
+        except libvirt.libvirtError as exc:
+            if flags & libvirt.VIR_DOMAIN_AFFECT_LIVE and exc.get_error_code() not in (
+                    libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
+                raise ShmemHotPlugFailed(
+                    f"hot-plugging the shared-memory device {name} into the running domain "
+                    f"{dom.name()} failed: {exc.get_error_message() or exc} (libvirt error "
+                    f"{exc.get_error_code()}). The usual cause: ivshmem-plain is a "
+                    "conventional PCI device, which a running q35 guest takes only in a free "
+                    "slot of a pcie-to-pci-bridge (or pci-bridge), and libvirt cannot add "
+                    f"one to a running domain. Shut the guest down (virsh shutdown "
+                    f"{dom.name()}) and attach again: libvirt then adds the bridge to its "
+                    "config and the device comes with its next start; or attach without "
+                    "--shm (copies then go through the socket)") from None
+            raise translate(exc, f"adding the shared-memory device {name} to {dom.name()}",
+                            dom.name()) from None
+        log.info("%s: shared-memory device %s (%s) added", dom.name(), name, format_size(size))
+        return flags
+
+    def unplug_shmem(self, dom, name: str, only: int | None = None) -> int:
+        """Remove ``<shmem name=NAME>`` from the running domain and from its config (or
+        only from where ``only`` says); returns where it was removed (0: nowhere)."""
+        removed = 0
+        for scope, node in sorted(self._shmem_nodes(dom, name).items()):
+            if only is not None and not scope & only:
+                continue
+            try:
+                dom.detachDeviceFlags(ET.tostring(node, encoding="unicode"), scope)
+            except libvirt.libvirtError as exc:
+                raise translate(exc, f"removing the shared-memory device {name} from "
+                                f"{dom.name()}", dom.name()) from None
+            removed |= scope
+        if removed:
+            log.info("%s: shared-memory device %s removed", dom.name(), name)
+        return removed
+
+    def is_local(self) -> bool:
+        """Whether the domains run on this machine (their /dev/shm is this one's)."""
+        return "://" in self.uri and self.uri.split("://", 1)[1].startswith("/")
+
     # -- slice metadata ---------------------------------------------------------------
 
     def write_slice(self, dom, gpu_uuid: str, gpu_index: int, mem: int, compute: int,
-                    more: list[dict] = ()) -> None:
+                    more: list[dict] = (), shm: int = 0) -> None:
         """The VM's vGPU 0, and its others in ``more`` (see render.slice_metadata_xml)."""
-        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute, more)
+        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute, more, shm)
         try:
             dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, PREFIX, NAMESPACE,
                             self._flags(dom))

@@ -1,7 +1,7 @@
 """The agent's side of a VM's shared-memory region: finding and opening its file.
 
 A libvirt VM with ``hvgpu attach --shm`` has an ivshmem-plain device whose memory
-QEMU keeps in ``/dev/shm/hvgpu-VM`` (``<shmem name='hvgpu-VM'>``). Executors open
+QEMU keeps in ``/dev/shm/hvgpu-VM`` (names.shm_name) (``<shmem name='hvgpu-VM'>``). Executors open
 no host file, so the agent opens it for the executor of that VM's slice and
 passes the descriptor over the executor lane. Only the file the slice names is
 opened, never through a link, and only when it is a regular file of exactly the
@@ -16,12 +16,8 @@ import os
 import stat
 
 from hvgpu.errors import CudaError
-from hvgpu.host.names import VgpuKey
+from hvgpu.host.names import VgpuKey, shm_name
 from hvgpu.virtio import protocol as P
-
-
-def region_name(key: VgpuKey) -> str:
-    return f"hvgpu-{key.vm}" if key.device == 0 else f"hvgpu-{key.vm}-{key.device}"
 
 
 def open_region(shm_dir: str, key: VgpuKey, slice_) -> tuple[int, int]:
@@ -30,7 +26,7 @@ def open_region(shm_dir: str, key: VgpuKey, slice_) -> tuple[int, int]:
     if not limit:
         raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
                         f"the slice {str(key)!r} has no shared memory (hvgpu attach --shm)")
-    name = region_name(key)
+    name = shm_name(key)
     path = os.path.join(shm_dir, name)
     try:
         dirfd = os.open(shm_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -41,28 +41,40 @@ def vsock_xml(cid: int | None = None) -> str:
     return render("libvirt/vsock.xml.j2", cid=cid)
 
 
+def shmem_xml(name: str, size_mib: int) -> str:
+    """An ivshmem-plain device: a region of ``size_mib`` MiB that QEMU backs with the file
+    /dev/shm/``name`` and the guest maps from the device's BAR 2."""
+    return render("libvirt/shmem.xml.j2", shmem_name=name, shmem_mib=size_mib)
+
+
 def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int,
-                       more: list[dict] = ()) -> str:
+                       more: list[dict] = (), shm: int = 0) -> str:
     """A VM's vGPU 0 at the top (what the first release wrote and reads), the others in
-    ``more`` (dicts: device, gpu_uuid, gpu_index, mem, compute) as <vgpu> elements."""
+    ``more`` (dicts: device, gpu_uuid, gpu_index, mem, compute, and shm if any) as <vgpu>
+    elements. A shared-memory size (``shm``, bytes) is written only when there is a
+    region, so a slice without one reads as before."""
     return render("libvirt/slice-metadata.xml.j2", namespace=NAMESPACE, gpu_uuid=gpu_uuid,
-                  gpu_index=gpu_index, mem=mem, compute=compute, more=list(more))
+                  gpu_index=gpu_index, mem=mem, compute=compute, shm=shm,
+                  more=[{"shm": 0, **v} for v in more])
 
 
 def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: str = "qcow2",
                cloud_init: str | None = None, network: str = "default",
                domain_type: str = "kvm", cpu_mode: str = "host-passthrough",
-               vhost_user_vsock: str | None = None) -> str:
+               vhost_user_vsock: str | None = None, shmem: tuple[str, int] | None = None
+               ) -> str:
     """With ``vhost_user_vsock`` (a vhost-user backend's socket, such as
     vhost-device-vsock's), the guest's vsock is QEMU's vhost-user-vsock device on that
     socket instead of libvirt's <vsock> (which needs the host's vhost_vsock module);
-    its RAM is then shared memory, which a vhost-user backend needs."""
+    its RAM is then shared memory, which a vhost-user backend needs. With ``shmem``
+    (name, MiB), the domain has that ivshmem-plain device (see shmem_xml)."""
     return render("libvirt/domain.xml.j2", name=name, memory_kib=memory // 1024, vcpus=vcpus,
                   disk=disk, disk_format=disk_format, cloud_init=cloud_init, network=network,
                   domain_type=domain_type, cpu_mode=cpu_mode,
                   # QEMU's option syntax: a comma in a value is written twice
                   vhost_user_vsock=vhost_user_vsock and vhost_user_vsock.replace(",", ",,"),
-                  vhost_user_vsock_slot=VHOST_USER_VSOCK_SLOT)
+                  vhost_user_vsock_slot=VHOST_USER_VSOCK_SLOT,
+                  shmem_name=shmem[0] if shmem else None, shmem_mib=shmem[1] if shmem else None)
 
 
 def agent_unit(hvgpu: str, state_dir: str, connect: str) -> str:

@@ -17,7 +17,7 @@ from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_device, check_vm_name
 from hvgpu.host.state import Slice, StateStore
-from hvgpu.units import format_size
+from hvgpu.units import check_shm_size, format_size
 
 
 class SliceError(HvgpuError):
@@ -133,10 +133,15 @@ class SliceManager:
 
     def attach(self, vm: str, mem: int, compute: int = 0, gpu: str | int | None = None,
                cid: int | None = None, placement: str | None = None, count: int = 1,
-               add: bool = False) -> list[Slice]:
-        """``count`` new vGPUs for ``vm``, each with ``mem`` and ``compute``; with ``add``,
-        after the ones it has. Unless ``gpu`` names one, each goes to a GPU this VM does
-        not use yet. All are placed, or none."""
+               add: bool = False, shm: int = 0) -> list[Slice]:
+        """``count`` new vGPUs for ``vm``, each with ``mem``, ``compute`` and a
+        shared-memory region of ``shm`` bytes (0: none); with ``add``, after the ones it
+        has. Unless ``gpu`` names one, each goes to a GPU this VM does not use yet. All
+        are placed, or none.
+
+        The region is host RAM, not GPU memory: its size, set here, is its limit, and
+        is not counted against the GPU."""
+        check_shm_size(shm)
         with self._lock:
             mine = self.of_vm(vm)  # checks the name
             if mine and not add:
@@ -159,7 +164,7 @@ class SliceManager:
             for device in range(len(mine), len(mine) + count):
                 room = self._place(mem, compute, gpu, policy, mine + new)
                 new.append(Slice(vm=vm, gpu_uuid=room.gpu.uuid, gpu_index=room.gpu.index,
-                                 mem=mem, compute=compute, cid=cid, device=device))
+                                 mem=mem, compute=compute, cid=cid, device=device, shm=shm))
             self.store.put(*new)
             for s in new:
                 self._slices[s.key] = s
@@ -168,6 +173,7 @@ class SliceManager:
     def adopt(self, s: Slice) -> Slice:
         """Take a vGPU recorded elsewhere (a domain's metadata) as it is."""
         VgpuKey.of(s.vm, s.device)
+        check_shm_size(s.shm)
         with self._lock:
             self.store.put(s)
             self._slices[s.key] = s
@@ -202,7 +208,11 @@ class SliceManager:
         return _choose(fits, mem, placement)
 
     def resize(self, vm: str, mem: int | None = None, compute: int | None = None,
-               in_use: int = 0, device: int = 0) -> Slice:
+               in_use: int = 0, device: int = 0, shm: int | None = None) -> Slice:
+        """New limits for one vGPU (None: unchanged). Whether its shared-memory region
+        may change now is the caller's question (a running VM's cannot)."""
+        if shm is not None:
+            check_shm_size(shm)
         with self._lock:
             s = self.get(vm, device)
             name = vm if len(self.of_vm(vm)) == 1 else f"vGPU {device} of {vm!r}"
@@ -219,8 +229,14 @@ class SliceManager:
                 raise NoRoom(f"cannot grow {name} to {format_size(new_mem)}"
                              + (f", {new_compute}% compute" if new_compute else "")
                              + f": {room.describe()} besides this slice")
+            before = (s.mem, s.compute, s.shm)
             s.mem, s.compute = new_mem, new_compute
-            self.store.put(s)
+            s.shm = s.shm if shm is None else shm
+            try:
+                self.store.put(s)
+            except Exception:
+                s.mem, s.compute, s.shm = before  # as stored
+                raise
             return s
 
     def removable(self, vm: str, device: int | None = None) -> list[Slice]:

@@ -9,8 +9,9 @@ database that is missing, emptied or older than that copy is detected at
 open and restored from it, and the restoration is reported.
 
 Rows are checked when loaded (VM name, device, sizes, shares, CID, a CRC of
-the row's values): a bad row is reported with its VM in ``problems`` and
-left out, and the file is kept as it is. A database that cannot be read is
+the row's values; the shared-memory size is 0 in rows written before it
+existed): a bad row is reported with its VM in ``problems`` and left out, and
+the file is kept as it is. A database that cannot be read is
 reported in one line with its path and left untouched for the operator;
 nothing is ever silently reset.
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.names import MAX_VGPUS, BadVmName, VgpuKey, check_vm_name
+from hvgpu.units import BadValue, check_shm_size
 
 # One row per vGPU: a VM's devices are numbered 0..N-1, as the guest sees them.
 SCHEMA = """
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS vgpus (
     cid INTEGER,
     created REAL NOT NULL,
     updated REAL NOT NULL,
+    shm INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (vm, device)
 );
 CREATE TABLE IF NOT EXISTS sums (
@@ -59,13 +62,16 @@ CREATE TABLE IF NOT EXISTS meta (
 """
 # The first release's table (one slice per VM), moved into vgpus as device 0.
 _MIGRATE_V1 = """
-INSERT INTO vgpus SELECT vm, 0, gpu_uuid, gpu_index, mem, compute, cid, created, updated
-FROM slices;
+INSERT INTO vgpus (vm, device, gpu_uuid, gpu_index, mem, compute, cid, created, updated)
+SELECT vm, 0, gpu_uuid, gpu_index, mem, compute, cid, created, updated FROM slices;
 DROP TABLE slices;
 """
+# Tables written before the shared-memory lane lack shm: it is added, 0 for every row.
+_MIGRATE_SHM = "ALTER TABLE vgpus ADD COLUMN shm INTEGER NOT NULL DEFAULT 0"
 _COLUMNS = ("vm", "gpu_uuid", "gpu_index", "mem", "compute", "cid", "created", "updated",
-            "device")
+            "device", "shm")
 _SELECT = ", ".join(_COLUMNS)
+_VALUES = ",".join("?" * len(_COLUMNS))
 MAX_CID = 2 ** 32 - 2  # VMADDR_CID_ANY (2^32-1) is no guest's
 SIDECAR = "slices.json"
 
@@ -121,6 +127,7 @@ class Slice:
     created: float = 0.0
     updated: float = 0.0
     device: int = 0  # the guest's device number for it
+    shm: int = 0  # bytes of its shared-memory region; 0: none
 
     @property
     def key(self) -> VgpuKey:
@@ -136,7 +143,7 @@ def _is_int(v) -> bool:
 
 def check_row(row: tuple) -> Slice:
     """A stored row as a Slice, or ValueError saying what is wrong with it."""
-    vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device = row
+    vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device, shm = row
     try:
         check_vm_name(vm)
     except BadVmName as exc:
@@ -147,6 +154,10 @@ def check_row(row: tuple) -> Slice:
         raise ValueError(f"memory quota {mem!r} is not a positive number of bytes")
     if not _is_int(compute) or not 0 <= compute <= 100:
         raise ValueError(f"compute share {compute!r} is not a percentage 0..100")
+    try:
+        check_shm_size(shm)
+    except BadValue as exc:
+        raise ValueError(f"shared memory {exc}") from None
     if cid is not None and (not _is_int(cid) or not 3 <= cid <= MAX_CID):
         raise ValueError(f"CID {cid!r} is not a guest CID (3..{MAX_CID})")
     if not isinstance(gpu_uuid, str) or not gpu_uuid or len(gpu_uuid) > 128 \
@@ -158,11 +169,14 @@ def check_row(row: tuple) -> Slice:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"time stamp {v!r} is not a number")
     return Slice(vm, gpu_uuid, gpu_index, mem, compute, cid, float(created), float(updated),
-                 device)
+                 device, shm)
 
 
 def row_crc(row: tuple) -> int:
-    return zlib.crc32(json.dumps(list(row)).encode())
+    # A row without a shared-memory region sums as rows did before shm existed, so the
+    # sums of rows written then still hold.
+    values = list(row[:9]) if row[9] == 0 else list(row)
+    return zlib.crc32(json.dumps(values).encode())
 
 
 def _describe_sqlite(exc: sqlite3.Error) -> str:
@@ -270,17 +284,17 @@ class StateStore:
                f"{copy['generation']}): it lost changes")
         rows, sums = [], []
         for r in copy["vgpus"]:
-            if not isinstance(r, dict) or any(c not in r for c in _COLUMNS):
+            if not isinstance(r, dict) or any(c not in r for c in _COLUMNS if c != "shm"):
                 continue
-            rows.append(tuple(r[c] for c in _COLUMNS))
+            rows.append(tuple(r.get(c, 0) if c == "shm" else r[c] for c in _COLUMNS))
             if r.get("crc") is not None:
                 sums.append((r["vm"], r["device"], r["crc"]))
         with self.db:
             self.db.execute("BEGIN")
             self.db.execute("DELETE FROM vgpus")
             self.db.execute("DELETE FROM sums")
-            self.db.executemany(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES "
-                                "(?,?,?,?,?,?,?,?,?)", rows)
+            self.db.executemany(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES ({_VALUES})",
+                                rows)
             self.db.executemany("INSERT OR REPLACE INTO sums VALUES (?,?,?)", sums)
             self._set_generation(copy["generation"])
         names = ", ".join(str(VgpuKey(r[0], r[8])) for r in rows) or "none"
@@ -296,6 +310,9 @@ class StateStore:
                               "name = 'slices'").fetchone()
         if old:  # one transaction: either both steps happen or neither
             self.db.executescript("BEGIN;" + _MIGRATE_V1 + "COMMIT;")
+        columns = [r[1] for r in self.db.execute("PRAGMA table_info(vgpus)").fetchall()]
+        if "shm" not in columns:
+            self.db.execute(_MIGRATE_SHM)
 
     def _generation(self) -> int:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
@@ -341,15 +358,14 @@ class StateStore:
             s.updated = now
             s.created = float(s.created or now)
             row = (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute, s.cid, s.created,
-                   s.updated, s.device)
+                   s.updated, s.device, s.shm)
             try:  # what could not be loaded back is never stored
                 check_row(row)
             except ValueError as exc:
                 raise StateError(f"refusing to store vGPU {s.device} of {s.vm!r}: {exc}") \
                     from None
             rows.append(row)
-        self._change([(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES (?,?,?,?,?,?,?,?,?)",
-                       rows),
+        self._change([(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES ({_VALUES})", rows),
                       ("INSERT OR REPLACE INTO sums VALUES (?,?,?)",
                        [(r[0], r[8], row_crc(r)) for r in rows])])
 

@@ -2,26 +2,41 @@
 and ``hypervisor``.
 
 Finds which VM a vsock CID belongs to (libvirt assigns automatic CIDs at each
-start, so this is looked up, never stored), plugs the vsock device and writes
-the slice into the domain when a slice is attached, reconciles the agent's
-state with the domains' metadata at start, and turns lifecycle events into
-agent actions. Must not import libvirt (``hypervisor`` does) or decide
-placement (the slice manager does).
+start, so this is looked up, never stored), plugs the vsock device, a
+shared-memory device per vGPU that has a region, and writes the slice into the
+domain when a slice is attached, reconciles the agent's state with the
+domains' metadata at start, and turns lifecycle events into agent actions.
+
+A region's file in /dev/shm is QEMU's: it creates it when the device appears,
+and neither it nor libvirt removes it when the device or the domain goes. So
+a file left there is removed before its device is added again (QEMU would use
+it as it is: an old size it refuses to grow, the old bytes) and after the
+device is removed (it holds host RAM and the guest's data).
+
+Must not import libvirt (``hypervisor`` does) or decide placement (the slice
+manager does).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import threading
 from typing import Callable
 
+from hvgpu.errors import HvgpuError
 from hvgpu.host.hypervisor import Hypervisor, NoSuchVm
-from hvgpu.host.names import BadDevice, BadVmName, VgpuKey
+from hvgpu.host.names import BadDevice, BadVmName, VgpuKey, shm_name, shm_path
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import Slice
 from hvgpu.host.transaction import Transaction
 
 log = logging.getLogger(__name__)
+
+
+class RegionBusy(HvgpuError):
+    code = "shm-live"
 
 
 class VmDirectory:
@@ -77,6 +92,82 @@ class VmDirectory:
             tx.on_undo(lambda: self.hv.unplug_vsock(dom), "vsock hot-plug")
         return dom.name(), hybrid
 
+    # -- shared-memory regions --------------------------------------------------------
+
+    def plug_regions(self, vgpus: list[Slice], tx: Transaction) -> None:
+        """Give each vGPU that has a region its ivshmem-plain device, live when the domain
+        runs and in its config; each undone in reverse if a later step fails."""
+        for s in vgpus:
+            if not s.shm:
+                continue
+            dom = self.hv.domain(s.vm)
+            name = shm_name(s.key)
+            if self.hv.shmem_size(dom, name, live=True) is None:
+                self._remove_region_file(s.key, stale=True)  # no QEMU of this domain maps it
+            added = self.hv.plug_shmem(dom, name, s.shm)
+            if added:
+                tx.on_undo(lambda d=dom, k=s.key, a=added: self._unplug(d, k, a),
+                           f"shared-memory device {name}")
+
+    def unplug_regions(self, vgpus: list[Slice]) -> None:
+        """Remove the devices of these vGPUs' regions (live and from the config) and their
+        files. A retry after a failure goes on where it stopped."""
+        for s in sorted(vgpus, key=lambda s: -s.device):
+            if not s.shm:
+                continue
+            try:
+                dom = self.hv.domain(s.vm)
+            except NoSuchVm:
+                continue
+            self._unplug(dom, s.key)
+
+    def resize_region(self, s: Slice, shm: int, tx: Transaction) -> None:
+        """Give the vGPU's region ``shm`` bytes (0: none) in the domain's config. ivshmem
+        cannot be resized live, so a running domain is refused with what to do instead."""
+        dom = self.hv.domain(s.vm)
+        if self.hv.is_active(dom):
+            raise RegionBusy(
+                f"cannot change the shared-memory region of {s.key} while {dom.name()} runs: "
+                "an ivshmem device cannot be resized live. Stop the guest (virsh shutdown "
+                f"{dom.name()}) and resize again, or detach the slice and attach it again "
+                "with the new --shm")
+        name, old = shm_name(s.key), s.shm
+        if old:
+            if self._unplug(dom, s.key):
+                tx.on_undo(lambda: self.hv.plug_shmem(dom, name, old),
+                           f"shared-memory device {name}")
+        if shm:
+            self.plug_regions([Slice(**{**s.as_dict(), "shm": shm})], tx)
+
+    def _unplug(self, dom, key: VgpuKey, only: int | None = None) -> int:
+        removed = self.hv.unplug_shmem(dom, shm_name(key), only)
+        # Also while QEMU still maps it (a guest releases a device at its own pace): the
+        # mapping outlives the name, and the RAM is freed when QEMU lets go of it.
+        self._remove_region_file(key)
+        return removed
+
+    def _remove_region_file(self, key: VgpuKey, stale: bool = False) -> None:
+        """Remove /dev/shm/hvgpu-VM[#N] when the domains are this host's. ``stale``: before
+        its device is added, when a file that stays would be used by QEMU as it is, so
+        one that cannot be removed stops the attach."""
+        if not self.hv.is_local():
+            return
+        path = shm_path(key)
+        try:
+            os.unlink(path)  # never follows a link: a link planted there goes, not its target
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if not stale:
+                log.warning("%s: cannot remove the shared-memory file %s: %s", key, path, exc)
+                return
+            raise HvgpuError(f"{path} is left from an earlier run of {key.vm} and cannot be "
+                             f"removed ({os.strerror(exc.errno or errno.EIO)}); QEMU would map "
+                             "it as it is: remove it (as root), then attach again") from None
+        log.info("%s: shared-memory file %s removed", key, path)
+
+    # -- slice metadata ---------------------------------------------------------------
+
     def record(self, vgpus: list[Slice], tx: Transaction | None = None) -> None:
         """Write all of one VM's vGPUs (device 0 first) into its domain."""
         first, *more = sorted(vgpus, key=lambda s: s.device)
@@ -84,7 +175,8 @@ class VmDirectory:
         before = self.hv.read_vgpus(dom) if tx is not None else []
         self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
                             [dict(device=s.device, gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index,
-                                  mem=s.mem, compute=s.compute) for s in more])
+                                  mem=s.mem, compute=s.compute, shm=s.shm) for s in more],
+                            shm=first.shm)
         if tx is not None:
             tx.on_undo(lambda: self._restore(dom, before), "slice metadata")
 
@@ -94,7 +186,7 @@ class VmDirectory:
             return
         first, *more = before
         self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
-                            [vars(d) for d in more])
+                            [vars(d) for d in more], shm=first.shm)
 
     def forget(self, vm: str, unplug: bool) -> None:
         try:
@@ -129,7 +221,8 @@ class VmDirectory:
             if vm not in known:
                 for d in ds:
                     slices.adopt(Slice(vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index,
-                                       mem=d.mem, compute=d.compute, device=d.device))
+                                       mem=d.mem, compute=d.compute, device=d.device,
+                                       shm=d.shm))
                 changes.append(f"{vm}: slice restored from the domain's metadata"
                                + (f" ({len(ds)} vGPUs)" if len(ds) > 1 else ""))
         for vm, mine in known.items():

@@ -236,10 +236,11 @@ OPS: tuple[Op, ...] = (
     # sides map, named by (region, offset). A region is this connection's memfd, or
     # the VM's device region, of which a connection copies only what it allocated.
     Op(0x90, "SHM_ATTACH", SYNC, _f("u32 kind, u32 flags, u64 size"),
-       _f("u32 region, u32 reserved, u64 size, bytes token"),
+       _f("u32 region, u32 device, u64 size, bytes token"),
        doc="kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against "
            "shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose "
-           "header the executor writes with the token it replies (size 0: all of it). "
+           "header the executor writes with the token and vGPU device number it replies "
+           "(size 0: all of it). "
            "The region is registered with the driver (DMA) and counts against the "
            "VM's shared-memory limit."),
     Op(0x91, "SHM_DETACH", SYNC, _f("u32 region"),

@@ -10,8 +10,10 @@ import venv
 
 import pytest
 
-from hvgpu.guest.cli import main
+from hvgpu.guest.cli import main, shm_text
+from hvgpu.guest.region import ENV_SYSFS
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
+from tests.guest.fake_sysfs import MiB, add_device
 
 
 @pytest.fixture
@@ -30,6 +32,26 @@ def test_info_lists_the_vgpu_as_the_slice(agent, capsys):
     assert main(["--agent", agent.vm_address("vm1"), "info", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["gpus"][0]["memory_total"] == 256 << 20 and d["gpus"][0]["compute_share"] == 25
+
+
+def test_info_says_whether_a_shared_memory_device_is_there_and_mappable(agent, tmp_path,
+                                                                      monkeypatch, capsys):
+    monkeypatch.setenv(ENV_SYSFS, str(tmp_path))
+    assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
+    assert "shared memory: no device in this VM" in capsys.readouterr().out
+    bar = add_device(tmp_path, "0000:00:03.0", size=16 * MiB)
+    os.chmod(bar, 0o666)  # mappable by anyone, root or not
+    assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
+    out = capsys.readouterr().out
+    assert "shared memory: device 0000:00:03.0, 16 MiB, readable and writable by this user" in out
+    assert main(["--agent", agent.vm_address("vm1"), "info", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["shm"] == [
+        {"address": "0000:00:03.0", "resource": str(bar), "size": 16 << 20, "accessible": True}]
+    # As a user outside the device's group sees it:
+    line, = shm_text([{"address": "0000:00:03.0", "resource": str(bar), "size": 16 << 20,
+                       "accessible": False}])
+    assert f"not accessible to this user ({bar}: as root, `hvgpu-guest install`, " \
+           "then join group hvgpu)" in line
 
 
 def test_smi_view(agent, capsys):

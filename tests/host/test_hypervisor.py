@@ -101,3 +101,46 @@ def test_lifecycle_events_arrive(h):
         time.sleep(0.05)
     assert ("hv-f", "stopped") in seen and ("hv-f", "started") in seen
     assert ("hv-f", "undefined") in seen
+
+
+SHMEM = "<shmem name='{name}'><model type='ivshmem-plain'/><size unit='M'>{mib}</size></shmem>"
+
+
+def test_shared_memory_size_round_trips_through_the_metadata_and_is_0_without_it(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-s", devices=""))
+    h.write_slice(dom, "GPU-abc", 0, 4 << 30, 25,
+                  [dict(device=1, gpu_uuid="GPU-def", gpu_index=1, mem=2 << 30, compute=50,
+                        shm=2 << 20)], shm=1 << 30)
+    assert [(d.device, d.shm) for d in h.read_vgpus(dom)] == [(0, 1 << 30), (1, 2 << 20)]
+    h.write_slice(dom, "GPU-abc", 0, 4 << 30, 25)  # as a release without regions wrote it
+    assert "shm" not in h.conn.lookupByName("hv-s").metadata(
+        libvirt.VIR_DOMAIN_METADATA_ELEMENT, hv.NAMESPACE, 0)
+    assert h.read_slice(dom).shm == 0
+
+
+def test_metadata_with_a_shared_memory_size_hvgpu_never_writes_is_ignored(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-t", devices=""))
+    from hvgpu.host.render import slice_metadata_xml
+
+    dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                    slice_metadata_xml("GPU-abc", 0, 4 << 30, 25, shm=3 << 20),
+                    hv.PREFIX, hv.NAMESPACE, 0)
+    assert h.read_vgpus(dom) == []  # 3 MiB is no ivshmem size: not hvgpu's, left alone
+
+
+def test_a_shared_memory_device_already_there_is_reused_and_one_of_another_size_refused(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-u", devices=SHMEM.format(name="hvgpu-hv-u",
+                                                                          mib=4)))
+    assert h.shmem_size(dom, "hvgpu-hv-u") == 4 << 20 and h.shmem_size(dom, "other") is None
+    assert h.plug_shmem(dom, "hvgpu-hv-u", 4 << 20) == 0  # nothing to add, nothing to undo
+    with pytest.raises(hv.ShmemMismatch, match=r"already has the shared-memory device "
+                       r"hvgpu-hv-u of 4 MiB, not 8 MiB.*give --shm 4MiB"):
+        h.plug_shmem(dom, "hvgpu-hv-u", 8 << 20)
+
+
+def test_adding_a_shared_memory_device_is_translated_when_the_driver_cannot(h):
+    dom = h.conn.defineXML(DOMAIN.format(name="hv-v", devices=""))
+    with pytest.raises(NotSupported, match="adding the shared-memory device hvgpu-hv-v .*"
+                       "cannot do that"):
+        h.plug_shmem(dom, "hvgpu-hv-v", 1 << 20)
+    assert h.unplug_shmem(dom, "hvgpu-hv-v") == 0  # none there: nothing to remove

@@ -1,4 +1,5 @@
-"""The vsock hot-plug path against a real libvirtd with QEMU (software emulation).
+"""The vsock and shared-memory hot-plug paths against a real libvirtd with QEMU
+(software emulation).
 
 .ci/run installs and starts libvirtd; elsewhere these tests skip unless
 qemu:///system answers. The domains boot nothing (no disk): QEMU under TCG
@@ -16,6 +17,8 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from hvgpu.host import hypervisor  # noqa: E402
+from hvgpu.host.names import VgpuKey, shm_path  # noqa: E402
+from hvgpu.errors import HvgpuError  # noqa: E402
 from tests.conftest import FAKE_DEVICE, RunningAgent  # noqa: E402
 
 hypervisor.start_event_loop()
@@ -24,7 +27,12 @@ URI = "qemu:///system"
 EMULATOR = shutil.which("qemu-system-x86_64")
 DOMAIN = """<domain type='qemu'><name>{name}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
 <os><type arch='x86_64' machine='q35'>hvm</type></os>
-<devices><emulator>{emulator}</emulator></devices></domain>"""
+<devices><emulator>{emulator}</emulator>{devices}</devices></domain>"""
+# A conventional PCI slot for an ivshmem device hot-plugged later (a pcie-to-pci-bridge on a
+# root port): libvirt adds one to a config that gets such a device, never to a running domain.
+PCI_BRIDGE = """<controller type='pci' index='0' model='pcie-root'/>
+<controller type='pci' index='1' model='pcie-root-port'/>
+<controller type='pci' index='2' model='pcie-to-pci-bridge'/>"""
 _names = itertools.count()
 
 
@@ -47,9 +55,10 @@ def agent(tmp_path):
     running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, connect=URI)
     doms = []
 
-    def define(start: bool):
-        dom = running.agent.vms.hv.conn.defineXML(
-            DOMAIN.format(name=f"hvgpu-ci-{os.getpid()}-{next(_names)}", emulator=EMULATOR))
+    def define(start: bool, devices: str = ""):
+        name = f"hvgpu-ci-{os.getpid()}-{next(_names)}"
+        dom = running.agent.vms.hv.conn.defineXML(DOMAIN.format(
+            name=name, emulator=EMULATOR, devices=devices.format(name=name)))
         doms.append(dom)
         if start:
             dom.create()
@@ -118,5 +127,125 @@ def test_libvirt_accepts_the_rendered_domain_with_a_vhost_user_vsock(agent):
         kept = inactive_xml(dom)
         assert "vhost-user-vsock-pci,chardev=hvgpu-vsock" in kept  # not dropped by libvirt
         assert "<access mode='shared'/>" in kept and "<vsock" not in kept
+    finally:
+        dom.undefine()
+
+
+def shmem_of(xml: str) -> list:
+    import xml.etree.ElementTree as ET
+
+    return [(n.get("name"), n.find("model").get("type"), n.find("size").get("unit"),
+             n.findtext("size")) for n in ET.fromstring(xml).findall("./devices/shmem")]
+
+
+def test_attach_shm_puts_shmem_in_a_shut_off_domains_config_and_detach_removes_it(agent):
+    dom = agent.define(start=False)
+    name = dom.name()
+    s = agent.api.attach(name, "64M", shm="4M")
+    assert s["shm"] == 4 << 20
+    xml = inactive_xml(dom)
+    assert shmem_of(xml) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
+    assert "<vsock model='virtio'>" in xml  # beside the vsock device
+    assert agent.agent.vms.hv.read_slice(dom).shm == 4 << 20  # and in the metadata
+    assert agent.api.resize(name, shm="8M")["shm"] == 8 << 20  # shut off: its config changes
+    assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "8")]
+    assert agent.agent.vms.hv.read_slice(dom).shm == 8 << 20
+    agent.api.detach(name, unplug=True)
+    xml = inactive_xml(dom)
+    assert shmem_of(xml) == [] and "<vsock" not in xml and "urn:x-hvgpu:slice:1" not in xml
+    assert not os.path.exists(shm_path(VgpuKey(name)))  # QEMU never ran: no file
+
+
+def test_a_device_that_cannot_be_added_takes_back_the_vsock_device_added_before_it(agent):
+    dom = agent.define(start=False, devices="<shmem name='hvgpu-{name}'><model "
+                       "type='ivshmem-plain'/><size unit='M'>2</size></shmem>")
+    with pytest.raises(hypervisor.ShmemMismatch, match="of 2 MiB, not 4 MiB"):
+        agent.api.attach(dom.name(), "64M", shm="4M")
+    xml = inactive_xml(dom)
+    assert "<vsock" not in xml  # hot-plugged into the config first, then undone
+    assert "urn:x-hvgpu:slice:1" not in xml and agent.api.list() == []
+    assert shmem_of(xml)[0][3] == "2"  # the device that was there is left as it was
+
+
+@pytest.fixture
+def hybrid(tmp_path):
+    """An agent with a domain bound to a hybrid-vsock listener of its (as a domain with a
+    vhost-user vsock has): attach hot-plugs no vsock device into it, which this host could
+    not have (no vhost_vsock), so a running domain takes the shared-memory path alone."""
+    name = f"hvgpu-ci-{os.getpid()}-{next(_names)}"
+    running = RunningAgent(tmp_path, FAKE_DEVICE, [f"hvsock://{tmp_path}/h.vsock:5170={name}"],
+                           slices=True, connect=URI)
+    doms = []
+
+    def define(devices: str):
+        dom = running.agent.vms.hv.conn.defineXML(
+            DOMAIN.format(name=name, emulator=EMULATOR, devices=devices))
+        doms.append(dom)
+        dom.create()
+        return dom
+
+    running.define = define
+    running.name = name
+    yield running
+    running.stop()
+    for dom in doms:
+        try:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()
+        except libvirt.libvirtError:
+            pass
+    for device in range(2):
+        try:
+            os.unlink(shm_path(VgpuKey(name, device)))
+        except FileNotFoundError:
+            pass
+
+
+def test_live_hot_plug_of_the_region_into_a_running_hybrid_bound_domain(hybrid):
+    dom = hybrid.define(PCI_BRIDGE)
+    name, path = hybrid.name, shm_path(VgpuKey(hybrid.name))
+    with open(path, "wb") as stale:  # left by an earlier run: QEMU would refuse to grow it
+        stale.truncate(1 << 20)
+    s = hybrid.api.attach(name, "64M", shm="4M")
+    assert "hybrid_vsock" in s and "<vsock" not in dom.XMLDesc(0)
+    assert shmem_of(dom.XMLDesc(0)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
+    assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
+    st = os.stat(path)  # QEMU made it anew, at the region's size
+    assert st.st_size == 4 << 20 and st.st_uid != 0
+    with pytest.raises(HvgpuError, match="an ivshmem device cannot be resized live"):
+        hybrid.api.resize(name, shm="8M")
+    assert shmem_of(dom.XMLDesc(0))[0][3] == "4" and hybrid.api.list()[0]["shm"] == 4 << 20
+    # A guest releases an unplugged device itself; this one has no OS to do it, so libvirt
+    # waits its 5 s and leaves the device live until then: the config and the file go now.
+    hybrid.api.detach(name)
+    assert shmem_of(inactive_xml(dom)) == [] and hybrid.api.list() == []
+    assert not os.path.exists(path)  # the host RAM is freed once QEMU lets go of it
+
+
+def test_live_hot_plug_without_a_free_pci_slot_is_explained_and_leaves_nothing(hybrid):
+    dom = hybrid.define("")  # q35 as libvirt completes it: no conventional PCI slot free
+    with pytest.raises(hypervisor.ShmemHotPlugFailed) as info:
+        hybrid.api.attach(hybrid.name, "64M", shm="4M")
+    text = str(info.value)
+    assert f"hot-plugging the shared-memory device hvgpu-{hybrid.name} into the running " \
+           f"domain {hybrid.name} failed" in text and "libvirt error" in text
+    assert "pcie-to-pci-bridge" in text and f"virsh shutdown {hybrid.name}" in text
+    assert hybrid.api.list() == [] and hybrid.agent.vms.hv.read_slice(dom) is None
+    assert shmem_of(dom.XMLDesc(0)) == [] and shmem_of(inactive_xml(dom)) == []
+    assert not os.path.exists(shm_path(VgpuKey(hybrid.name)))
+
+
+def test_libvirt_accepts_the_rendered_domain_with_a_shared_memory_device(agent):
+    from hvgpu.host.render import domain_xml
+
+    name = f"hvgpu-ci-{os.getpid()}-shm"
+    xml = domain_xml(name, 1 << 30, 1, "/nonexistent/disk.qcow2", domain_type="qemu",
+                     cpu_mode="host-model", shmem=(f"hvgpu-{name}", 64))
+    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    try:
+        kept = inactive_xml(dom)
+        assert shmem_of(kept) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "64")]
+        assert "model='pcie-to-pci-bridge'" in kept  # libvirt gave it a slot of its kind
     finally:
         dom.undefine()

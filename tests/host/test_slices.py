@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
 from hvgpu.host.names import VgpuKey
 from hvgpu.host.slices import NoRoom, SliceError, SliceManager, UnknownVm
@@ -96,7 +97,7 @@ import os, sqlite3, signal
 db = sqlite3.connect({str(tmp_path / 'slices.db')!r}, isolation_level=None)
 db.execute("BEGIN IMMEDIATE")
 db.execute("UPDATE vgpus SET mem = 1 WHERE vm = 'vm1'")
-db.execute("INSERT INTO vgpus VALUES ('vm2',0,'GPU-0',0,1,0,NULL,0,0)")
+db.execute("INSERT INTO vgpus VALUES ('vm2',0,'GPU-0',0,1,0,NULL,0,0,0)")
 os.kill(os.getpid(), signal.SIGKILL)
 """
     proc = subprocess.run([sys.executable, "-c", code])
@@ -195,3 +196,72 @@ def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80))
     with pytest.raises(SliceError, match="no placement policy 'first'"):
         m.attach("vm1", G, placement="first")
+
+
+def test_a_vgpus_shared_memory_size_is_kept_resized_and_checked(tmp_path):
+    m = SliceManager(StateStore(tmp_path), gpus(80))
+    a, b = m.attach("vm1", 4 * G, count=2, gpu=0, shm=1 << 30)
+    assert (a.shm, b.shm) == (1 << 30, 1 << 30)
+    assert m.attach("vm2", G)[0].shm == 0  # no region unless asked for
+    assert m.resize("vm1", device=1, shm=2 << 20).shm == 2 << 20
+    assert m.resize("vm1", mem=5 * G).shm == 1 << 30  # unchanged unless given
+    with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
+        m.attach("vm3", G, shm=3 << 20)
+    with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
+        m.resize("vm1", shm=1 << 19)
+    assert m.of_vm("vm3") == [] and m.get("vm1").shm == 1 << 30
+    again = SliceManager(StateStore(tmp_path), gpus(80))
+    assert [(s.vm, s.device, s.shm) for s in again.list()] == [
+        ("vm1", 0, 1 << 30), ("vm1", 1, 2 << 20), ("vm2", 0, 0)]
+    assert again.store.problems == []
+
+
+# vgpus as the release before the shared-memory lane created it, and its row sums
+_BEFORE_SHM = """
+CREATE TABLE vgpus (vm TEXT NOT NULL, device INTEGER NOT NULL, gpu_uuid TEXT NOT NULL,
+    gpu_index INTEGER NOT NULL, mem INTEGER NOT NULL, compute INTEGER NOT NULL, cid INTEGER,
+    created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (vm, device));
+CREATE TABLE sums (vm TEXT NOT NULL, device INTEGER NOT NULL, crc INTEGER NOT NULL,
+    PRIMARY KEY (vm, device));
+CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+def _old_row_crc(row):
+    import json
+    import zlib
+
+    return zlib.crc32(json.dumps(list(row)).encode())
+
+
+def test_rows_stored_before_shared_memory_existed_read_as_none_and_keep_their_sums(tmp_path):
+    row = ("vm1", "GPU-0", 0, 4096, 25, 7, 1.0, 2.0, 0)  # that release's column order
+    db = sqlite3.connect(tmp_path / "slices.db")
+    db.executescript(_BEFORE_SHM)
+    db.execute("INSERT INTO vgpus (vm, gpu_uuid, gpu_index, mem, compute, cid, created, "
+               "updated, device) VALUES (?,?,?,?,?,?,?,?,?)", row)
+    db.execute("INSERT INTO sums VALUES ('vm1', 0, ?)", (_old_row_crc(row),))
+    db.commit()
+    db.close()
+    store = StateStore(tmp_path)
+    m = SliceManager(store, gpus(80))
+    (s,) = m.list()
+    assert (s.vm, s.mem, s.cid, s.shm) == ("vm1", 4096, 7, 0)
+    assert store.problems == []  # its sum still holds: nothing reported as changed
+    assert m.resize("vm1", shm=1 << 20).shm == 1 << 20
+    store.close()
+    again = SliceManager(StateStore(tmp_path), gpus(80))
+    assert [(s.vm, s.shm) for s in again.list()] == [("vm1", 1 << 20)]
+
+
+def test_a_copy_written_before_shared_memory_existed_restores_with_none(tmp_path):
+    import json
+
+    row = dict(vm="vm1", gpu_uuid="GPU-0", gpu_index=0, mem=4096, compute=0, cid=7,
+               created=1.0, updated=2.0, device=0)
+    row["crc"] = _old_row_crc(tuple(v for k, v in row.items()))
+    (tmp_path / "slices.json").write_text(json.dumps({"generation": 3, "vgpus": [row]}))
+    store = StateStore(tmp_path)  # no slices.db: restored from the copy
+    assert [(s.vm, s.cid, s.shm) for s in SliceManager(store, gpus(80)).list()] == [
+        ("vm1", 7, 0)]
+    assert "restored 1 vGPU(s)" in store.problems[0] and len(store.problems) == 1

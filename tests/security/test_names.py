@@ -116,3 +116,43 @@ def test_a_stored_row_with_such_a_name_is_left_out(tmp_path):
     assert any("vm1#1" in p and "'#'" in p for p in store.problems)
     assert sqlite3.connect(tmp_path / "slices.db").execute(
         "SELECT vm FROM vgpus").fetchall() == [("vm1#1",)]  # reported and kept, not deleted
+
+
+HOSTILE = ["..", ".", "../../etc/passwd", "a/../../b", "/etc/shadow", "x\x00y", "vm\n1",
+           "-rf", "*", " ", "a\\b", "x" * 255, "é" * 124, "vm1#1"]
+
+
+@pytest.mark.parametrize("vm", HOSTILE)
+@pytest.mark.parametrize("device", [0, 1, 7])
+def test_a_shared_memory_file_is_always_one_name_directly_in_dev_shm(vm, device):
+    from hvgpu.host.names import shm_name, shm_path
+
+    try:
+        path = shm_path(VgpuKey(vm, device))
+    except BadVmName:
+        return  # refused: nothing to escape with
+    name = shm_name(VgpuKey(vm, device))
+    assert path == "/dev/shm/" + name and "/" not in name and "\0" not in name
+    assert name.startswith("hvgpu-") and len(name.encode()) <= 255
+    assert Path(path).parent == Path("/dev/shm") and Path(path).resolve(strict=False).parent \
+        == Path("/dev/shm").resolve()  # '..' stays a part of one name: no way out
+
+
+def test_no_two_vgpus_of_any_vms_share_a_shared_memory_file():
+    from hvgpu.host.names import shm_name
+
+    keys = [VgpuKey(vm, d) for vm in ("a", "a-1", "a-1-1", "a1", "hvgpu-a", "hvgpu-hvgpu-a")
+            for d in range(8)]
+    names = [shm_name(k) for k in keys]
+    assert len(set(names)) == len(names)
+    assert shm_name(VgpuKey("a-1")) != shm_name(VgpuKey("a", 1))  # '-N' would make these meet
+
+
+def test_a_name_too_long_for_a_file_is_refused_saying_how_long_it_may_be():
+    from hvgpu.host.names import shm_name
+
+    assert shm_name(VgpuKey("x" * 249)) == "hvgpu-" + "x" * 249  # 255 bytes: a file name
+    with pytest.raises(BadVmName, match="at most 249 bytes"):
+        shm_name(VgpuKey("x" * 250))
+    with pytest.raises(BadVmName, match="at most 247 bytes"):
+        shm_name(VgpuKey("x" * 248, 1))

@@ -11,14 +11,17 @@ import shutil
 
 import pytest
 
-from tests.vm import vm
+from hvgpu.virtio import region as region_layout
+from tests.vm import guest_shm, vm
 
 
 class GuestRun:
-    """What one boot reported: its console lines, its steps, the host's actions."""
+    """What one boot reported: its console lines, its steps, the host's actions, and
+    the shared-memory region as the host read it back after the guest was off."""
 
-    def __init__(self, lines, steps, work, actions):
+    def __init__(self, lines, steps, work, actions, shm=None):
         self.lines, self.steps, self.work, self.actions = lines, steps, work, actions
+        self.shm = shm
 
     def step(self, name: str) -> tuple[int, str]:
         if name not in self.steps:
@@ -26,6 +29,27 @@ class GuestRun:
             pytest.fail(f"the guest never reported step {name!r}; its console ended:\n{tail}")
         rc, out = self.steps[name]
         return rc, "\n".join(out)
+
+
+def region_token(region: vm.SharedRegion) -> bytes:
+    """The token of the header the host writes before boot, for the steps that map the
+    device before any slice is attached (tests/vm/guest_shm.py). Once the guest's
+    program attaches the region, the executor writes its own header and token
+    (tests/vm/guest_shm_api.py)."""
+    token = os.urandom(region_layout.TOKEN_SIZE)
+    region.write(0, region_layout.pack_header(region.size, token, 0))
+    return token
+
+
+def read_back(region: vm.SharedRegion, token: bytes) -> dict:
+    """What the guest left in the region (tests/vm/guest_shm.py says where)."""
+    tail = len(guest_shm.TAIL_MARK)
+    return {"token": token, "size": region.size,
+            "header": region.read(0, region_layout.HEADER.size),
+            "pattern": region.read(guest_shm.PATTERN_OFFSET, guest_shm.PATTERN_SIZE),
+            "user": region.read(guest_shm.USER_OFFSET, len(guest_shm.USER_MARK)),
+            "shim": region.read(guest_shm.SHIM_OFFSET, len(guest_shm.SHIM_MARK)),
+            "tail": region.read(region.size - tail, tail)}
 
 
 @pytest.fixture(scope="session")
@@ -43,19 +67,26 @@ def guest_run(tmp_path_factory) -> GuestRun:
     for name, exe in vm.programs(work / "programs").items():
         shutil.copy(exe, overlay / "opt/programs" / name)
     shutil.copy(vm.HERE / "guest_api.py", overlay / "opt/tests")
+    shutil.copy(vm.HERE / "guest_shm.py", overlay / "opt/tests")
+    shutil.copy(vm.HERE / "guest_shm_api.py", overlay / "opt/tests")
     shutil.copy(vm.HERE / "guest_test.sh", overlay / "guest-test.sh")
     os.chmod(overlay / "guest-test.sh", 0o755)
-    initrd = vm.initrd(cache, overlay, work / "initrd.cpio")
     actions = []
-    with vm.Host(cache, work) as host:
-        def on_line(line: str) -> None:
-            if line == "VMWANT attach":
-                done = host.hvgpu("attach", vm.VM, "--mem", "256M")
-                actions.append(("attach", done.returncode, done.stdout + done.stderr))
-            elif line == "VMWANT restart":
-                host.stop_agent()
-                host.start_agent()
-                host.tell_guest(1235, "restarted")
-                actions.append(("restart", 0, ""))
-        lines = vm.boot(cache, initrd, host, work / "console.log", on_line)
-    return GuestRun(lines, vm.results(lines), work, actions)
+    with vm.SharedRegion() as region:
+        token = region_token(region)
+        (overlay / "opt/tests/shm-token").write_text(token.hex())
+        initrd = vm.initrd(cache, overlay, work / "initrd.cpio")
+        with vm.Host(cache, work, shm_dir=region.dir) as host:
+            def on_line(line: str) -> None:
+                if line == "VMWANT attach":
+                    done = host.hvgpu("attach", vm.VM, "--mem", "256M", "--shm",
+                                      f"{region.size >> 20}M")
+                    actions.append(("attach", done.returncode, done.stdout + done.stderr))
+                elif line == "VMWANT restart":
+                    host.stop_agent()
+                    host.start_agent()
+                    host.tell_guest(1235, "restarted")
+                    actions.append(("restart", 0, ""))
+            lines = vm.boot(cache, initrd, host, work / "console.log", on_line, shm=region)
+        shm = read_back(region, token)
+    return GuestRun(lines, vm.results(lines), work, actions, shm)

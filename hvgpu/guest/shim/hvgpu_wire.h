@@ -112,7 +112,7 @@ enum hvgpu_op {
     HVGPU_OP_MEM_POOL_SET_ATTRIBUTE = 0x75,  /* cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number. */
     HVGPU_OP_MEM_POOL_GET_ATTRIBUTE = 0x76,
     HVGPU_OP_MEM_POOL_TRIM_TO = 0x77,  /* cuMemPoolTrimTo. */
-    HVGPU_OP_SHM_ATTACH = 0x90,  /* kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose header the executor writes with the token it replies (size 0: all of it). The region is registered with the driver (DMA) and counts against the VM's shared-memory limit. */
+    HVGPU_OP_SHM_ATTACH = 0x90,  /* kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose header the executor writes with the token and vGPU device number it replies (size 0: all of it). The region is registered with the driver (DMA) and counts against the VM's shared-memory limit. */
     HVGPU_OP_SHM_DETACH = 0x91,  /* Waits for the connection's work, then unregisters and unmaps the region. */
     HVGPU_OP_SHM_ALLOC = 0x92,  /* Room in a region (page-aligned) for this connection: its pinned host memory. */
     HVGPU_OP_SHM_FREE = 0x93,  /* Gives back an SHM_ALLOC after the connection's work on it is done. */
@@ -736,7 +736,7 @@ typedef struct __attribute__((packed)) hvgpu_shm_attach_req {
 
 typedef struct __attribute__((packed)) hvgpu_shm_attach_rep {
     uint32_t region;
-    uint32_t reserved;
+    uint32_t device;
     uint64_t size;
     uint32_t token_len;
 } hvgpu_shm_attach_rep_t;

@@ -119,6 +119,10 @@ void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);
 int hv_driver_version(void);              /* the host driver's, once connected */
 
+/* region.c: the VM's shared-memory device (ivshmem BAR 2, mapped through sysfs). */
+int hvgpu_region_find(const uint8_t token[16], uint32_t device, void **base, uint64_t *size);
+const char *hvgpu_region_error(void);     /* why the last find failed, in a sentence */
+
 /* state.c: what the guest side keeps (devices, contexts, allocations). */
 extern int hv_device_count;
 extern int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];

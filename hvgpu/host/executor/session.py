@@ -1059,7 +1059,8 @@ class Session:
         self.regions[self.region_ids] = attached
         log.info("%s: attached a %s region of %d bytes as %d", self.peer,
                  "memfd" if attached.owned else "device", attached.region.size, self.region_ids)
-        return self.region_ids, 0, attached.region.size, attached.region.token
+        device = 0 if attached.owned else self.shared.vgpu
+        return self.region_ids, device, attached.region.size, attached.region.token
 
     def _region(self, region: int) -> regions.Attached:
         attached = self.regions.get(region)

@@ -1,0 +1,63 @@
+"""The agent opens a VM's shared-memory file for its executor: only the file the
+slice names, in the shm directory, a regular file of the slice's size, never
+through a link; anything else is refused with a reason and nothing stays open."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from hvgpu.errors import CudaError
+from hvgpu.host.names import VgpuKey
+from hvgpu.host.names import shm_name
+from hvgpu.host.regions import open_region
+from hvgpu.virtio import protocol as P
+
+MiB = 1 << 20
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_slices_file_is_opened_read_write(tmp_path):
+    (tmp_path / "hvgpu-vm1").write_bytes(b"\0" * MiB)
+    fd, size = open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=MiB))
+    try:
+        assert size == MiB
+        os.pwrite(fd, b"x", 0)
+    finally:
+        os.close(fd)
+
+
+def test_the_file_of_vgpu_n_is_its_own(tmp_path):
+    (tmp_path / shm_name(VgpuKey("vm1", 2))).write_bytes(b"\0" * MiB)
+    with pytest.raises(CudaError):  # device 0 has no file here
+        open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=MiB))
+    fd, _ = open_region(str(tmp_path), VgpuKey("vm1", 2), SimpleNamespace(shm=MiB))
+    os.close(fd)
+
+
+@pytest.mark.parametrize("case", ["no-shm", "missing", "symlink", "fifo", "wrong-size", "dir"])
+def test_anything_else_is_refused_and_leaves_nothing_open(tmp_path, case):
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"\0" * MiB)
+    path = tmp_path / "hvgpu-vm1"
+    shm = MiB
+    if case == "no-shm":
+        shm = 0
+    elif case == "symlink":
+        path.symlink_to(target)  # e.g. to a host file the guest should never reach
+    elif case == "fifo":
+        os.mkfifo(path)
+    elif case == "wrong-size":
+        path.write_bytes(b"\0" * (2 * MiB))
+    elif case == "dir":
+        path.mkdir()
+    before = _fds()
+    with pytest.raises(CudaError) as info:
+        open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=shm))
+    assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+    assert _fds() == before
