@@ -121,7 +121,8 @@ def test_pageable_copies_from_1_mib_are_staged_in_8_mib_chunks(programs, cudart,
     stats = shim_stats(out.stderr)
     assert _copies(stats) == PAGEABLE
     assert _shm_ops(stats) == {"SHM_ATTACH": (1, 0)}  # the slots' memfd, once
-    assert "device 0: bulk copies go through a shared-memory region (memfd)" in out.stderr
+    assert "device 0: pinned memory and large copies go through a shared-memory region " \
+           "(memfds)" in out.stderr
 
 
 @pytest.mark.parametrize("cudart", ["static", "shared"])
@@ -232,7 +233,8 @@ def test_the_vms_device_region_gives_pinned_memory_and_the_slots(programs, vm_ho
     # one attach; the slots and each pinned allocation are room in it
     assert _shm_ops(stats) == {"SHM_ATTACH": (1, 0), "SHM_ALLOC": (7, 0), "SHM_FREE": (6, 0)}
     assert stats["MEMCPY_HTOD_SHM"] == (0, 144 + 8) and stats["MEMCPY_DTOH_SHM"] == (0, 144 + 8)
-    assert "device 0: bulk copies go through a shared-memory region (the VM's device)" \
+    assert "device 0: pinned memory and large copies go through a shared-memory region " \
+           "(the VM's device)" \
         in out.stderr
     # every room came back once the connection closed; the region stays mapped
     assert vm_host.sessions_ended()

@@ -5,12 +5,13 @@
  * A connection (one per vGPU) whose agent offers a region gets one on its first
  * pinned allocation or pageable copy of STAGE_MIN bytes or more:
  * - the VM's device region (HELLO's CAP_SHM_DEVICE): SHM_ATTACH kind 2 answers a
- *   token, and hvgpu_region_find (region.c, where it is linked) maps the ivshmem
- *   BAR whose header carries it; the staging slots and pinned memory are room in
- *   it (SHM_ALLOC);
- * - otherwise, on a unix socket to the agent (CAP_SHM_MEMFD), sealed memfds
- *   passed with SHM_ATTACH kind 1: one for the staging slots, one per pinned
- *   allocation.
+ *   token and vGPU number, and hvgpu_region_find (region.c) maps the ivshmem BAR
+ *   whose header carries them; the staging slots and pinned memory are room in it
+ *   (SHM_ALLOC);
+ * - otherwise (no such device, or one the guest cannot map: it is detached again),
+ *   on a unix socket to the agent (CAP_SHM_MEMFD), sealed memfds passed with
+ *   SHM_ATTACH kind 1: one for the staging slots, one per pinned allocation.
+ * The staging slots are made on the first copy that needs them.
  * A copy from or to pinned memory is a one-way frame naming (region, offset): the
  * executor's DMA moves the bytes, and a device-to-host copy's are there once a
  * later synchronising call on its stream or context has answered. A pageable copy
@@ -60,19 +61,21 @@ enum { LANE_NONE, LANE_DEVICE, LANE_MEMFD };
 
 /* One connection's regions; guarded by the connection's lock (hv_wire_hold). */
 struct lane {
-    int tried;
+    int tried;                /* the region: mode says which */
     int mode;
     uint32_t device_region;   /* LANE_DEVICE: the VM's region, mapped at device_base */
     char *device_base;
     uint64_t device_size;
-    int staged;               /* the slots exist */
+    int stage_tried;          /* the slots, made on the first staged copy */
+    int staged;               /* ... and there */
     uint32_t stage_region;
     uint64_t stage_offset;    /* of slot 0 in stage_region */
     char *stage;              /* slot 0 in this process */
 };
 
 static struct lane lanes[HV_MAX_DEVICES];
-static unsigned epoch; /* a forked child's connections are new: the parent's regions are not theirs */
+/* Bumped in a forked child: its connections are new, the parent's regions not theirs. */
+static unsigned epoch;
 
 /* Pinned allocations in regions, sorted by address. */
 struct block {
@@ -242,7 +245,7 @@ static int attach_device(struct wire *w, struct lane *l, char *why, size_t whyle
     } else if (!hvgpu_region_find) {
         snprintf(why, whylen, "this shim was built without the finder of the VM's "
                  "shared-memory device");
-    } else if (hvgpu_region_find(token, (uint32_t)hv_wire_device(w), &base, &size) != 0) {
+    } else if (hvgpu_region_find(token, a.device, &base, &size) != 0) {
         const char *said = hvgpu_region_error ? hvgpu_region_error() : NULL;
         snprintf(why, whylen, "%s", said && *said ? said : "no shared-memory device of this VM "
                  "carries the agent's token");
@@ -265,56 +268,70 @@ static int attach_device(struct wire *w, struct lane *l, char *why, size_t whyle
     return 1;
 }
 
-/* The lane's region and staging slots, tried once per connection. An earlier one-way
-   frame's error met on the way is left in *earlier. */
+/* The lane's region, tried once per connection: the VM's device, else memfds (each
+   attached as it is made). An earlier one-way frame's error met on the way is left in
+   *earlier. */
 static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
     if (l->tried) return;
     char why[512] = "";
     uint64_t caps = hv_wire_caps(w);
-    uint64_t slots = STAGE_SLOTS * STAGE_CHUNK;
-    int device = (caps & HVGPU_CAP_SHM_DEVICE) && attach_device(w, l, why, sizeof why, earlier);
-    if ((caps & HVGPU_CAP_SHM_DEVICE) && !device && hv_trace_enabled())
+    if ((caps & HVGPU_CAP_SHM_DEVICE) && !attach_device(w, l, why, sizeof why, earlier) &&
+        hv_trace_enabled())
         hv_log("device %d: the VM's shared-memory device cannot be used: %s", hv_wire_device(w),
                why);
-    if (device) {
+    if (l->mode == LANE_NONE && (caps & HVGPU_CAP_SHM_MEMFD) && hv_wire_passes_fds(w))
+        l->mode = LANE_MEMFD;
+    if (l->mode == LANE_NONE && !why[0])
+        snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_SHM_MEMFD)
+                 ? "the agent offers memfd regions, which travel only on a unix socket to it"
+                 : "the agent offers no shared-memory region");
+    __atomic_store_n(&l->tried, 1, __ATOMIC_RELEASE); /* route() reads it without the lock */
+    if (hv_trace_enabled()) {
+        if (l->mode != LANE_NONE)
+            hv_log("device %d: pinned memory and large copies go through a shared-memory "
+                   "region (%s)", hv_wire_device(w),
+                   l->mode == LANE_DEVICE ? "the VM's device" : "memfds");
+        else
+            hv_log("device %d: %s; copies travel on the socket and pinned memory is ordinary "
+                   "memory", hv_wire_device(w), why);
+    }
+}
+
+/* The two slots of staged copies, made on the first one (a program that only pins
+   pays nothing for them); 0 where the region has no room for them. */
+static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
+    attach(w, l, earlier);
+    if (l->stage_tried || l->mode == LANE_NONE) return l->staged;
+    uint64_t slots = STAGE_SLOTS * STAGE_CHUNK;
+    char why[512] = "";
+    if (l->mode == LANE_DEVICE) {
         hvgpu_shm_alloc_req_t q = { l->device_region, 0, slots };
         hvgpu_shm_alloc_rep_t v;
         uint32_t got = 0;
         CUresult r = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
         if (!r && got == sizeof v && v.offset <= l->device_size &&
             slots <= l->device_size - v.offset) {
-            l->staged = 1;
             l->stage_region = l->device_region;
             l->stage_offset = v.offset;
             l->stage = l->device_base + v.offset;
+            l->staged = 1;
         } else {
             snprintf(why, sizeof why, "no room of %llu bytes for staging in the VM's "
                      "shared-memory device (CUDA error %d)", (unsigned long long)slots, r);
         }
-    } else if ((caps & HVGPU_CAP_SHM_MEMFD) && hv_wire_passes_fds(w)) {
-        l->mode = LANE_MEMFD;
+    } else {
         void *map;
         if (memfd_region(w, slots, &l->stage_region, &map, why, sizeof why)) {
-            l->staged = 1;
             l->stage_offset = 0;
             l->stage = map;
+            l->staged = 1;
         }
-    } else if (!why[0]) {
-        snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_SHM_MEMFD)
-                 ? "the agent offers memfd regions, which travel only on a unix socket to it"
-                 : "the agent offers no shared-memory region");
     }
-    __atomic_store_n(&l->tried, 1, __ATOMIC_RELEASE); /* route() reads it without the lock */
-    if (hv_trace_enabled()) {
-        if (l->staged)
-            hv_log("device %d: bulk copies go through a shared-memory region (%s)",
-                   hv_wire_device(w), l->mode == LANE_DEVICE ? "the VM's device" : "memfd");
-        else
-            hv_log("device %d: %s; %s", hv_wire_device(w), why,
-                   l->mode == LANE_NONE ? "copies travel on the socket and pinned memory is "
-                                          "ordinary memory"
-                                        : "large pageable copies travel on the socket");
-    }
+    __atomic_store_n(&l->stage_tried, 1, __ATOMIC_RELEASE);
+    if (!l->staged && hv_trace_enabled())
+        hv_log("device %d: large pageable copies travel on the socket: %s", hv_wire_device(w),
+               why);
+    return l->staged;
 }
 
 /* -- pinned memory ---------------------------------------------------------------- */
@@ -334,7 +351,8 @@ int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
         hvgpu_shm_alloc_rep_t v;
         uint32_t got = 0;
         CUresult s = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, &earlier);
-        if (!s && got == sizeof v && v.offset <= l->device_size && size <= l->device_size - v.offset) {
+        if (!s && got == sizeof v && v.offset <= l->device_size &&
+            size <= l->device_size - v.offset) {
             b.addr = (uintptr_t)(l->device_base + v.offset);
             b.region = l->device_region;
             b.offset = v.offset;
@@ -501,9 +519,11 @@ static int route(const void *p, size_t n, uint32_t *region, uint64_t *offset) {
     if (block_find(p, n, device, region, offset)) return 1;
     if (n < STAGE_MIN) return 0;
     struct lane *l = &lanes[device];
-    /* read without the lock: once tried without slots, it stays so (a fork's child
-       starts again, with one thread) */
-    if (__atomic_load_n(&l->tried, __ATOMIC_ACQUIRE) && !__atomic_load_n(&l->staged, __ATOMIC_ACQUIRE))
+    /* read without the lock: once tried without a region or slots, it stays so (a
+       fork's child starts again, with one thread) */
+    if ((__atomic_load_n(&l->tried, __ATOMIC_ACQUIRE) && l->mode == LANE_NONE) ||
+        (__atomic_load_n(&l->stage_tried, __ATOMIC_ACQUIRE) &&
+         !__atomic_load_n(&l->staged, __ATOMIC_ACQUIRE)))
         return 0;
     return 2;
 }
@@ -525,8 +545,7 @@ int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
         struct lane *l = &lanes[hv_wire_device(w)];
-        attach(w, l, &err);
-        if (!err && !l->staged) {
+        if (!staging(w, l, &err) && !err) {
             hv_wire_release(w);
             return 0;
         }
@@ -555,8 +574,7 @@ int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait,
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
         struct lane *l = &lanes[hv_wire_device(w)];
-        attach(w, l, &err);
-        if (!err && !l->staged) {
+        if (!staging(w, l, &err) && !err) {
             hv_wire_release(w);
             return 0;
         }
