@@ -1035,9 +1035,9 @@ class Session:
                                     "SHM_ATTACH of a memfd came without its descriptor")
                 regions.check_memfd(fd, size)
                 self.shared.budget.take(size, "a memfd region")
+                owned, fd = fd, None  # the Region's from here: it closes it, even failing
                 try:
-                    got, fd = regions.Region(fd, size, self.device,
-                                             kind=region_layout.KIND_MEMFD), None
+                    got = regions.Region(owned, size, self.device, kind=region_layout.KIND_MEMFD)
                 except BaseException:
                     self.shared.budget.give(size)
                     raise
