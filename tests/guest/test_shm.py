@@ -104,3 +104,14 @@ def test_without_a_region_pinned_memory_is_refused_and_copies_use_the_socket(fak
     buf.copy_from(b"z" * (2 * MiB))
     assert bytes(buf.copy_to()) == b"z" * (2 * MiB)
     conn.close()
+
+
+def test_pinned_memory_freed_after_a_one_way_error_is_freed_and_the_error_kept(dev):
+    pinned = dev.pinned(MiB)
+    dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    pinned.close()  # the lane's bookkeeping: neither refused nor eating the error
+    assert not dev.conn.shared.pinned
+    with pytest.raises(CudaError) as info:
+        dev.sync()
+    assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
+    dev.sync()

@@ -316,3 +316,35 @@ def test_a_region_that_cannot_be_registered_closes_its_descriptor_once():
     assert g.shared.budget.used == 0
     assert g.call("PING")[0] == 0
     g.close()
+
+
+def test_an_earlier_one_way_error_neither_stops_nor_is_lost_to_the_lanes_bookkeeping(tmp_path):
+    """The guest library attaches, allocates and frees on its own; a deferred CUDA error
+    must wait for the program's next CUDA call, and a room or region given back must
+    be given back (else it stays held while the guest thinks it free)."""
+    device_region, _ = _device_shared(tmp_path)
+    shared = regions.Shared(8 * MiB, device_region.open_device)
+    g = Guest(shared=shared)
+    dptr = g.alloc(MiB)
+    region = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+    fd, status, got = g.attach_memfd(MiB)
+    assert status == 0, got
+    g.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    failed = g.seq
+    status, got_room = g.call("SHM_ALLOC", region, 0, 8192)
+    assert status == 0, got_room
+    (room,) = got_room
+    assert g.call("SHM_FREE", region, 0, room) == (0, ())
+    assert g.call("SHM_DETACH", got[0]) == (0, ())
+    assert shared.budget.used == 4 * MiB  # the memfd's share came back
+    assert g.call("SHM_ALLOC", region, 0, 8192) == (0, (room,))  # the room came back
+    g.seq += 1
+    g.sock.sendall(frame("CTX_SYNCHRONIZE", seq=g.seq))
+    _, _, _, status, body = read_reply(g.sock)
+    assert status == P.CUDA_ERROR_INVALID_VALUE  # reported where a CUDA call would see it
+    assert codec.ERROR.decode(body)[2] == failed
+    g.post("MEMCPY_DTOH_SHM", region, 0, room, dptr, 16, 0)
+    assert g.call("CTX_SYNCHRONIZE")[0] == 0
+    os.close(fd)
+    g.close()
+    shared.close()
