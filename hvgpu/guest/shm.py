@@ -12,7 +12,8 @@ Pinned memory (``PinnedMemory``: ``Device.pinned``) is room in the region, so a
 copy from or to it names an offset and the host's DMA does the rest. A large
 pageable copy is staged through two slots of the region: the guest copies one
 chunk while the host's DMA moves the other, each slot reused only after its
-fence (a STREAM_SYNCHRONIZE sent without waiting) has answered. Where no region
+fence (a STREAM_SYNCHRONIZE sent without waiting) has answered; a copy that fails
+returns only once its DMA is over. Where no region
 can be had, ``upload``/``download`` say so (False) and the socket carries the
 bytes as before.
 
@@ -254,7 +255,7 @@ class SharedLane:
         for seq in fences:
             err = self._settle(seq, err)
         if err is not None:
-            raise err
+            self._fail(err, stream)
         return True
 
     def download(self, view: memoryview, src: int, stream: int) -> bool:
@@ -267,7 +268,9 @@ class SharedLane:
         if pinned is not None:
             region, offset = pinned
             conn.post("MEMCPY_DTOH_SHM", region, 0, offset, src, n, stream)
-            conn.read_reply(_SYNC, conn.send_request(_SYNC, sync.encode((stream,))))
+            err = self._settle(conn.send_request(_SYNC, sync.encode((stream,))), None)
+            if err is not None:
+                self._fail(err, stream)
             return True
         if n < STAGE_MIN or not self._staging():
             return False
@@ -286,15 +289,16 @@ class SharedLane:
             ask(k)
         for k, (off, c) in enumerate(chunks):
             err = self._settle(fences.pop(0), err)
-            if err is None:
-                slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
-                view[off:off + c] = mapping.mem[slot:slot + c]
-                if k + STAGE_SLOTS < len(chunks):
-                    ask(k + STAGE_SLOTS)
+            if err is not None:
+                break  # the chunks asked for are settled below; no more are asked
+            slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
+            view[off:off + c] = mapping.mem[slot:slot + c]
+            if k + STAGE_SLOTS < len(chunks):
+                ask(k + STAGE_SLOTS)
         for seq in fences:
             err = self._settle(seq, err)
         if err is not None:
-            raise err
+            self._fail(err, stream)
         return True
 
     def _settle(self, seq: int, err):
@@ -304,6 +308,18 @@ class SharedLane:
         except CudaError as exc:
             return err or exc
         return err
+
+    def _fail(self, err: CudaError, stream: int):
+        """Raise a copy's error once none of its DMA is still under way: a fence that
+        carried an earlier op's error was answered without waiting for the stream, and
+        the slots (or the guest's pinned memory) must not change after the copy
+        returned. The extra fence's own error, if any, is err again or a sticky one."""
+        try:
+            self.conn.read_reply(_SYNC, self.conn.send_request(
+                _SYNC, codec.REQUEST[_SYNC].encode((stream,))))
+        except CudaError:
+            pass
+        raise err
 
     def forget(self) -> None:
         """The connection closed: the agent let go of everything already."""

@@ -6,6 +6,8 @@ region is offered."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +15,10 @@ import pytest
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
 from hvgpu.guest import shm
+from hvgpu.host.executor import regions
+from hvgpu.host.executor.session import Session
 from hvgpu.virtio import protocol as P
+from tests.fake_gpu import FakeDevice
 
 MiB = 1 << 20
 
@@ -115,3 +120,90 @@ def test_pinned_memory_freed_after_a_one_way_error_is_freed_and_the_error_kept(d
         dev.sync()
     assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
     dev.sync()
+
+
+def test_a_staged_download_of_many_chunks_reports_an_earlier_error(dev):
+    size = 3 * shm.STAGE_CHUNK + 4096
+    buf = dev.allocate(size)
+    buf.copy_from(b"\3" * size)
+    dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        buf.copy_to()
+    assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
+    assert bytes(buf.copy_to()) == b"\3" * size  # and the connection goes on
+
+
+class LateCopies(FakeDevice):
+    """Copies between host and device happen when the context or a stream is next
+    synchronised: DMA still under way after the op that queued it was served."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list = []
+
+    def memcpy_htod_async(self, dst, src_addr, n, stream):
+        self.queued.append((super().memcpy_htod_async, (dst, src_addr, n, stream)))
+
+    def memcpy_dtoh_async(self, dst_addr, src, n, stream):
+        self.queued.append((super().memcpy_dtoh_async, (dst_addr, src, n, stream)))
+
+    def _synchronized(self):
+        queued, self.queued = self.queued, []
+        for copy, args in queued:
+            copy(*args)
+        super()._synchronized()
+
+
+@pytest.fixture
+def late(tmp_path):
+    """A guest connection served in this process by a session over LateCopies."""
+    path = str(tmp_path / "guest.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    listener.settimeout(30)
+
+    def serve():
+        sock, _ = listener.accept()
+        Session(sock, LateCopies(), peer="guest", shared=regions.Shared(64 * MiB)).serve()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    conn = Connection(f"unix://{path}", timeout=30)
+    yield Device(connection=conn)
+    conn.close()
+    thread.join(30)
+    listener.close()
+
+
+def test_a_copy_into_pinned_memory_that_raised_writes_it_no_more(late):
+    buf = late.allocate(MiB)
+    buf.copy_from(b"D" * MiB)
+    pinned = late.pinned(MiB)
+    late.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        buf.copy_to(pinned.view)
+    assert info.value.deferred
+    pinned.view[:] = b"P" * MiB
+    late.sync()
+    assert bytes(pinned.view) == b"P" * MiB
+    pinned.close()
+
+
+@pytest.mark.parametrize("failing", ["download", "upload"])
+def test_after_a_staged_copy_fails_its_slots_are_idle_before_they_are_reused(late, failing):
+    """A fence that carries an earlier op's error did not wait for the stream; the
+    slots must still be idle before the next copy writes them."""
+    size = 2 * MiB
+    a, b = late.allocate(size), late.allocate(size)
+    a.copy_from(b"A" * size)
+    late.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        if failing == "download":
+            a.copy_to()  # its copy into the slot is still under way when it raises
+        else:
+            a.copy_from(b"a" * size)  # its copy from the slot, too
+    assert info.value.deferred
+    b.copy_from(b"B" * size)  # through the same slot
+    assert bytes(b.copy_to()) == b"B" * size
+    assert bytes(a.copy_to()) in (b"A" * size, b"a" * size)  # never what went to b
