@@ -202,13 +202,16 @@ class SharedLane:
     def free(self, mem: PinnedMemory) -> None:
         with self.conn.lock:
             self.pinned = [t for t in self.pinned if t[2] is not mem]
-            if self.conn.closed:
-                return
-            if mem.whole_region:
-                self.conn.call("SHM_DETACH", mem.mapping.region)
-                mem.mapping.close()
-            else:
-                self.conn.call("SHM_FREE", mem.mapping.region, 0, mem.offset)
+            try:
+                if self.conn.closed:
+                    return
+                if mem.whole_region:
+                    self.conn.call("SHM_DETACH", mem.mapping.region)
+                else:
+                    self.conn.call("SHM_FREE", mem.mapping.region, 0, mem.offset)
+            finally:
+                if mem.whole_region:  # its memfd: the executor has its own mapping
+                    mem.mapping.close()
 
     def find(self, view: memoryview) -> tuple[int, int] | None:
         """(region, offset) where the buffer lies wholly in pinned memory."""

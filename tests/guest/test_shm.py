@@ -207,3 +207,12 @@ def test_after_a_staged_copy_fails_its_slots_are_idle_before_they_are_reused(lat
     b.copy_from(b"B" * size)  # through the same slot
     assert bytes(b.copy_to()) == b"B" * size
     assert bytes(a.copy_to()) in (b"A" * size, b"a" * size)  # never what went to b
+
+
+def test_pinned_memory_freed_after_the_connection_ended_lets_go_of_its_memfd(fake_agent):
+    conn = Connection(fake_agent.address)
+    pinned = Device(connection=conn).pinned(MiB)
+    mapping = pinned.mapping
+    conn.close()
+    pinned.close()
+    assert mapping.fd is None and mapping.mem.closed
