@@ -500,6 +500,9 @@ class Agent:
     def _spawn_slice(self, key: VgpuKey) -> SliceExecutor:
         s = self.slices.by_key(key)
         ours, theirs = control_pair()
+        # The agent never waits on an executor: one that asks and reads none of the
+        # answers fills its channel, and is then killed instead of stopping every VM.
+        ours.setblocking(False)
         env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
@@ -534,6 +537,9 @@ class Agent:
         except lane.LaneError as exc:
             self._executor_failed(ex, str(exc))
             return
+        except BlockingIOError:  # an answer (REGION's) found the channel full
+            self._executor_failed(ex, "it reads none of the agent's answers")
+            return
         except Exception as exc:  # a bug here must not end every VM's service
             log.exception("slice %s: handling a message of executor pid %d failed", ex.key,
                           ex.process.pid)
@@ -543,6 +549,8 @@ class Agent:
             return
         try:
             send_message(ex.ctrl, lane.encode(lane.REPLY, id=msg["id"], **reply))
+        except BlockingIOError:
+            self._executor_failed(ex, "it reads none of the agent's answers")
         except OSError:
             self._executor_gone(ex)
 

@@ -184,3 +184,39 @@ def test_a_broken_executor_is_killed_and_released_and_the_agent_serves_on(runnin
     monkeypatch.undo()
     with Connection(running.vm_address("vm2")) as conn:  # a new, real executor for vm2
         Device(connection=conn).allocate(8 * M).close()
+
+
+@pytest.mark.parametrize("request_", [lane.REGION, lane.USAGE])
+def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent(
+        running, monkeypatch, request_):
+    """Every request is answered on the executor's channel; one that asks without end
+    and reads nothing fills it. The agent must not wait on it (every VM would wait
+    with it): such an executor is killed."""
+    fakes = FakeExecutors(running.agent, "vm2", monkeypatch)
+    guest = connect(running.vm_address("vm2"))
+    end, proc = fakes.ends.get(timeout=20)
+    try:
+        assert _receive(end)[0] is lane.CONN
+        end.setblocking(False)
+        ask = lane.encode(request_, id=1)
+        for _ in range(200000):  # far more answers than the channel holds
+            try:
+                end.send(ask)
+            except BlockingIOError:  # the agent reads no more: wait, it may be stuck
+                try:
+                    end.settimeout(5)
+                    end.send(ask)
+                    end.setblocking(False)
+                except OSError:
+                    break
+            except OSError:  # the agent closed the channel
+                break
+        assert proc.wait(timeout=20) == -signal.SIGKILL
+        with Connection(running.vm_address("vm1"), timeout=10) as conn:
+            Device(connection=conn).allocate(M).close()
+    finally:
+        end.close()  # an agent stuck sending to it is let go
+        guest.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
