@@ -154,26 +154,46 @@ class LateCopies(FakeDevice):
         super()._synchronized()
 
 
+class _Served:
+    """A guest connection served in this process by one session over ``device``;
+    ``relayed``: the guest's socket is TCP while the session's end takes descriptors,
+    as an agent's unix socket behind a hybrid-vsock VMM does."""
+
+    def __init__(self, tmp_path, device, relayed: bool = False):
+        if relayed:
+            self.listener = socket.create_server(("127.0.0.1", 0))
+            address = "tcp://127.0.0.1:%d" % self.listener.getsockname()[1]
+        else:
+            path = str(tmp_path / "guest.sock")
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(path)
+            self.listener.listen(1)
+            address = f"unix://{path}"
+        self.listener.settimeout(30)
+        self.thread = threading.Thread(target=self._serve, args=(device, relayed),
+                                       daemon=True)
+        self.thread.start()
+        self.conn = Connection(address, timeout=30)
+
+    def _serve(self, device, relayed):
+        sock, _ = self.listener.accept()
+        session = Session(sock, device, peer="guest", shared=regions.Shared(64 * MiB))
+        if relayed:
+            session.reader.fds = []
+        session.serve()
+
+    def close(self):
+        self.conn.close()
+        self.thread.join(30)
+        self.listener.close()
+
+
 @pytest.fixture
 def late(tmp_path):
     """A guest connection served in this process by a session over LateCopies."""
-    path = str(tmp_path / "guest.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(1)
-    listener.settimeout(30)
-
-    def serve():
-        sock, _ = listener.accept()
-        Session(sock, LateCopies(), peer="guest", shared=regions.Shared(64 * MiB)).serve()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    conn = Connection(f"unix://{path}", timeout=30)
-    yield Device(connection=conn)
-    conn.close()
-    thread.join(30)
-    listener.close()
+    served = _Served(tmp_path, LateCopies())
+    yield Device(connection=served.conn)
+    served.close()
 
 
 def test_a_copy_into_pinned_memory_that_raised_writes_it_no_more(late):
@@ -216,3 +236,20 @@ def test_pinned_memory_freed_after_the_connection_ended_lets_go_of_its_memfd(fak
     conn.close()
     pinned.close()
     assert mapping.fd is None and mapping.mem.closed
+
+
+def test_a_guest_that_cannot_pass_descriptors_does_not_ask_for_memfd_regions(tmp_path):
+    """Behind a hybrid-vsock VMM the agent's end is a unix socket, the guest's is not:
+    the guest must not take the memfd lane that agent would offer."""
+    served = _Served(tmp_path, FakeDevice(), relayed=True)
+    dev = Device(connection=served.conn)
+    try:
+        assert not dev.conn.caps & P.CAP_SHM_MEMFD
+        with pytest.raises(CudaError) as info:
+            dev.pinned(MiB)
+        assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+        buf = dev.allocate(2 * MiB)
+        buf.copy_from(b"t" * (2 * MiB))
+        assert bytes(buf.copy_to()) == b"t" * (2 * MiB)
+    finally:
+        served.close()
