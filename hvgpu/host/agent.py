@@ -105,6 +105,7 @@ class SliceExecutor:
     mps: bool
     connections: int = 0
     retiring: bool = False
+    regions_refused: int = 0  # REGION requests answered with an error (logged once)
     started: float = field(default_factory=time.monotonic)
     gone: float | None = None  # when its channel ended
 
@@ -599,8 +600,11 @@ class Agent:
                 slice_ = None
             fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
         except CudaError as exc:
-            log.warning("slice %s: no shared-memory region for its guest: %s", ex.key,
-                        exc.detail)
+            # Each guest SHM_ATTACH may ask again: said once per executor, not per ask.
+            ex.regions_refused += 1
+            log.log(logging.WARNING if ex.regions_refused == 1 else logging.DEBUG,
+                    "slice %s: no shared-memory region for its guest: %s", ex.key,
+                    exc.detail)
             send_message(ex.ctrl, lane.encode(lane.REPLY, id=rid, ok=False, status=exc.status,
                                               message=exc.detail[:lane.REPLY_MESSAGE_MAX]))
             return

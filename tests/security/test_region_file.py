@@ -4,16 +4,20 @@ through a link; anything else is refused with a reason and nothing stays open.""
 
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
 import pytest
 
 from hvgpu.errors import CudaError
+from hvgpu.guest import Connection
 from hvgpu.host.names import VgpuKey
 from hvgpu.host.names import shm_name
 from hvgpu.host.regions import open_region
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as R
+from tests.conftest import FAKE_DEVICE, RunningAgent
 
 MiB = 1 << 20
 
@@ -61,3 +65,23 @@ def test_anything_else_is_refused_and_leaves_nothing_open(tmp_path, case):
         open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=shm))
     assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
     assert _fds() == before
+
+
+def test_a_guest_asking_again_and_again_for_a_missing_region_is_logged_once(tmp_path, caplog):
+    """Every SHM_ATTACH of the device region may reach the agent: a guest must not be
+    able to write the host's log at the pace of its round trips."""
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
+    try:
+        running.agent.config.shm_dir = str(tmp_path)  # no file there
+        running.api.attach("vm1", "64M", shm="4M")
+        with caplog.at_level(logging.DEBUG, logger="hvgpu.host.agent"), \
+                Connection(running.vm_address("vm1")) as conn:
+            for _ in range(20):
+                with pytest.raises(CudaError) as info:
+                    conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+                assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+        said = [r for r in caplog.records if "no shared-memory region" in r.getMessage()]
+        assert len(said) == 20
+        assert [r.levelno for r in said].count(logging.WARNING) == 1
+    finally:
+        running.stop()
