@@ -220,3 +220,42 @@ def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_region_descriptor_that_comes_as_the_wait_times_out_is_not_lost():
+    """The agent's answer to REGION carries the VM's region file; one that arrives just
+    as the executor stops waiting must still be taken (or closed), never dropped."""
+    from hvgpu.host.executor import control
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    link = control.AgentLink(ours)
+    r, w = os.pipe()
+    os.close(w)
+
+    class LateEvent:
+        """Times out, while the answer is delivered at that very moment."""
+
+        def __init__(self, rid):
+            self.rid, self.flag = rid, False
+
+        def set(self):
+            self.flag = True
+
+        def wait(self, timeout=None):
+            if timeout is not None and not self.flag:
+                link.deliver({"id": self.rid, "size": 4096, "fd": r})
+                return False
+            return self.flag
+
+    class Waiting(dict):
+        def __setitem__(self, rid, slot):
+            slot[0] = LateEvent(rid)
+            super().__setitem__(rid, slot)
+
+    link._waiting = Waiting()
+    try:
+        assert link.region() == (r, 4096)
+    finally:
+        os.close(r)
+        ours.close()
+        theirs.close()
