@@ -106,6 +106,7 @@ class SliceExecutor:
     connections: int = 0
     retiring: bool = False
     regions_refused: int = 0  # REGION requests answered with an error (logged once)
+    region_given: bool = False  # it was sent the VM's region file (and may have it mapped)
     started: float = field(default_factory=time.monotonic)
     gone: float | None = None  # when its channel ended
 
@@ -598,6 +599,18 @@ class Agent:
                 slice_ = self.slices.by_key(ex.key) if self.slices is not None else None
             except HvgpuError:  # detached meanwhile
                 slice_ = None
+            # Each executor keeps its own book of the region's rooms: two of one vGPU
+            # (a newer generation after a resize or a fault) would give two programs
+            # the same bytes. The newer one has it once the older one has ended.
+            with self.lock:
+                older = [e for e in (*self.slice_executors, *self.ending)
+                         if e is not ex and e.key == ex.key and e.region_given
+                         and e.process.poll() is None]
+            if older:
+                raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                                f"the VM's shared-memory region is in use by an older "
+                                f"executor of the vGPU (pid {older[0].process.pid}) until "
+                                "its programs end; copies travel on the socket meanwhile")
             fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
         except CudaError as exc:
             # Each guest SHM_ATTACH may ask again: said once per executor, not per ask.
@@ -608,6 +621,7 @@ class Agent:
             send_message(ex.ctrl, lane.encode(lane.REPLY, id=rid, ok=False, status=exc.status,
                                               message=exc.detail[:lane.REPLY_MESSAGE_MAX]))
             return
+        ex.region_given = True
         try:
             send_message(ex.ctrl, lane.encode(lane.REGION_FD, id=rid, size=size), [fd])
         finally:
