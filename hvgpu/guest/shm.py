@@ -73,7 +73,8 @@ class _Mapping:
 
 class PinnedMemory:
     """Page-locked host memory in the shared region: ``view`` is writable, and
-    copies from and to it (or any buffer inside it) are DMA on the host."""
+    copies from and to it (or any buffer inside it) are DMA on the host. A copy
+    from it returns before the DMA has read it: change it only after a sync."""
 
     def __init__(self, lane: "SharedLane", mapping: _Mapping, offset: int, size: int,
                  whole_region: bool):
