@@ -121,9 +121,12 @@ class Connection:
         self._out_pending = threading.Event()
         self._flusher: threading.Thread | None = None
         self.shared = None  # hvgpu.guest.shm.SharedLane, made on the first copy that can use it
+        wanted = P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS | P.CAP_SHM_DEVICE
+        if self.address.scheme == "unix":  # descriptors (memfds) travel on these alone
+            wanted |= P.CAP_SHM_MEMFD
         version, _, caps, max_payload, _, peer, agent = self.call(
-            "HELLO", P.VERSION, P.MIN_VERSION, P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS
-            | P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE, f"hvgpu-guest {__version__} pid {os.getpid()}")
+            "HELLO", P.VERSION, P.MIN_VERSION, wanted,
+            f"hvgpu-guest {__version__} pid {os.getpid()}")
         self.version, self.caps, self.peer, self.agent = version, caps, peer, agent
         self.max_payload = max_payload
 

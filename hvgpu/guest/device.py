@@ -132,7 +132,9 @@ class Buffer:
         """Copy host bytes (any buffer) into this buffer; does not wait.
 
         The source may be reused as soon as this returns: its bytes are on
-        their way to the host.
+        their way to the host. Pinned memory (``Device.pinned``) is the
+        exception, as for cudaMemcpyAsync: the host's DMA reads it in place, so
+        it must not change until the stream (or the device) has been synchronised.
         """
         if isinstance(src, Buffer) and src.conn is not self.conn:
             # Another vGPU's memory (cuMemcpyPeer): its executor is another process,

@@ -12,7 +12,8 @@ Pinned memory (``PinnedMemory``: ``Device.pinned``) is room in the region, so a
 copy from or to it names an offset and the host's DMA does the rest. A large
 pageable copy is staged through two slots of the region: the guest copies one
 chunk while the host's DMA moves the other, each slot reused only after its
-fence (a STREAM_SYNCHRONIZE sent without waiting) has answered. Where no region
+fence (a STREAM_SYNCHRONIZE sent without waiting) has answered; a copy that fails
+returns only once its DMA is over. Where no region
 can be had, ``upload``/``download`` say so (False) and the socket carries the
 bytes as before.
 
@@ -72,7 +73,8 @@ class _Mapping:
 
 class PinnedMemory:
     """Page-locked host memory in the shared region: ``view`` is writable, and
-    copies from and to it (or any buffer inside it) are DMA on the host."""
+    copies from and to it (or any buffer inside it) are DMA on the host. A copy
+    from it returns before the DMA has read it: change it only after a sync."""
 
     def __init__(self, lane: "SharedLane", mapping: _Mapping, offset: int, size: int,
                  whole_region: bool):
@@ -201,13 +203,16 @@ class SharedLane:
     def free(self, mem: PinnedMemory) -> None:
         with self.conn.lock:
             self.pinned = [t for t in self.pinned if t[2] is not mem]
-            if self.conn.closed:
-                return
-            if mem.whole_region:
-                self.conn.call("SHM_DETACH", mem.mapping.region)
-                mem.mapping.close()
-            else:
-                self.conn.call("SHM_FREE", mem.mapping.region, 0, mem.offset)
+            try:
+                if self.conn.closed:
+                    return
+                if mem.whole_region:
+                    self.conn.call("SHM_DETACH", mem.mapping.region)
+                else:
+                    self.conn.call("SHM_FREE", mem.mapping.region, 0, mem.offset)
+            finally:
+                if mem.whole_region:  # its memfd: the executor has its own mapping
+                    mem.mapping.close()
 
     def find(self, view: memoryview) -> tuple[int, int] | None:
         """(region, offset) where the buffer lies wholly in pinned memory."""
@@ -254,7 +259,7 @@ class SharedLane:
         for seq in fences:
             err = self._settle(seq, err)
         if err is not None:
-            raise err
+            self._fail(err, stream)
         return True
 
     def download(self, view: memoryview, src: int, stream: int) -> bool:
@@ -267,7 +272,9 @@ class SharedLane:
         if pinned is not None:
             region, offset = pinned
             conn.post("MEMCPY_DTOH_SHM", region, 0, offset, src, n, stream)
-            conn.read_reply(_SYNC, conn.send_request(_SYNC, sync.encode((stream,))))
+            err = self._settle(conn.send_request(_SYNC, sync.encode((stream,))), None)
+            if err is not None:
+                self._fail(err, stream)
             return True
         if n < STAGE_MIN or not self._staging():
             return False
@@ -286,15 +293,16 @@ class SharedLane:
             ask(k)
         for k, (off, c) in enumerate(chunks):
             err = self._settle(fences.pop(0), err)
-            if err is None:
-                slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
-                view[off:off + c] = mapping.mem[slot:slot + c]
-                if k + STAGE_SLOTS < len(chunks):
-                    ask(k + STAGE_SLOTS)
+            if err is not None:
+                break  # the chunks asked for are settled below; no more are asked
+            slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
+            view[off:off + c] = mapping.mem[slot:slot + c]
+            if k + STAGE_SLOTS < len(chunks):
+                ask(k + STAGE_SLOTS)
         for seq in fences:
             err = self._settle(seq, err)
         if err is not None:
-            raise err
+            self._fail(err, stream)
         return True
 
     def _settle(self, seq: int, err):
@@ -304,6 +312,18 @@ class SharedLane:
         except CudaError as exc:
             return err or exc
         return err
+
+    def _fail(self, err: CudaError, stream: int):
+        """Raise a copy's error once none of its DMA is still under way: a fence that
+        carried an earlier op's error was answered without waiting for the stream, and
+        the slots (or the guest's pinned memory) must not change after the copy
+        returned. The extra fence's own error, if any, is err again or a sticky one."""
+        try:
+            self.conn.read_reply(_SYNC, self.conn.send_request(
+                _SYNC, codec.REQUEST[_SYNC].encode((stream,))))
+        except CudaError:
+            pass
+        raise err
 
     def forget(self) -> None:
         """The connection closed: the agent let go of everything already."""

@@ -105,6 +105,8 @@ class SliceExecutor:
     mps: bool
     connections: int = 0
     retiring: bool = False
+    regions_refused: int = 0  # REGION requests answered with an error (logged once)
+    region_given: bool = False  # it was sent the VM's region file (and may have it mapped)
     started: float = field(default_factory=time.monotonic)
     gone: float | None = None  # when its channel ended
 
@@ -500,6 +502,9 @@ class Agent:
     def _spawn_slice(self, key: VgpuKey) -> SliceExecutor:
         s = self.slices.by_key(key)
         ours, theirs = control_pair()
+        # The agent never waits on an executor: one that asks and reads none of the
+        # answers fills its channel, and is then killed instead of stopping every VM.
+        ours.setblocking(False)
         env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
         if self.mps.running:
             env.update(self.mps.client_env(s.mem, s.compute))
@@ -534,6 +539,9 @@ class Agent:
         except lane.LaneError as exc:
             self._executor_failed(ex, str(exc))
             return
+        except BlockingIOError:  # an answer (REGION's) found the channel full
+            self._executor_failed(ex, "it reads none of the agent's answers")
+            return
         except Exception as exc:  # a bug here must not end every VM's service
             log.exception("slice %s: handling a message of executor pid %d failed", ex.key,
                           ex.process.pid)
@@ -543,6 +551,8 @@ class Agent:
             return
         try:
             send_message(ex.ctrl, lane.encode(lane.REPLY, id=msg["id"], **reply))
+        except BlockingIOError:
+            self._executor_failed(ex, "it reads none of the agent's answers")
         except OSError:
             self._executor_gone(ex)
 
@@ -589,13 +599,29 @@ class Agent:
                 slice_ = self.slices.by_key(ex.key) if self.slices is not None else None
             except HvgpuError:  # detached meanwhile
                 slice_ = None
+            # Each executor keeps its own book of the region's rooms: two of one vGPU
+            # (a newer generation after a resize or a fault) would give two programs
+            # the same bytes. The newer one has it once the older one has ended.
+            with self.lock:
+                older = [e for e in (*self.slice_executors, *self.ending)
+                         if e is not ex and e.key == ex.key and e.region_given
+                         and e.process.poll() is None]
+            if older:
+                raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                                f"the VM's shared-memory region is in use by an older "
+                                f"executor of the vGPU (pid {older[0].process.pid}) until "
+                                "its programs end; copies travel on the socket meanwhile")
             fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
         except CudaError as exc:
-            log.warning("slice %s: no shared-memory region for its guest: %s", ex.key,
-                        exc.detail)
+            # Each guest SHM_ATTACH may ask again: said once per executor, not per ask.
+            ex.regions_refused += 1
+            log.log(logging.WARNING if ex.regions_refused == 1 else logging.DEBUG,
+                    "slice %s: no shared-memory region for its guest: %s", ex.key,
+                    exc.detail)
             send_message(ex.ctrl, lane.encode(lane.REPLY, id=rid, ok=False, status=exc.status,
                                               message=exc.detail[:lane.REPLY_MESSAGE_MAX]))
             return
+        ex.region_given = True
         try:
             send_message(ex.ctrl, lane.encode(lane.REGION_FD, id=rid, size=size), [fd])
         finally:

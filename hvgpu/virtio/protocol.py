@@ -235,6 +235,8 @@ OPS: tuple[Op, ...] = (
     # The shared-memory lane (hvgpu/virtio/region.py): bulk bytes in a region both
     # sides map, named by (region, offset). A region is this connection's memfd, or
     # the VM's device region, of which a connection copies only what it allocated.
+    # SHM_ATTACH/DETACH/ALLOC/FREE are no synchronising points: an earlier one-way op's
+    # error is kept for the next other synchronous op, and they are done regardless.
     Op(0x90, "SHM_ATTACH", SYNC, _f("u32 kind, u32 flags, u64 size"),
        _f("u32 region, u32 device, u64 size, bytes token"),
        doc="kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against "

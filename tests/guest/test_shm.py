@@ -6,6 +6,8 @@ region is offered."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -13,7 +15,10 @@ import pytest
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
 from hvgpu.guest import shm
+from hvgpu.host.executor import regions
+from hvgpu.host.executor.session import Session
 from hvgpu.virtio import protocol as P
+from tests.fake_gpu import FakeDevice
 
 MiB = 1 << 20
 
@@ -104,3 +109,147 @@ def test_without_a_region_pinned_memory_is_refused_and_copies_use_the_socket(fak
     buf.copy_from(b"z" * (2 * MiB))
     assert bytes(buf.copy_to()) == b"z" * (2 * MiB)
     conn.close()
+
+
+def test_pinned_memory_freed_after_a_one_way_error_is_freed_and_the_error_kept(dev):
+    pinned = dev.pinned(MiB)
+    dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    pinned.close()  # the lane's bookkeeping: neither refused nor eating the error
+    assert not dev.conn.shared.pinned
+    with pytest.raises(CudaError) as info:
+        dev.sync()
+    assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
+    dev.sync()
+
+
+def test_a_staged_download_of_many_chunks_reports_an_earlier_error(dev):
+    size = 3 * shm.STAGE_CHUNK + 4096
+    buf = dev.allocate(size)
+    buf.copy_from(b"\3" * size)
+    dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        buf.copy_to()
+    assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
+    assert bytes(buf.copy_to()) == b"\3" * size  # and the connection goes on
+
+
+class LateCopies(FakeDevice):
+    """Copies between host and device happen when the context or a stream is next
+    synchronised: DMA still under way after the op that queued it was served."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued: list = []
+
+    def memcpy_htod_async(self, dst, src_addr, n, stream):
+        self.queued.append((super().memcpy_htod_async, (dst, src_addr, n, stream)))
+
+    def memcpy_dtoh_async(self, dst_addr, src, n, stream):
+        self.queued.append((super().memcpy_dtoh_async, (dst_addr, src, n, stream)))
+
+    def _synchronized(self):
+        queued, self.queued = self.queued, []
+        for copy, args in queued:
+            copy(*args)
+        super()._synchronized()
+
+
+class _Served:
+    """A guest connection served in this process by one session over ``device``;
+    ``relayed``: the guest's socket is TCP while the session's end takes descriptors,
+    as an agent's unix socket behind a hybrid-vsock VMM does."""
+
+    def __init__(self, tmp_path, device, relayed: bool = False):
+        if relayed:
+            self.listener = socket.create_server(("127.0.0.1", 0))
+            address = "tcp://127.0.0.1:%d" % self.listener.getsockname()[1]
+        else:
+            path = str(tmp_path / "guest.sock")
+            self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.listener.bind(path)
+            self.listener.listen(1)
+            address = f"unix://{path}"
+        self.listener.settimeout(30)
+        self.thread = threading.Thread(target=self._serve, args=(device, relayed),
+                                       daemon=True)
+        self.thread.start()
+        self.conn = Connection(address, timeout=30)
+
+    def _serve(self, device, relayed):
+        sock, _ = self.listener.accept()
+        session = Session(sock, device, peer="guest", shared=regions.Shared(64 * MiB))
+        if relayed:
+            session.reader.fds = []
+        session.serve()
+
+    def close(self):
+        self.conn.close()
+        self.thread.join(30)
+        self.listener.close()
+
+
+@pytest.fixture
+def late(tmp_path):
+    """A guest connection served in this process by a session over LateCopies."""
+    served = _Served(tmp_path, LateCopies())
+    yield Device(connection=served.conn)
+    served.close()
+
+
+def test_a_copy_into_pinned_memory_that_raised_writes_it_no_more(late):
+    buf = late.allocate(MiB)
+    buf.copy_from(b"D" * MiB)
+    pinned = late.pinned(MiB)
+    late.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        buf.copy_to(pinned.view)
+    assert info.value.deferred
+    pinned.view[:] = b"P" * MiB
+    late.sync()
+    assert bytes(pinned.view) == b"P" * MiB
+    pinned.close()
+
+
+@pytest.mark.parametrize("failing", ["download", "upload"])
+def test_after_a_staged_copy_fails_its_slots_are_idle_before_they_are_reused(late, failing):
+    """A fence that carries an earlier op's error did not wait for the stream; the
+    slots must still be idle before the next copy writes them."""
+    size = 2 * MiB
+    a, b = late.allocate(size), late.allocate(size)
+    a.copy_from(b"A" * size)
+    late.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    with pytest.raises(CudaError) as info:
+        if failing == "download":
+            a.copy_to()  # its copy into the slot is still under way when it raises
+        else:
+            a.copy_from(b"a" * size)  # its copy from the slot, too
+    assert info.value.deferred
+    b.copy_from(b"B" * size)  # through the same slot
+    assert bytes(b.copy_to()) == b"B" * size
+    assert bytes(a.copy_to()) in (b"A" * size, b"a" * size)  # never what went to b
+
+
+def test_pinned_memory_freed_after_the_connection_ended_lets_go_of_its_memfd(fake_agent):
+    conn = Connection(fake_agent.address)
+    pinned = Device(connection=conn).pinned(MiB)
+    mapping = pinned.mapping
+    conn.close()
+    pinned.close()
+    assert mapping.fd is None and mapping.mem.closed
+
+
+def test_a_guest_that_cannot_pass_descriptors_does_not_ask_for_memfd_regions(tmp_path):
+    """Behind a hybrid-vsock VMM the agent's end is a unix socket, the guest's is not:
+    the guest must not take the memfd lane that agent would offer."""
+    served = _Served(tmp_path, FakeDevice(), relayed=True)
+    dev = Device(connection=served.conn)
+    try:
+        assert not dev.conn.caps & P.CAP_SHM_MEMFD
+        with pytest.raises(CudaError) as info:
+            dev.pinned(MiB)
+        assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+        buf = dev.allocate(2 * MiB)
+        buf.copy_from(b"t" * (2 * MiB))
+        assert bytes(buf.copy_to()) == b"t" * (2 * MiB)
+    finally:
+        served.close()

@@ -184,3 +184,78 @@ def test_a_broken_executor_is_killed_and_released_and_the_agent_serves_on(runnin
     monkeypatch.undo()
     with Connection(running.vm_address("vm2")) as conn:  # a new, real executor for vm2
         Device(connection=conn).allocate(8 * M).close()
+
+
+@pytest.mark.parametrize("request_", [lane.REGION, lane.USAGE])
+def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent(
+        running, monkeypatch, request_):
+    """Every request is answered on the executor's channel; one that asks without end
+    and reads nothing fills it. The agent must not wait on it (every VM would wait
+    with it): such an executor is killed."""
+    fakes = FakeExecutors(running.agent, "vm2", monkeypatch)
+    guest = connect(running.vm_address("vm2"))
+    end, proc = fakes.ends.get(timeout=20)
+    try:
+        assert _receive(end)[0] is lane.CONN
+        end.setblocking(False)
+        ask = lane.encode(request_, id=1)
+        for _ in range(200000):  # far more answers than the channel holds
+            try:
+                end.send(ask)
+            except BlockingIOError:  # the agent reads no more: wait, it may be stuck
+                try:
+                    end.settimeout(5)
+                    end.send(ask)
+                    end.setblocking(False)
+                except OSError:
+                    break
+            except OSError:  # the agent closed the channel
+                break
+        assert proc.wait(timeout=20) == -signal.SIGKILL
+        with Connection(running.vm_address("vm1"), timeout=10) as conn:
+            Device(connection=conn).allocate(M).close()
+    finally:
+        end.close()  # an agent stuck sending to it is let go
+        guest.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_region_descriptor_that_comes_as_the_wait_times_out_is_not_lost():
+    """The agent's answer to REGION carries the VM's region file; one that arrives just
+    as the executor stops waiting must still be taken (or closed), never dropped."""
+    from hvgpu.host.executor import control
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    link = control.AgentLink(ours)
+    r, w = os.pipe()
+    os.close(w)
+
+    class LateEvent:
+        """Times out, while the answer is delivered at that very moment."""
+
+        def __init__(self, rid):
+            self.rid, self.flag = rid, False
+
+        def set(self):
+            self.flag = True
+
+        def wait(self, timeout=None):
+            if timeout is not None and not self.flag:
+                link.deliver({"id": self.rid, "size": 4096, "fd": r})
+                return False
+            return self.flag
+
+    class Waiting(dict):
+        def __setitem__(self, rid, slot):
+            slot[0] = LateEvent(rid)
+            super().__setitem__(rid, slot)
+
+    link._waiting = Waiting()
+    try:
+        assert link.region() == (r, 4096)
+    finally:
+        os.close(r)
+        ours.close()
+        theirs.close()

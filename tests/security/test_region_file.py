@@ -4,16 +4,21 @@ through a link; anything else is refused with a reason and nothing stays open.""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from hvgpu.errors import CudaError
+from hvgpu.guest import Connection
 from hvgpu.host.names import VgpuKey
 from hvgpu.host.names import shm_name
 from hvgpu.host.regions import open_region
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as R
+from tests.conftest import FAKE_DEVICE, RunningAgent
 
 MiB = 1 << 20
 
@@ -61,3 +66,60 @@ def test_anything_else_is_refused_and_leaves_nothing_open(tmp_path, case):
         open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=shm))
     assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
     assert _fds() == before
+
+
+def test_a_guest_asking_again_and_again_for_a_missing_region_is_logged_once(tmp_path, caplog):
+    """Every SHM_ATTACH of the device region may reach the agent: a guest must not be
+    able to write the host's log at the pace of its round trips."""
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
+    try:
+        running.agent.config.shm_dir = str(tmp_path)  # no file there
+        running.api.attach("vm1", "64M", shm="4M")
+        with caplog.at_level(logging.DEBUG, logger="hvgpu.host.agent"), \
+                Connection(running.vm_address("vm1")) as conn:
+            for _ in range(20):
+                with pytest.raises(CudaError) as info:
+                    conn.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+                assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+        said = [r for r in caplog.records if "no shared-memory region" in r.getMessage()]
+        assert len(said) == 20
+        assert [r.levelno for r in said].count(logging.WARNING) == 1
+    finally:
+        running.stop()
+
+
+def test_two_executors_of_one_vgpu_never_hand_out_rooms_of_its_region_at_once(tmp_path):
+    """A resize under MPS (or a kernel fault) starts a newer executor for the vGPU's
+    next programs while the older one serves its own: each keeps its own book of the
+    region's rooms, so only one of them may have the region, or two programs of the
+    VM would be given the same bytes for their DMA."""
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
+    try:
+        running.agent.config.shm_dir = str(tmp_path)
+        running.api.attach("vm1", "64M", shm="4M")
+        with open(tmp_path / shm_name(VgpuKey("vm1", 0)), "wb") as f:  # as QEMU makes it
+            f.truncate(4 * MiB)
+        with Connection(running.vm_address("vm1")) as old:
+            region = old.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[0]
+            (room,) = old.call("SHM_ALLOC", region, 0, 8192)
+            with running.agent.lock:  # as a resize under MPS does
+                running.agent._retire(running.agent.current[VgpuKey("vm1", 0)])
+            with Connection(running.vm_address("vm1")) as new:  # on a newer executor
+                try:
+                    region_new = new.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[0]
+                except CudaError as exc:
+                    assert exc.status == P.CUDA_ERROR_NOT_SUPPORTED and "older" in str(exc)
+                else:
+                    assert new.call("SHM_ALLOC", region_new, 0, 8192)[0] != room
+        deadline = time.monotonic() + 30
+        while True:  # once the older executor has ended, the newer one may have it
+            with Connection(running.vm_address("vm1")) as later:
+                try:
+                    later.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+                    break
+                except CudaError:
+                    if time.monotonic() > deadline:
+                        raise
+            time.sleep(0.1)
+    finally:
+        running.stop()

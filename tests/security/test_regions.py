@@ -14,6 +14,7 @@ import threading
 
 import pytest
 
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.session import Session
 from hvgpu.virtio import codec
@@ -258,3 +259,92 @@ def test_rooms_first_fit_and_coalesce():
     rooms.give(a, 4096)
     assert rooms.take(3 * 4096) == 0
     assert rooms.take(13 * 4096) is None
+
+
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+
+
+@pytest.mark.parametrize("seal", [fcntl.F_SEAL_WRITE, F_SEAL_FUTURE_WRITE])
+def test_a_memfd_sealed_against_writing_is_refused_and_the_session_goes_on(guest, seal):
+    fd = memfd(MiB)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seal)  # the executor cannot map it writable
+    status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, MiB, fds=[fd])
+    os.close(fd)
+    assert status == P.CUDA_ERROR_INVALID_VALUE and "cannot be mapped" in msg, msg
+    assert guest.shared.budget.used == 0 and not guest.device.registered
+    assert guest.call("PING")[0] == 0
+
+
+class _RegisterRefused(FakeDevice):
+    """cuMemHostRegister fails; meanwhile the executor opens a descriptor, which gets
+    the number the guest's memfd had (the lowest free one, as the kernel gives them)."""
+
+    taken: int | None = None
+    opened: int | None = None
+
+    def host_register(self, addr, size):
+        null = os.open(os.devnull, os.O_RDONLY)
+        if null != self.taken:
+            os.dup2(null, self.taken)  # the memfd's number is free again: the Region closed it
+            os.close(null)
+        self.opened = self.taken
+        raise CudaError(999, "cuMemHostRegister: refused")
+
+
+def test_a_region_that_cannot_be_registered_closes_its_descriptor_once():
+    device = _RegisterRefused()
+    g = Guest(device=device)
+    take_fd = g.session.reader.take_fd
+
+    def spy():
+        device.taken = take_fd()
+        return device.taken
+
+    g.session.reader.take_fd = spy
+    fd, status, msg = g.attach_memfd(MiB)
+    os.close(fd)
+    assert status == 999, msg
+    assert device.opened is not None
+    try:
+        # the executor's descriptor that now has that number is still its own
+        assert os.path.samestat(os.fstat(device.opened), os.stat(os.devnull))
+    finally:
+        try:
+            os.close(device.opened)
+        except OSError:
+            pass
+    assert g.shared.budget.used == 0
+    assert g.call("PING")[0] == 0
+    g.close()
+
+
+def test_an_earlier_one_way_error_neither_stops_nor_is_lost_to_the_lanes_bookkeeping(tmp_path):
+    """The guest library attaches, allocates and frees on its own; a deferred CUDA error
+    must wait for the program's next CUDA call, and a room or region given back must
+    be given back (else it stays held while the guest thinks it free)."""
+    device_region, _ = _device_shared(tmp_path)
+    shared = regions.Shared(8 * MiB, device_region.open_device)
+    g = Guest(shared=shared)
+    dptr = g.alloc(MiB)
+    region = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+    fd, status, got = g.attach_memfd(MiB)
+    assert status == 0, got
+    g.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
+    failed = g.seq
+    status, got_room = g.call("SHM_ALLOC", region, 0, 8192)
+    assert status == 0, got_room
+    (room,) = got_room
+    assert g.call("SHM_FREE", region, 0, room) == (0, ())
+    assert g.call("SHM_DETACH", got[0]) == (0, ())
+    assert shared.budget.used == 4 * MiB  # the memfd's share came back
+    assert g.call("SHM_ALLOC", region, 0, 8192) == (0, (room,))  # the room came back
+    g.seq += 1
+    g.sock.sendall(frame("CTX_SYNCHRONIZE", seq=g.seq))
+    _, _, _, status, body = read_reply(g.sock)
+    assert status == P.CUDA_ERROR_INVALID_VALUE  # reported where a CUDA call would see it
+    assert codec.ERROR.decode(body)[2] == failed
+    g.post("MEMCPY_DTOH_SHM", region, 0, room, dptr, 16, 0)
+    assert g.call("CTX_SYNCHRONIZE")[0] == 0
+    os.close(fd)
+    g.close()
+    shared.close()

@@ -41,10 +41,10 @@ class AgentLink:
         slot = [threading.Event(), None]
         self._waiting[rid] = slot
         self.send(message, id=rid, **fields)
-        if not slot[0].wait(REPLY_TIMEOUT):
-            self._waiting.pop(rid, None)
+        if not slot[0].wait(REPLY_TIMEOUT) and self._waiting.pop(rid, None) is not None:
             raise CudaError(P.HV_INTERNAL, "the agent did not answer a quota request")
-        return slot[1]
+        slot[0].wait()  # the answer came as time ran out: it is being handed over
+        return slot[1]  # (REGION's carries a descriptor, which must not be dropped)
 
     def receive(self) -> tuple[lane.Message | None, dict, list[int]]:
         """The agent's next message; (None, {}, []) when the channel ended or the

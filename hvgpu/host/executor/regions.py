@@ -100,13 +100,18 @@ class Rooms:
 
 
 class Region:
-    """One mapping, registered with the device for DMA. Owns the descriptor."""
+    """One mapping, registered with the device for DMA. Owns the descriptor it is
+    given: closed here, whether or not the region can be had."""
 
     def __init__(self, fd: int, size: int, device, *, kind: int, vgpu: int = 0):
         self.kind, self.size, self.device = kind, size, device
         self.token = secrets.token_bytes(R.TOKEN_SIZE)
         try:
             self.map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:  # sealed against writing, a huge-page memfd not so aligned, ...
+            status = P.CUDA_ERROR_INVALID_VALUE if kind == R.KIND_MEMFD else P.HV_INTERNAL
+            raise CudaError(status, f"the region cannot be mapped read-write: "
+                                    f"{exc.strerror}") from None
         finally:
             os.close(fd)
         self._anchor = (ctypes.c_char * size).from_buffer(self.map)

@@ -55,6 +55,11 @@ log = logging.getLogger(__name__)
 
 _HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
 _SHM_ATTACH = P.OP["SHM_ATTACH"]
+# The lane's bookkeeping, which the guest library does on its own (a region on the first
+# large copy, its rooms): a deferred CUDA error waits for the next CUDA call instead,
+# which must not lose it, nor leave a room or region held that the guest thinks it gave.
+_SHM_SETUP = frozenset(P.OP[name] for name in ("SHM_ATTACH", "SHM_DETACH", "SHM_ALLOC",
+                                               "SHM_FREE"))
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
@@ -221,8 +226,8 @@ class Session:
                     self._failed(hdr, oneway, refused)  # answered before the bytes are skipped
                     self.reader.skip_payload()
                     continue
-            if hdr.op == _SHM_ATTACH:  # an hvgpu setup call: no deferred CUDA error for it
-                self.frame_fd = self.reader.take_fd()
+            if hdr.op in _SHM_SETUP:
+                self.frame_fd = self.reader.take_fd() if hdr.op == _SHM_ATTACH else None
                 try:
                     self._serve_one(hdr, body, oneway)
                 finally:
@@ -1035,9 +1040,9 @@ class Session:
                                     "SHM_ATTACH of a memfd came without its descriptor")
                 regions.check_memfd(fd, size)
                 self.shared.budget.take(size, "a memfd region")
+                owned, fd = fd, None  # the Region's from here: it closes it, even failing
                 try:
-                    got, fd = regions.Region(fd, size, self.device,
-                                             kind=region_layout.KIND_MEMFD), None
+                    got = regions.Region(owned, size, self.device, kind=region_layout.KIND_MEMFD)
                 except BaseException:
                     self.shared.budget.give(size)
                     raise
