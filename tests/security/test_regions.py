@@ -348,3 +348,17 @@ def test_an_earlier_one_way_error_neither_stops_nor_is_lost_to_the_lanes_bookkee
     os.close(fd)
     g.close()
     shared.close()
+
+
+def test_regions_per_connection_are_bounded(guest):
+    fds = []
+    for i in range(regions.MAX_REGIONS + 1):
+        fd, status, got = guest.attach_memfd(4096)
+        fds.append(fd)
+        if i < regions.MAX_REGIONS:
+            assert status == 0, got
+    assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "at most" in got
+    assert guest.shared.budget.used == regions.MAX_REGIONS * 4096
+    assert guest.call("PING")[0] == 0
+    for fd in fds:
+        os.close(fd)

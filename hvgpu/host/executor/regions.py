@@ -31,7 +31,7 @@ from hvgpu.errors import CudaError
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
 
-MAX_REGIONS = 16  # per connection: memfds it attached, and the VM's device region
+MAX_REGIONS = 256  # per connection: its memfds (one per pinned allocation) and the VM's region
 MAX_ROOMS = 4096  # SHM_ALLOCs one connection may hold at once
 _SEALS_NEEDED = fcntl.F_SEAL_SHRINK  # without it the guest could cut the mapping under us
 
