@@ -175,6 +175,7 @@ class Agent:
             for s in self.slices.list():
                 self.ledgers[s.key] = QuotaLedger(s.mem)
         self.vms = None  # VmDirectory once libvirt answers
+        self._qemu_uid: int | None = None  # libvirt's QEMU user; -1: libvirt did not say
         self.libvirt_reason = "no libvirt URI configured"
         self.launcher = Launcher(config.executor_user, config.run_dir, config.cache_dir)
         self.mps = MpsDaemon(self.launcher.run_dir / "mps")
@@ -590,6 +591,12 @@ class Agent:
                 self._retire(ex)
         return None
 
+    def _region_owners(self) -> frozenset[int]:
+        """Who besides root may own a VM's region file: libvirt's QEMU user (asked once)."""
+        if self._qemu_uid is None and self.vms is not None:
+            self._qemu_uid = self.vms.hv.qemu_uid() or -1
+        return frozenset({self._qemu_uid} if self._qemu_uid not in (None, -1) else ())
+
     def _send_region(self, ex: SliceExecutor, rid: int) -> None:
         """The VM's shared-memory device file, opened here (executors open no host
         file): the one its slice names, a regular file of the slice's size, never a
@@ -611,7 +618,8 @@ class Agent:
                                 f"the VM's shared-memory region is in use by an older "
                                 f"executor of the vGPU (pid {older[0].process.pid}) until "
                                 "its programs end; copies travel on the socket meanwhile")
-            fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_)
+            fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_,
+                                                self._region_owners())
         except CudaError as exc:
             # Each guest SHM_ATTACH may ask again: said once per executor, not per ask.
             ex.regions_refused += 1

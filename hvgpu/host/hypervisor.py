@@ -309,6 +309,22 @@ class Hypervisor:
             log.info("%s: shared-memory device %s removed", dom.name(), name)
         return removed
 
+    def qemu_uid(self) -> int | None:
+        """The uid libvirt runs QEMU as (its DAC security model's base label), or None
+        where the driver does not say."""
+        try:
+            caps = ET.fromstring(self.conn.getCapabilities())
+        except (libvirt.libvirtError, ET.ParseError):
+            return None
+        for model in caps.findall("./host/secmodel"):
+            if model.findtext("model") != "dac":
+                continue
+            for label in model.findall("baselabel"):
+                uid = (label.text or "").split(":", 1)[0].lstrip("+")
+                if uid.isdigit():
+                    return int(uid)
+        return None
+
     def is_local(self) -> bool:
         """Whether the domains run on this machine (their /dev/shm is this one's)."""
         return "://" in self.uri and self.uri.split("://", 1)[1].startswith("/")

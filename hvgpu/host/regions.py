@@ -20,8 +20,12 @@ from hvgpu.host.names import VgpuKey, shm_name
 from hvgpu.virtio import protocol as P
 
 
-def open_region(shm_dir: str, key: VgpuKey, slice_) -> tuple[int, int]:
-    """(fd, size) of the VM's region file; CudaError saying why not."""
+def open_region(shm_dir: str, key: VgpuKey, slice_,
+                owners: frozenset[int] = frozenset()) -> tuple[int, int]:
+    """(fd, size) of the VM's region file; CudaError saying why not. Its owner must be
+    root, this process's user or one of ``owners`` (libvirt's QEMU user): /dev/shm is
+    world-writable, and a file another user made there first would be shared with
+    that user."""
     limit = getattr(slice_, "shm", 0) if slice_ is not None else 0
     if not limit:
         raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
@@ -45,6 +49,11 @@ def open_region(shm_dir: str, key: VgpuKey, slice_) -> tuple[int, int]:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{path} is not a regular file")
+        if st.st_uid not in {0, os.getuid(), *owners}:
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
+                            f"{path} belongs to uid {st.st_uid}, not to root or QEMU's user: "
+                            "another local user may have made it to share the VM's memory; "
+                            "remove it and restart the VM")
         if st.st_size != limit:
             raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
                             f"{path} holds {st.st_size} bytes, the slice's shared memory is "

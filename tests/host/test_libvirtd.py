@@ -249,3 +249,28 @@ def test_libvirt_accepts_the_rendered_domain_with_a_shared_memory_device(agent):
         assert "model='pcie-to-pci-bridge'" in kept  # libvirt gave it a slot of its kind
     finally:
         dom.undefine()
+
+
+def test_a_region_file_owned_by_qemus_user_is_served_and_one_of_another_user_is_not(agent):
+    """QEMU (as libvirt's user) makes a VM's region file; a file another local user made
+    first is refused, whatever its size."""
+    import pwd
+
+    from hvgpu.errors import CudaError
+    from hvgpu.host.regions import open_region
+
+    qemu = agent.agent.vms.hv.qemu_uid()
+    assert qemu == pwd.getpwnam("libvirt-qemu").pw_uid
+    owners = agent.agent._region_owners()
+    assert owners == {qemu}
+    shm_dir = agent.tmp / "shm"
+    shm_dir.mkdir()
+    path = shm_dir / "hvgpu-vm1"
+    path.write_bytes(b"\0" * (1 << 20))
+    slice_ = type("S", (), {"shm": 1 << 20})()
+    os.chown(path, qemu, 0)
+    fd, _ = open_region(str(shm_dir), VgpuKey("vm1", 0), slice_, owners)
+    os.close(fd)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(CudaError, match="another local user"):
+        open_region(str(shm_dir), VgpuKey("vm1", 0), slice_, owners)

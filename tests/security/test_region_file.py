@@ -45,7 +45,8 @@ def test_the_file_of_vgpu_n_is_its_own(tmp_path):
     os.close(fd)
 
 
-@pytest.mark.parametrize("case", ["no-shm", "missing", "symlink", "fifo", "wrong-size", "dir"])
+@pytest.mark.parametrize("case", ["no-shm", "missing", "symlink", "fifo", "wrong-size", "dir",
+                                  "other-owner"])
 def test_anything_else_is_refused_and_leaves_nothing_open(tmp_path, case):
     target = tmp_path / "elsewhere"
     target.write_bytes(b"\0" * MiB)
@@ -61,6 +62,9 @@ def test_anything_else_is_refused_and_leaves_nothing_open(tmp_path, case):
         path.write_bytes(b"\0" * (2 * MiB))
     elif case == "dir":
         path.mkdir()
+    elif case == "other-owner":  # made first by another local user, to share the VM's memory
+        path.write_bytes(b"\0" * MiB)
+        os.chown(path, 65534, 65534)
     before = _fds()
     with pytest.raises(CudaError) as info:
         open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=shm))
@@ -123,3 +127,12 @@ def test_two_executors_of_one_vgpu_never_hand_out_rooms_of_its_region_at_once(tm
             time.sleep(0.1)
     finally:
         running.stop()
+
+
+def test_libvirts_qemu_user_may_own_it(tmp_path):
+    path = tmp_path / "hvgpu-vm1"
+    path.write_bytes(b"\0" * MiB)
+    os.chown(path, 64055, 107)
+    fd, _ = open_region(str(tmp_path), VgpuKey("vm1", 0), SimpleNamespace(shm=MiB),
+                        frozenset({64055}))
+    os.close(fd)
