@@ -362,3 +362,15 @@ def test_regions_per_connection_are_bounded(guest):
     assert guest.call("PING")[0] == 0
     for fd in fds:
         os.close(fd)
+
+
+def test_the_device_region_is_taken_whole_or_not_at_all(tmp_path):
+    shared, _ = _device_shared(tmp_path)
+    g = Guest(shared=shared)
+    status, msg = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 4096)
+    assert status == P.CUDA_ERROR_INVALID_VALUE and "0 takes it whole" in msg
+    assert not g.session.regions
+    status, got = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 4 * MiB)
+    assert status == 0 and got[2] == 4 * MiB
+    g.close()
+    shared.close()

@@ -1055,6 +1055,10 @@ class Session:
                     raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                                     "the device region is already attached on this connection")
                 attached = regions.Attached(self.shared.attach_device(self.device), owned=False)
+                if size not in (0, attached.region.size):
+                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                                    f"the VM's region is {attached.region.size} bytes, not "
+                                    f"{size} (0 takes it whole)")
             else:
                 raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"no region kind {kind}")
         finally:
