@@ -179,31 +179,9 @@ class Connection:
             self._broken(exc)
         return seq
 
-    def read_reply(self, code: int, seq: int):
-        """The values of the reply to seq (lock held); raises its error."""
+    def _await_reply(self, code: int, seq: int):
+        """The header and body of the reply to seq, progress frames skipped (lock held)."""
         try:
-            while True:
-                hdr, rbody = self.reader.read_frame()
-                if not hdr.flags & P.FLAG_PROGRESS:
-                    break
-                self.reader.skip_payload()
-        except PeerSilent:
-            self._silent(code)
-        except (ConnectionLost, ProtocolError, OSError) as exc:
-            self._broken(exc)
-        if hdr.seq != seq or not hdr.flags & P.FLAG_REPLY:
-            self._broken(ProtocolError(f"reply out of order (seq {hdr.seq}, expected {seq})"))
-        if hdr.payload_len:
-            self._broken(ProtocolError(f"an unexpected payload in the reply to {seq}"))
-        if hdr.status != 0:
-            self._raise(code, seq, hdr.status, rbody)
-        return codec.REPLY[code].decode(rbody)
-
-    def _roundtrip(self, code, body, payload, reply_into):
-        self._flush_out()
-        seq = self._next_seq()
-        try:
-            send_frame(self.sock, code, 0, seq, 0, body, payload, self._stalled)
             while True:
                 hdr, rbody = self.reader.read_frame()
                 if not hdr.flags & P.FLAG_PROGRESS:
@@ -215,6 +193,27 @@ class Connection:
             self._broken(exc)
         if hdr.seq != seq or not hdr.flags & P.FLAG_REPLY:
             self._broken(ProtocolError(f"reply out of order (seq {hdr.seq}, expected {seq})"))
+        return hdr, rbody
+
+    def read_reply(self, code: int, seq: int):
+        """The values of the reply to seq (lock held); raises its error."""
+        hdr, rbody = self._await_reply(code, seq)
+        if hdr.payload_len:
+            self._broken(ProtocolError(f"an unexpected payload in the reply to {seq}"))
+        if hdr.status != 0:
+            self._raise(code, seq, hdr.status, rbody)
+        return codec.REPLY[code].decode(rbody)
+
+    def _roundtrip(self, code, body, payload, reply_into):
+        self._flush_out()
+        seq = self._next_seq()
+        try:
+            send_frame(self.sock, code, 0, seq, 0, body, payload, self._stalled)
+        except PeerSilent:
+            self._silent(code)
+        except (ConnectionLost, ProtocolError, OSError) as exc:
+            self._broken(exc)
+        hdr, rbody = self._await_reply(code, seq)
         if hdr.status != 0:
             self.reader.skip_payload()
             self._raise(code, seq, hdr.status, rbody)
