@@ -271,6 +271,20 @@ static int drain_progress(int fd) {
     return n;
 }
 
+/* Past `sent` bytes of the n-entry iovec array (*iov): the entries sent go, the one
+   cut is shortened. */
+static void advance(struct iovec **iov, int *n, size_t sent) {
+    while (*n > 0 && sent >= (*iov)->iov_len) {
+        sent -= (*iov)->iov_len;
+        (*iov)++;
+        (*n)--;
+    }
+    if (*n > 0) {
+        (*iov)->iov_base = (char *)(*iov)->iov_base + sent;
+        (*iov)->iov_len -= sent;
+    }
+}
+
 static int send_all(int fd, struct iovec *iov, int n) {
     while (n > 0) {
         struct msghdr m = {0};
@@ -283,15 +297,7 @@ static int send_all(int fd, struct iovec *iov, int n) {
                 continue; /* the agent is busy, not gone: it still takes nothing, so wait on */
             return -1;
         }
-        while (n > 0 && (size_t)sent >= iov->iov_len) {
-            sent -= (ssize_t)iov->iov_len;
-            iov++;
-            n--;
-        }
-        if (n > 0) {
-            iov->iov_base = (char *)iov->iov_base + sent;
-            iov->iov_len -= (size_t)sent;
-        }
+        advance(&iov, &n, (size_t)sent);
     }
     return 0;
 }
@@ -319,16 +325,8 @@ static int send_all_passing(int fd, struct iovec *iov, int n, int pass) {
         if (sent == 0) errno = EPIPE;
         return -1;
     }
-    while (n > 0 && (size_t)sent >= iov->iov_len) { /* the rest goes as usual */
-        sent -= (ssize_t)iov->iov_len;
-        iov++;
-        n--;
-    }
-    if (n > 0) {
-        iov->iov_base = (char *)iov->iov_base + sent;
-        iov->iov_len -= (size_t)sent;
-    }
-    return send_all(fd, iov, n);
+    advance(&iov, &n, (size_t)sent);
+    return send_all(fd, iov, n); /* the rest goes as usual */
 }
 
 static int recv_all(int fd, void *buf, size_t n) {
