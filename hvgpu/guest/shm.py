@@ -11,9 +11,9 @@ large copy or pinned allocation:
 Pinned memory (``PinnedMemory``: ``Device.pinned``) is room in the region, so a
 copy from or to it names an offset and the host's DMA does the rest. A large
 pageable copy is staged through two slots of the region: the guest copies one
-chunk while the host's DMA moves the other, each slot reused only after its
-fence (a STREAM_SYNCHRONIZE sent without waiting) has answered; a copy that fails
-returns only once its DMA is over. Where no region
+chunk (``parallel_copy``: on a few threads) while the host's DMA moves the other,
+each slot reused only after its fence (a STREAM_SYNCHRONIZE sent without waiting)
+has answered; a copy that fails returns only once its DMA is over. Where no region
 can be had, ``upload``/``download`` say so (False) and the socket carries the
 bytes as before.
 
@@ -31,6 +31,7 @@ import mmap
 import os
 
 from hvgpu.errors import CudaError, HvgpuError
+from hvgpu.guest import parallel_copy
 from hvgpu.guest import region as guest_region
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -243,6 +244,7 @@ class SharedLane:
         if n < STAGE_MIN or not self._staging():
             return False
         mapping, slots = self.staging
+        src = address_of(view)  # None (read-only): copied under the GIL, on one thread
         fences: list[int] = []
         sync = codec.REQUEST[_SYNC]
         err = None
@@ -253,7 +255,10 @@ class SharedLane:
             if err is not None:
                 break
             c = min(STAGE_CHUNK, n - off)
-            mapping.mem[slot:slot + c] = view[off:off + c]
+            if src is None:
+                mapping.mem[slot:slot + c] = view[off:off + c]
+            else:
+                parallel_copy.copy(mapping.addr + slot, src + off, c)
             conn.post("MEMCPY_HTOD_SHM", dst + off, mapping.region, 0, slot, c, stream)
             fences.append(conn.send_request(_SYNC, sync.encode((stream,))))
         for seq in fences:
@@ -266,6 +271,8 @@ class SharedLane:
         """Device to host through the region, waiting for the stream; False: use the
         socket."""
         n = view.nbytes
+        if view.readonly:
+            return False  # the socket path says what is wrong with it
         pinned = self.find(view)
         conn = self.conn
         sync = codec.REQUEST[_SYNC]
@@ -279,6 +286,7 @@ class SharedLane:
         if n < STAGE_MIN or not self._staging():
             return False
         mapping, slots = self.staging
+        dst = address_of(view)  # writable: copy_from_device's contract
         chunks = [(off, min(STAGE_CHUNK, n - off)) for off in range(0, n, STAGE_CHUNK)]
         fences: list[int] = []
         err = None
@@ -296,7 +304,7 @@ class SharedLane:
             if err is not None:
                 break  # the chunks asked for are settled below; no more are asked
             slot = slots + (k % STAGE_SLOTS) * STAGE_CHUNK
-            view[off:off + c] = mapping.mem[slot:slot + c]
+            parallel_copy.copy(dst + off, mapping.addr + slot, c)
             if k + STAGE_SLOTS < len(chunks):
                 ask(k + STAGE_SLOTS)
         for seq in fences:

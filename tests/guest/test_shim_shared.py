@@ -114,9 +114,12 @@ def _copies(stats: dict) -> dict:
             if (op.startswith("MEMCPY_") and op != "MEMCPY_DTOD") or op == "STREAM_SYNCHRONIZE"}
 
 
-@pytest.mark.parametrize("cudart", ["static", "shared"])
-def test_pageable_copies_from_1_mib_are_staged_in_8_mib_chunks(programs, cudart, fake_agent):
-    out = _run(programs[cudart], fake_agent.address, "pageable")
+@pytest.mark.parametrize("cudart,threads", [("static", ""), ("shared", ""), ("static", "1"),
+                                             ("static", "3")])
+def test_pageable_copies_from_1_mib_are_staged_in_8_mib_chunks(programs, cudart, threads,
+                                                              fake_agent):
+    # HVGPU_COPY_THREADS: how many threads share the guest's side of a chunk (pcopy.c)
+    out = _run(programs[cudart], fake_agent.address, "pageable", HVGPU_COPY_THREADS=threads)
     assert "shm_copies pageable: sizes=1000,1048576,20983865 wrong=0" in out.stdout
     stats = shim_stats(out.stderr)
     assert _copies(stats) == PAGEABLE

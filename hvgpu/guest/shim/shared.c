@@ -19,6 +19,7 @@
  * fills (or empties) one while the executor moves the other, and a slot is reused
  * only after the STREAM_SYNCHRONIZE fence sent behind its chunk has answered. The
  * connection's lock is held across a whole copy: the slots are the connection's.
+ * The guest's side of each chunk is hv_copy (pcopy.c): a few threads share it.
  *
  * Where no region can be had (an agent without the lane, no device found, a VM
  * over vsock without a device, a full budget), this file does nothing and the
@@ -456,7 +457,7 @@ static CUresult staged_htod(struct wire *w, struct lane *l, CUdeviceptr dst, con
         }
         if (err) break;
         size_t c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
-        memcpy(l->stage + slot, src + off, c);
+        hv_copy(l->stage + slot, src + off, c);
         hvgpu_memcpy_htod_shm_req_t q = { dst + off, l->stage_region, 0, l->stage_offset + slot,
                                           c, hv_untag(stream) };
         err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_SHM, &q, sizeof q);
@@ -495,7 +496,7 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
         if (err) continue; /* the rest of the replies are still read */
         uint64_t off = k * STAGE_CHUNK, c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
         uint64_t slot = (k % STAGE_SLOTS) * STAGE_CHUNK;
-        memcpy(dst + off, l->stage + slot, c);
+        hv_copy(dst + off, l->stage + slot, c);
         if (asked < chunks) { /* into the slot just emptied */
             uint64_t aoff = asked * STAGE_CHUNK;
             uint64_t ac = n - aoff < STAGE_CHUNK ? n - aoff : STAGE_CHUNK;

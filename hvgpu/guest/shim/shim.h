@@ -114,6 +114,9 @@ CUresult hv_wire_reply(struct wire *w, uint16_t op, uint32_t seq, void *reply,
 CUresult hv_wire_call(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
                       int pass, void *reply, uint32_t reply_cap, uint32_t *reply_len);
 CUresult hv_wire_flush(struct wire *w);
+
+/* pcopy.c: memcpy, on a few threads when n is large (the staged copies' guest side). */
+void hv_copy(void *dst, const void *src, size_t n);
 int hv_trace_enabled(void);
 void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);
