@@ -7,7 +7,9 @@ Lives under tests/ only; the product never loads it.
 
 Set HVGPU_FAKE_REPORT to a directory to get one JSON file per executor on
 close, saying what the session left allocated (it must be nothing); with
-HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held.
+HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held; with
+HVGPU_FAKE_REPORT_GRAPHS, the graphs it was left holding, graph launches, events
+destroyed and modules unloaded.
 """
 
 from __future__ import annotations
@@ -129,12 +131,46 @@ def extra_params(extra) -> bytes:
 
 
 class Event:
-    """A fake CUDA event: when it was last recorded."""
+    """A fake CUDA event: when it was last recorded, and the capture it was last
+    recorded in (a stream that waits for it joins that capture)."""
 
-    __slots__ = ("t",)
+    __slots__ = ("t", "capture")
 
     def __init__(self):
         self.t = None
+        self.capture = None
+
+
+class Capture:
+    """A stream capture under way: the work its streams were given, in order (a valid
+    order of the graph the driver would build), into ``graph``."""
+
+    def __init__(self, cid: int, origin, mode: int):
+        self.id, self.origin, self.mode = cid, origin, mode
+        self.graph = Graph()
+        self.failed: CudaError | None = None
+
+
+class Graph:
+    """What a capture recorded: callables that do the work again."""
+
+    def __init__(self):
+        self.ops: list = []
+        self.destroyed = False
+
+
+class GraphExec:
+    def __init__(self, graph: Graph):
+        self.ops = list(graph.ops)
+        self.destroyed = False
+        self.launches = 0
+
+
+class Node:
+    """The dependency a capture query names: the last work recorded so far."""
+
+    def __init__(self, index: int):
+        self.index = index
 
 
 class FakeDevice:
@@ -168,6 +204,20 @@ class FakeDevice:
         self.physical: dict[int, bytearray] = {}  # id -> memory of a cuMemCreate
         self.mapped: dict[int, list] = {}  # start -> [size, memory, offset, access flags]
         self.pools: dict[int, _Pool] = {}
+        self.captures: dict = {}  # stream -> the Capture it records into
+        self.capture_ids = 0
+        self.graph_launches = 0
+        self.graphs_alive = 0  # graphs and instantiations not destroyed
+        self.events_destroyed = 0
+        self.modules_unloaded = 0
+
+    def _on(self, stream, work) -> None:
+        """Run work now, or record it into the capture its stream is in."""
+        capture = self.captures.get(stream)
+        if capture is None:
+            work()
+        else:
+            capture.graph.ops.append(work)
 
     # -- helpers for kernels -------------------------------------------------
 
@@ -443,20 +493,21 @@ class FakeDevice:
 
     def memcpy_htod_async(self, dst, src_addr, n, stream):
         self._check()
-        self._store(dst, ctypes.string_at(src_addr, n))
+        # captured: the host memory is read when the graph runs, as the driver does
+        self._on(stream, lambda: self._store(dst, ctypes.string_at(src_addr, n)))
 
     def memcpy_dtoh_async(self, dst_addr, src, n, stream):
         self._check()
-        ctypes.memmove(dst_addr, self._load(src, n), n)
+        self._on(stream, lambda: ctypes.memmove(dst_addr, self._load(src, n), n))
 
     def memcpy_dtod_async(self, dst, src, n, stream):
         self._check()
-        self._store(dst, self._load(src, n))
+        self._on(stream, lambda: self._store(dst, self._load(src, n)))
 
     def memset_async(self, dst, value, width, count, stream):
         self._check()
         fmt = {1: "B", 2: "H", 4: "I"}[width]
-        self._store(dst, struct.pack("<" + fmt, value) * count)
+        self._on(stream, lambda: self._store(dst, struct.pack("<" + fmt, value) * count))
 
     def module_load(self, image):
         image = bytes(image)
@@ -538,6 +589,7 @@ class FakeDevice:
 
     def module_unload(self, module):
         self.module_bytes.pop(id(module), None)
+        self.modules_unloaded += 1
 
     def module_function(self, module, name):
         if module.get("any") and name not in KERNELS:
@@ -555,8 +607,8 @@ class FakeDevice:
         if isinstance(function, tuple):
             return
         _, fmt, body = KERNELS[function]
-        args = struct.unpack(fmt, params) if fmt else ()
-        body(self, *args)
+        args = struct.unpack(fmt, params) if fmt else ()  # copied now, as the driver does
+        self._on(stream, lambda: body(self, *args))
 
     def driver_entries(self):
         if os.environ.get("HVGPU_FAKE_PYTHON_LAUNCH"):
@@ -660,6 +712,11 @@ class FakeDevice:
 
     def stream_synchronize(self, stream):
         self._check()
+        capture = self.captures.get(stream)
+        if capture is not None:  # as the driver: refused, and the capture is lost
+            capture.failed = CudaError(901, "fake: the capture was invalidated by a "
+                                            "synchronisation")
+            raise CudaError(900, "fake cuStreamSynchronize: the stream is capturing")
         self._synchronized()
 
     def stream_query(self, stream):
@@ -667,16 +724,88 @@ class FakeDevice:
         return True
 
     def stream_wait_event(self, stream, event, flags):
-        pass
+        capture = event.capture
+        if capture is not None and stream not in self.captures and capture.failed is None \
+                and capture in self.captures.values():
+            self.captures[stream] = capture  # joins the capture (a fork)
 
     def event_create(self, flags):
         return Event()
 
     def event_destroy(self, event):
-        pass
+        self.events_destroyed += 1
 
     def event_record(self, event, stream):
-        event.t = time.perf_counter()
+        capture = self.captures.get(stream)
+        event.capture = capture
+        self._on(stream, lambda: setattr(event, "t", time.perf_counter()))
+
+    # -- stream capture and graphs -------------------------------------------------
+
+    def stream_begin_capture(self, stream, mode):
+        if stream in (("stream", 0), ("stream", 1)):
+            raise CudaError(900, "fake cuStreamBeginCapture: the legacy stream cannot capture")
+        if stream in self.captures:
+            raise CudaError(401, "fake cuStreamBeginCapture: already capturing")
+        self.capture_ids += 1
+        self.captures[stream] = Capture(self.capture_ids, stream, mode)
+
+    def stream_end_capture(self, stream):
+        capture = self.captures.get(stream)
+        if capture is None:
+            raise CudaError(401, "fake cuStreamEndCapture: not capturing")
+        if capture.origin != stream:
+            capture.failed = CudaError(901, "fake: ended on a joined stream")
+            raise CudaError(903, "fake cuStreamEndCapture: not the capture's origin")
+        for s in [s for s, c in self.captures.items() if c is capture]:
+            del self.captures[s]
+        if capture.failed is not None:
+            raise capture.failed
+        self.graphs_alive += 1
+        return capture.graph
+
+    def stream_capture_info(self, stream):
+        capture = self.captures.get(stream)
+        if capture is None:
+            return 0, 0, None, []
+        if capture.failed is not None:
+            return 2, capture.id, None, []
+        ops = len(capture.graph.ops)
+        return 1, capture.id, capture.graph, [Node(ops - 1)] if ops else []
+
+    def graph_instantiate(self, graph, flags):
+        if graph.destroyed:
+            raise CudaError(400, "fake cuGraphInstantiate: destroyed graph")
+        self.graphs_alive += 1
+        return GraphExec(graph)
+
+    def graph_launch(self, exec_, stream):
+        self._check()
+        if exec_.destroyed:
+            raise CudaError(400, "fake cuGraphLaunch: destroyed graph exec")
+        exec_.launches += 1
+        self.graph_launches += 1
+
+        def replay():
+            for op in exec_.ops:
+                op()
+        self._on(stream, replay)
+
+    def graph_upload(self, exec_, stream):
+        if exec_.destroyed:
+            raise CudaError(400, "fake cuGraphUpload: destroyed graph exec")
+
+    def graph_destroy(self, graph):
+        if graph.destroyed:
+            raise CudaError(400, "fake cuGraphDestroy: destroyed twice")
+        graph.destroyed = True
+        self.graphs_alive -= 1
+
+    def graph_exec_destroy(self, exec_):
+        if exec_.destroyed:
+            raise CudaError(400, "fake cuGraphExecDestroy: destroyed twice")
+        exec_.destroyed = True
+        self.graphs_alive -= 1
 
     def event_query(self, event):
         return True
@@ -702,6 +831,10 @@ class FakeDevice:
                 + len(self.mapped) + len(self.pools)
             what = {"allocated": self.allocated, "freed": self.freed, "left": left,
                     "launches": self.launches, "c_launches": self.c_launches}
+            if os.environ.get("HVGPU_FAKE_REPORT_GRAPHS"):
+                what.update(graphs_left=self.graphs_alive, graph_launches=self.graph_launches,
+                            events_destroyed=self.events_destroyed,
+                            modules_unloaded=self.modules_unloaded)
             if os.environ.get("HVGPU_FAKE_REPORT_PINNED"):
                 what["pinned_peak"] = self.pinned_peak
             with open(os.path.join(report, f"{os.getpid()}.json"), "w") as f:

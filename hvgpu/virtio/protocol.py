@@ -260,6 +260,26 @@ OPS: tuple[Op, ...] = (
            "synchronising op on the stream (or the context) has answered."),
     Op(0x80, "FUNC_SET_CACHE_CONFIG", ONEWAY, _f("u64 function, u32 config"),
        doc="cuFuncSetCacheConfig; config is CUfunc_cache's number."),
+    # Stream capture and CUDA graphs: the executor's real streams capture; graphs and
+    # their instantiations are the executor's, named by handles of this connection.
+    Op(0xA0, "STREAM_BEGIN_CAPTURE", SYNC, _f("u64 stream, u32 mode"),
+       _f("u64 id, u64 graph"),
+       doc="cuStreamBeginCapture; mode is CUstreamCaptureMode's number. Replies the "
+           "capture's id and the handle of the graph it builds (the one END_CAPTURE gives)."),
+    Op(0xA1, "STREAM_END_CAPTURE", SYNC, _f("u64 stream"), _f("u64 graph"),
+       doc="cuStreamEndCapture: the graph's handle. A capture that failed replies its "
+           "error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same."),
+    Op(0xA2, "STREAM_CAPTURE_INFO", SYNC, _f("u64 stream"),
+       _f("u32 status, u32 reserved, u64 id, u64 graph, bytes nodes"),
+       doc="cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while "
+           "active, the graph's handle and the node handles (u64 each) the stream's next "
+           "captured work will depend on."),
+    Op(0xA3, "GRAPH_INSTANTIATE", SYNC, _f("u64 graph, u64 flags"), _f("u64 exec"),
+       doc="cuGraphInstantiateWithFlags; flags are CUgraphInstantiate_flags."),
+    Op(0xA4, "GRAPH_LAUNCH", ONEWAY, _f("u64 exec, u64 stream"), doc="cuGraphLaunch."),
+    Op(0xA5, "GRAPH_UPLOAD", ONEWAY, _f("u64 exec, u64 stream"), doc="cuGraphUpload."),
+    Op(0xA6, "GRAPH_DESTROY", SYNC, _f("u64 graph"), doc="cuGraphDestroy."),
+    Op(0xA7, "GRAPH_EXEC_DESTROY", SYNC, _f("u64 exec"), doc="cuGraphExecDestroy."),
 )
 
 # Body of every reply whose status is not success.
@@ -305,6 +325,19 @@ STATUSES: dict[int, tuple[str, str]] = {
     719: ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
     800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
+    900: ("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "the operation is not permitted while "
+                                                   "the stream is capturing"),
+    901: ("CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", "the stream capture failed because of an "
+                                                   "earlier error"),
+    902: ("CUDA_ERROR_STREAM_CAPTURE_MERGE", "the operation would merge two capture sequences"),
+    903: ("CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "the capture was not begun on this stream"),
+    904: ("CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "a stream forked from the capture was not "
+                                                "joined back"),
+    905: ("CUDA_ERROR_STREAM_CAPTURE_ISOLATION", "a dependency would cross the capture's "
+                                                 "boundary"),
+    906: ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "the legacy stream would join a capture"),
+    907: ("CUDA_ERROR_CAPTURED_EVENT", "the event was last recorded in a capture"),
+    908: ("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "the capture was begun on another thread"),
     805: ("CUDA_ERROR_MPS_CONNECTION_FAILED", "the MPS client could not reach the MPS server"),
     807: ("CUDA_ERROR_MPS_SERVER_NOT_READY", "the MPS server takes no new client yet"),
     999: ("CUDA_ERROR_UNKNOWN", "unknown error"),
@@ -328,6 +361,8 @@ CUDA_ERROR_INVALID_HANDLE = 400
 CUDA_ERROR_NOT_FOUND = 500
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
+CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
 HV_BAD_FRAME = 10001
 HV_UNKNOWN_OP = 10002
 HV_VERSION = 10003

@@ -119,6 +119,14 @@ enum hvgpu_op {
     HVGPU_OP_MEMCPY_HTOD_SHM = 0x94,  /* cuMemcpyHtoDAsync from the region: ordered on the stream, DMA. */
     HVGPU_OP_MEMCPY_DTOH_SHM = 0x95,  /* cuMemcpyDtoHAsync into the region: the bytes are there once a later synchronising op on the stream (or the context) has answered. */
     HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
+    HVGPU_OP_STREAM_BEGIN_CAPTURE = 0xa0,  /* cuStreamBeginCapture; mode is CUstreamCaptureMode's number. Replies the capture's id and the handle of the graph it builds (the one END_CAPTURE gives). */
+    HVGPU_OP_STREAM_END_CAPTURE = 0xa1,  /* cuStreamEndCapture: the graph's handle. A capture that failed replies its error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. */
+    HVGPU_OP_STREAM_CAPTURE_INFO = 0xa2,  /* cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while active, the graph's handle and the node handles (u64 each) the stream's next captured work will depend on. */
+    HVGPU_OP_GRAPH_INSTANTIATE = 0xa3,  /* cuGraphInstantiateWithFlags; flags are CUgraphInstantiate_flags. */
+    HVGPU_OP_GRAPH_LAUNCH = 0xa4,  /* cuGraphLaunch. */
+    HVGPU_OP_GRAPH_UPLOAD = 0xa5,  /* cuGraphUpload. */
+    HVGPU_OP_GRAPH_DESTROY = 0xa6,  /* cuGraphDestroy. */
+    HVGPU_OP_GRAPH_EXEC_DESTROY = 0xa7,  /* cuGraphExecDestroy. */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -136,6 +144,8 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_MEMCPY_HTOD_SHM:
     case HVGPU_OP_MEMCPY_DTOH_SHM:
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
+    case HVGPU_OP_GRAPH_LAUNCH:
+    case HVGPU_OP_GRAPH_UPLOAD:
         return 1;
     default:
         return 0;
@@ -219,6 +229,14 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEMCPY_HTOD_SHM: return "MEMCPY_HTOD_SHM";
     case HVGPU_OP_MEMCPY_DTOH_SHM: return "MEMCPY_DTOH_SHM";
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG: return "FUNC_SET_CACHE_CONFIG";
+    case HVGPU_OP_STREAM_BEGIN_CAPTURE: return "STREAM_BEGIN_CAPTURE";
+    case HVGPU_OP_STREAM_END_CAPTURE: return "STREAM_END_CAPTURE";
+    case HVGPU_OP_STREAM_CAPTURE_INFO: return "STREAM_CAPTURE_INFO";
+    case HVGPU_OP_GRAPH_INSTANTIATE: return "GRAPH_INSTANTIATE";
+    case HVGPU_OP_GRAPH_LAUNCH: return "GRAPH_LAUNCH";
+    case HVGPU_OP_GRAPH_UPLOAD: return "GRAPH_UPLOAD";
+    case HVGPU_OP_GRAPH_DESTROY: return "GRAPH_DESTROY";
+    case HVGPU_OP_GRAPH_EXEC_DESTROY: return "GRAPH_EXEC_DESTROY";
     default:
         return 0;
     }
@@ -784,6 +802,63 @@ typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
     uint32_t config;
 } hvgpu_func_set_cache_config_req_t;
 
+typedef struct __attribute__((packed)) hvgpu_stream_begin_capture_req {
+    uint64_t stream;
+    uint32_t mode;
+} hvgpu_stream_begin_capture_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_begin_capture_rep {
+    uint64_t id;
+    uint64_t graph;
+} hvgpu_stream_begin_capture_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_end_capture_req {
+    uint64_t stream;
+} hvgpu_stream_end_capture_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_end_capture_rep {
+    uint64_t graph;
+} hvgpu_stream_end_capture_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_capture_info_req {
+    uint64_t stream;
+} hvgpu_stream_capture_info_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_stream_capture_info_rep {
+    uint32_t status;
+    uint32_t reserved;
+    uint64_t id;
+    uint64_t graph;
+    uint32_t nodes_len;
+} hvgpu_stream_capture_info_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_instantiate_req {
+    uint64_t graph;
+    uint64_t flags;
+} hvgpu_graph_instantiate_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_instantiate_rep {
+    uint64_t exec;
+} hvgpu_graph_instantiate_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_launch_req {
+    uint64_t exec;
+    uint64_t stream;
+} hvgpu_graph_launch_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_upload_req {
+    uint64_t exec;
+    uint64_t stream;
+} hvgpu_graph_upload_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_destroy_req {
+    uint64_t graph;
+} hvgpu_graph_destroy_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_exec_destroy_req {
+    uint64_t exec;
+} hvgpu_graph_exec_destroy_req_t;
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -826,6 +901,15 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_NOT_SUPPORTED = 801,
     HVGPU_STATUS_CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
     HVGPU_STATUS_CUDA_ERROR_MPS_SERVER_NOT_READY = 807,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_MERGE = 902,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    HVGPU_STATUS_CUDA_ERROR_CAPTURED_EVENT = 907,
+    HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
     HVGPU_STATUS_CUDA_ERROR_UNKNOWN = 999,
     HVGPU_STATUS_HVGPU_ERROR_BAD_FRAME = 10001,
     HVGPU_STATUS_HVGPU_ERROR_UNKNOWN_OP = 10002,
@@ -873,6 +957,15 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; *text = "operation not supported"; return 1;
     case 805: *name = "CUDA_ERROR_MPS_CONNECTION_FAILED"; *text = "the MPS client could not reach the MPS server"; return 1;
     case 807: *name = "CUDA_ERROR_MPS_SERVER_NOT_READY"; *text = "the MPS server takes no new client yet"; return 1;
+    case 900: *name = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; *text = "the operation is not permitted while the stream is capturing"; return 1;
+    case 901: *name = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; *text = "the stream capture failed because of an earlier error"; return 1;
+    case 902: *name = "CUDA_ERROR_STREAM_CAPTURE_MERGE"; *text = "the operation would merge two capture sequences"; return 1;
+    case 903: *name = "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED"; *text = "the capture was not begun on this stream"; return 1;
+    case 904: *name = "CUDA_ERROR_STREAM_CAPTURE_UNJOINED"; *text = "a stream forked from the capture was not joined back"; return 1;
+    case 905: *name = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; *text = "a dependency would cross the capture's boundary"; return 1;
+    case 906: *name = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; *text = "the legacy stream would join a capture"; return 1;
+    case 907: *name = "CUDA_ERROR_CAPTURED_EVENT"; *text = "the event was last recorded in a capture"; return 1;
+    case 908: *name = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; *text = "the capture was begun on another thread"; return 1;
     case 999: *name = "CUDA_ERROR_UNKNOWN"; *text = "unknown error"; return 1;
     case 10001: *name = "HVGPU_ERROR_BAD_FRAME"; *text = "the frame is malformed"; return 1;
     case 10002: *name = "HVGPU_ERROR_UNKNOWN_OP"; *text = "the operation is not part of this protocol"; return 1;

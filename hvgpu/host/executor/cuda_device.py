@@ -277,6 +277,10 @@ class CudaDevice:
         guest connection) has its own, so launches never race.
         """
         _ok(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        # Guest threads share this one: the driver's per-thread capture rules cannot tell
+        # them apart, so none of their calls is refused for another's capture (graphs.py).
+        _ok(cu.cuThreadExchangeStreamCaptureMode(cu.CUstreamCaptureMode(2)),
+            "cuThreadExchangeStreamCaptureMode")
         tls = self._tls
         if not hasattr(tls, "extra_addr"):
             tls.params = ctypes.create_string_buffer(_MAX_PARAMS)
@@ -637,6 +641,43 @@ class CudaDevice:
     def event_elapsed(self, start, end) -> float:
         fn = getattr(cu, "cuEventElapsedTime", None) or cu.cuEventElapsedTime_v2
         return float(_ok(fn(start, end), "cuEventElapsedTime"))
+
+    # -- stream capture and graphs ---------------------------------------------------
+
+    def stream_begin_capture(self, stream, mode: int) -> None:
+        _ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode(mode)),
+            "cuStreamBeginCapture")
+
+    def stream_end_capture(self, stream):
+        return _ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+
+    def stream_capture_info(self, stream) -> tuple[int, int, object, list]:
+        # cuda-bindings 12 answers (err, status, id, graph, deps, n); 13 adds edge data
+        # before n. Only the first four outputs are read.
+        result = cu.cuStreamGetCaptureInfo(stream)
+        if _status(result[0]) != 0:
+            _raise(result[0], "cuStreamGetCaptureInfo")
+        status, cid, graph, deps = result[1], result[2], result[3], result[4]
+        n = int(result[-1])
+        return int(status), int(cid), graph, list(deps or [])[:n]
+
+    def graph_instantiate(self, graph, flags: int):
+        return _ok(cu.cuGraphInstantiate(graph, flags), "cuGraphInstantiate")
+
+    def graph_launch(self, exec_, stream) -> None:
+        err = _driver_library().cuGraphLaunch(ctypes.c_void_p(int(exec_)),
+                                              ctypes.c_void_p(int(stream)))
+        if err:
+            _raise(err, "cuGraphLaunch")
+
+    def graph_upload(self, exec_, stream) -> None:
+        _ok(cu.cuGraphUpload(exec_, stream), "cuGraphUpload")
+
+    def graph_destroy(self, graph) -> None:
+        _ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+    def graph_exec_destroy(self, exec_) -> None:
+        _ok(cu.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
 
     def close(self) -> None:
         if self.ctx is not None:

@@ -39,6 +39,7 @@ from hvgpu.host.executor import nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
+from hvgpu.host.executor.graphs import Graphs
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
@@ -126,6 +127,7 @@ class Session:
         self.streams = Handles("stream")
         self.events = Handles("event")
         self.layouts: dict[int, list] = {}
+        self.graphs = Graphs(device)  # captures, graphs, what a graph may still reach
         self.vmm = VirtualMemory(device, self._charge, self._uncharge, DEVICE_MEMORY)
         self.pools = Pools(device, self._charge, self._uncharge, DEVICE_MEMORY, self._stream,
                            accounted=quota is not None)
@@ -194,11 +196,14 @@ class Session:
         reader = self.reader
         read_frame = reader.read_frame
         handlers = self.handlers
-        burst = self.burst
         monotonic = time.monotonic
+        graphs = self.graphs
         while True:
             self.busy = None
-            if burst is not None and not reader.payload_left:
+            # While a capture is under way every frame takes the Python path, which keeps
+            # copies the executor stages out of graphs.
+            burst = self.burst
+            if burst is not None and not reader.payload_left and not graphs.origins:
                 self._run_burst(burst)
             try:
                 hdr, body = read_frame()
@@ -468,6 +473,8 @@ class Session:
                  len(self.streams.objects), len(self.events.objects))
         if self.by_op:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
+        # Captures end and graphs go first: what they held back is released with them.
+        self.graphs.release_all(self._stream)
         for attached in self.regions.values():
             _quietly(self._drop_region, attached)
         self.regions.clear()
@@ -682,12 +689,14 @@ class Session:
         n = hdr.payload_len
         self._check_range(dst, n, "destination")
         s = self._stream(stream)
+        self.graphs.refuse_if_capturing(s, "a copy from pageable host memory")
         self._staging().upload(self.reader.read_payload_into, dst, n, s)
         self.counts["h2d_bytes"] += n
 
     def op_memcpy_dtoh(self, hdr, src, size, stream):
         self._check_range(src, size, "source")
         s = self._stream(stream)
+        self.graphs.refuse_if_capturing(s, "a copy to pageable host memory")
         lock = self.send_lock
         started = False
 
@@ -768,10 +777,17 @@ class Session:
 
     def op_module_unload(self, hdr, module):
         obj = self.modules.get(module)
-        with DEVICE_MEMORY:
-            self.device.module_unload(obj)
+        charge = self.module_charges.get(module, 0)
+
+        def unload():
+            with DEVICE_MEMORY:
+                self.device.module_unload(obj)
+            self._uncharge(charge)
+
+        if not self.graphs.park(f"module {module}", unload):  # its code may be in a graph
+            unload()
         self.modules.pop(module)
-        self._uncharge(self.module_charges.pop(module, 0))
+        self.module_charges.pop(module, None)
         ranges = self.globals.pop(module, None)
         if ranges is not None:
             ranges.clear()  # and so out of the C loop's table
@@ -919,7 +935,13 @@ class Session:
         return self.device.stream_priority_range()
 
     def op_stream_destroy(self, hdr, stream):
-        self.device.stream_destroy(self.streams.get(stream))
+        obj = self.streams.get(stream)
+        if stream in self.graphs.origins:  # as the driver does: its capture ends, failed
+            try:
+                self.graphs.destroy(self.graphs.end(stream, obj))
+            except CudaError:
+                pass
+        self.device.stream_destroy(obj)
         self.streams.pop(stream)
         if self.burst is not None:
             self.burst.drop_stream(stream)
@@ -943,7 +965,9 @@ class Session:
         return (handle,)
 
     def op_event_destroy(self, hdr, event):
-        self.device.event_destroy(self.events.get(event))
+        obj = self.events.get(event)
+        if not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
+            self.device.event_destroy(obj)
         self.events.pop(event)
         if self.burst is not None:
             self.burst.drop_event(event)
@@ -958,6 +982,32 @@ class Session:
     def op_event_synchronize(self, hdr, event):
         self.device.event_synchronize(self.events.get(event))
         self.pools.settle()
+
+    # -- stream capture and graphs (graphs.Graphs keeps the books) ----------------------
+
+    def op_stream_begin_capture(self, hdr, stream, mode):
+        return self.graphs.begin(stream, self._stream(stream), mode)
+
+    def op_stream_end_capture(self, hdr, stream):
+        return (self.graphs.end(stream, self._stream(stream)),)
+
+    def op_stream_capture_info(self, hdr, stream):
+        return self.graphs.info(self._stream(stream))
+
+    def op_graph_instantiate(self, hdr, graph, flags):
+        return (self.graphs.instantiate(graph, flags),)
+
+    def op_graph_launch(self, hdr, exec_, stream):
+        self.graphs.launch(exec_, self._stream(stream))
+
+    def op_graph_upload(self, hdr, exec_, stream):
+        self.graphs.upload(exec_, self._stream(stream))
+
+    def op_graph_destroy(self, hdr, graph):
+        self.graphs.destroy(graph)
+
+    def op_graph_exec_destroy(self, hdr, exec_):
+        self.graphs.destroy_exec(exec_)
 
     # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
 
@@ -1006,9 +1056,13 @@ class Session:
         return (self.pools.default(),)
 
     def op_mem_alloc_async(self, hdr, size, pool, stream):
+        self.graphs.refuse_if_capturing(self._stream(stream), "cuMemAllocAsync (a graph "
+                                        "memory node, which hvgpu does not build)")
         return (self.pools.alloc(size, pool, stream),)
 
     def op_mem_free_async(self, hdr, dptr, stream):
+        self.graphs.refuse_if_capturing(self._stream(stream), "cuMemFreeAsync (a graph "
+                                        "memory node, which hvgpu does not build)")
         self.pools.free(dptr, stream)
 
     def op_mem_pool_set_attribute(self, hdr, pool, attrib, value):
@@ -1087,7 +1141,10 @@ class Session:
             self.shared.budget.give(attached.region.size)
 
     def op_shm_detach(self, hdr, region):
-        self._drop_region(self._region(region))
+        attached = self._region(region)
+        # A graph may copy from or to it: unmapped only once no graph is left.
+        if not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
+            self._drop_region(attached)
         del self.regions[region]
 
     def op_shm_alloc(self, hdr, region, reserved, size):

@@ -1,0 +1,228 @@
+"""One connection's stream captures, CUDA graphs and instantiated graphs.
+
+The guest's streams are the executor's real streams, so a capture is the driver's
+own: the one-way frames that follow a STREAM_BEGIN_CAPTURE are served as ever and
+land in the graph. This module keeps the handles (graphs, instantiations, the
+nodes a capture query names) and what a graph could still reach after the guest
+let go of it:
+
+- a graph may copy to or from the connection's shared-memory regions and record
+  its events, and its kernels are its modules' code; so while the connection holds
+  any graph, instantiation or capture, giving those back is *parked* (the guest's
+  handle goes at once, the host object when the last graph has gone), so a replay
+  never reaches memory the executor has unmapped or code it has unloaded;
+- a copy whose bytes the executor stages (payload copies on the socket) must not be
+  captured: the graph would replay from a staging buffer that has been reused since.
+  ``capturing(stream)`` says when to refuse one.
+
+The serving thread's capture mode is relaxed (``CudaDevice.bind_thread``): several
+guest threads, and the executor's own calls, share that one thread, so the driver's
+per-thread rules cannot be applied here and are not.
+
+Must not import CUDA; every driver call goes through the ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any, Callable
+
+from hvgpu.errors import CudaError
+from hvgpu.host.executor.tables import Handles
+from hvgpu.virtio import protocol as P
+
+log = logging.getLogger(__name__)
+
+MAX_GRAPHS = 4096  # graphs and instantiations a connection may hold at once
+MAX_NODES = 65536  # node handles a connection may have been given
+MAX_QUERY_NODES = 4096  # dependencies one capture query answers
+CAPTURE_MODES = (0, 1, 2)  # global, thread-local, relaxed
+STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED = 0, 1, 2
+
+
+class Graphs:
+    def __init__(self, device):
+        self.device = device
+        self.graphs = Handles("graph")
+        self.execs = Handles("graph exec")
+        self.nodes = Handles("graph node")
+        self._graph_of_value: dict[int, int] = {}  # the driver's CUgraph -> handle
+        self._node_of_value: dict[int, int] = {}
+        self._graph_nodes: dict[int, set[int]] = {}  # graph handle -> its node handles
+        self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
+        self.parked: list[tuple[str, Callable[[], None]]] = []
+
+    # -- state the session asks about ------------------------------------------
+
+    @property
+    def holding(self) -> bool:
+        """A graph, an instantiation or a capture exists: releases are parked."""
+        return bool(self.graphs.objects or self.execs.objects or self.origins)
+
+    def capturing(self, stream: Any) -> bool:
+        """Whether the driver is capturing ``stream`` (only a stream of a connection with
+        a capture under way can be: events join streams into captures)."""
+        if not self.origins:
+            return False
+        return self.device.stream_capture_info(stream)[0] != STATUS_NONE
+
+    def refuse_if_capturing(self, stream: Any, what: str) -> None:
+        if self.capturing(stream):
+            raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                            f"{what} on a capturing stream: a graph cannot replay it "
+                            "(copy from or to pinned memory, cudaMallocHost, instead)")
+
+    def park(self, what: str, release: Callable[[], None]) -> bool:
+        """Run ``release`` now (False) or once no graph can reach what it gives back
+        (True)."""
+        if not self.holding:
+            return False
+        self.parked.append((what, release))
+        return True
+
+    # -- capture -----------------------------------------------------------------
+
+    def begin(self, handle: int, stream: Any, mode: int) -> tuple[int, int]:
+        if mode not in CAPTURE_MODES:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"capture mode {mode}")
+        self._room()
+        self.device.stream_begin_capture(stream, mode)
+        status, cid, graph, _ = self.device.stream_capture_info(stream)
+        if status != STATUS_ACTIVE or graph is None:  # the driver would not say why
+            raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                            "cuStreamBeginCapture: the capture did not start")
+        gh = self._add_graph(graph)
+        self.origins[handle] = gh
+        log.debug("capture %d begun on stream %d (mode %d) as graph %d", cid, handle, mode, gh)
+        return cid, gh
+
+    def end(self, handle: int, stream: Any) -> int:
+        gh = self.origins.pop(handle, None)
+        try:
+            graph = self.device.stream_end_capture(stream)
+        except CudaError:
+            if gh is not None:  # the driver destroyed what it had captured
+                self._forget_graph(gh)
+                self._unpark()
+            raise
+        if gh is None:  # not begun here; the driver ended it all the same
+            return self._add_graph(graph)
+        old = self.graphs.objects[gh]
+        if self.device.handle_value(graph) != self.device.handle_value(old):
+            self._graph_of_value.pop(self.device.handle_value(old), None)
+            self.graphs.objects[gh] = graph
+            self._graph_of_value[self.device.handle_value(graph)] = gh
+        return gh
+
+    def info(self, stream: Any) -> tuple[int, int, int, int, bytes]:
+        status, cid, graph, nodes = self.device.stream_capture_info(stream)
+        if status != STATUS_ACTIVE:
+            return status, 0, cid, 0, b""
+        gh = self._graph_of_value.get(self.device.handle_value(graph))
+        if gh is None:  # a capture this connection did not begin cannot be on its stream
+            raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, "the stream captures into a graph "
+                            "this connection does not hold")
+        if len(nodes) > MAX_QUERY_NODES:
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{len(nodes)} dependencies in one "
+                            f"capture query (the agent answers up to {MAX_QUERY_NODES})")
+        handles = [self._node_handle(gh, n) for n in nodes]
+        return status, 0, cid, gh, struct.pack(f"<{len(handles)}Q", *handles)
+
+    # -- graphs --------------------------------------------------------------------
+
+    def instantiate(self, graph: int, flags: int) -> int:
+        g = self.graphs.get(graph)
+        if graph in self.origins.values():
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
+                            "captured")
+        self._room()
+        return self.execs.add(self.device.graph_instantiate(g, flags))
+
+    def launch(self, exec_: int, stream: Any) -> None:
+        self.device.graph_launch(self.execs.get(exec_), stream)
+
+    def upload(self, exec_: int, stream: Any) -> None:
+        self.device.graph_upload(self.execs.get(exec_), stream)
+
+    def destroy(self, graph: int) -> None:
+        g = self.graphs.get(graph)
+        if graph in self.origins.values():
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
+                            "captured; end the capture first")
+        self.device.graph_destroy(g)
+        self._forget_graph(graph)
+        self._unpark()
+
+    def destroy_exec(self, exec_: int) -> None:
+        self.device.graph_exec_destroy(self.execs.get(exec_))
+        self.execs.pop(exec_)
+        self._unpark()
+
+    def release_all(self, stream_of: Callable[[int], Any]) -> None:
+        """The connection is closing: captures end, instantiations and graphs go, then
+        what was parked."""
+        for handle in list(self.origins):
+            try:
+                self.end(handle, stream_of(handle))
+            except CudaError:
+                pass
+        for table, destroy in ((self.execs, self.device.graph_exec_destroy),
+                               (self.graphs, self.device.graph_destroy)):
+            for obj in table.objects.values():
+                _quietly(destroy, obj)
+            table.objects.clear()
+        self._graph_of_value.clear()
+        self._node_of_value.clear()
+        self._graph_nodes.clear()
+        self.nodes.objects.clear()
+        self._unpark()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _room(self) -> None:
+        if len(self.graphs.objects) + len(self.execs.objects) >= MAX_GRAPHS:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection holds at most "
+                            f"{MAX_GRAPHS} graphs and instantiated graphs")
+
+    def _add_graph(self, graph: Any) -> int:
+        gh = self.graphs.add(graph)
+        self._graph_of_value[self.device.handle_value(graph)] = gh
+        self._graph_nodes[gh] = set()
+        return gh
+
+    def _forget_graph(self, gh: int) -> None:
+        graph = self.graphs.objects.pop(gh, None)
+        if graph is not None:
+            self._graph_of_value.pop(self.device.handle_value(graph), None)
+        for nh in self._graph_nodes.pop(gh, ()):
+            node = self.nodes.objects.pop(nh, None)
+            if node is not None:
+                self._node_of_value.pop(self.device.handle_value(node), None)
+
+    def _node_handle(self, gh: int, node: Any) -> int:
+        value = self.device.handle_value(node)
+        nh = self._node_of_value.get(value)
+        if nh is None:
+            if len(self.nodes.objects) >= MAX_NODES:
+                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection is given at most "
+                                f"{MAX_NODES} graph node handles")
+            nh = self.nodes.add(node)
+            self._node_of_value[value] = nh
+            self._graph_nodes[gh].add(nh)
+        return nh
+
+    def _unpark(self) -> None:
+        if self.holding or not self.parked:
+            return
+        parked, self.parked = self.parked, []
+        log.debug("the last graph is gone: releasing %d parked objects", len(parked))
+        for what, release in parked:
+            _quietly(release, what=what)
+
+
+def _quietly(fn, *args, what: str = "") -> None:
+    try:
+        fn(*args)
+    except CudaError as exc:
+        log.debug("releasing %s: %s", what or getattr(fn, "__name__", "an object"), exc)

@@ -1,0 +1,209 @@
+"""A hostile guest against stream capture and graphs: a graph never replays from memory
+the executor has reused or let go of (its staging buffers, a detached region, an
+unloaded module, a destroyed event), never allocates outside the quota, and whatever a
+connection leaves captured or instantiated is gone when it closes. Each refusal leaves
+the session serving."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+
+import pytest
+
+from hvgpu.host.executor import graphs
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+from tests.security.data_lane import frame, read_reply
+from tests.security.test_regions import MiB, Guest
+
+GLOBAL, RELAXED = 0, 2
+
+
+@pytest.fixture
+def guest():
+    g = Guest()
+    yield g
+    g.close()
+
+
+def _stream(g: Guest) -> int:
+    status, (stream,) = g.call("STREAM_CREATE", 1)
+    assert status == 0
+    return stream
+
+
+def _region(g: Guest, size=4 * MiB):
+    fd, status, got = g.attach_memfd(size)
+    assert status == 0, got
+    return got[0], mmap.mmap(fd, size), fd
+
+
+def test_a_captured_copy_from_the_region_replays_what_the_region_holds_then(guest):
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    assert status == 0 and cid > 0 and graph >= 16
+    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 8, s)
+    guest.post("MEMSET", dptr + 8, 8, 0x5A, 1, s)
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 4096, dptr, 16, s)
+    assert guest.call("STREAM_END_CAPTURE", s) == (0, (graph,))
+    assert view[4096:4112] == bytes(16)  # captured, not run
+    status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
+    assert status == 0
+    for word in (b"first...", b"second.."):
+        view[0:8] = word
+        guest.post("GRAPH_LAUNCH", exec_, s)
+        assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+        assert view[4096:4112] == word + b"\x5a" * 8
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    view.close()
+    os.close(fd)
+
+
+def test_copies_the_executor_stages_are_refused_on_a_capturing_stream(guest):
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, RELAXED)[0] == 0
+    # a device-to-host copy on the socket: refused at once, nothing captured
+    status, why = guest.call("MEMCPY_DTOH", dptr, 64, s)
+    assert status == 900 and "pageable" in why
+    # stream-ordered allocation would be a graph memory node, outside the quota's view
+    status, why = guest.call("MEM_ALLOC_ASYNC", MiB, 0, s)
+    assert status == 900 and "memory node" in why
+    status, got = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0
+    assert guest.call("GRAPH_DESTROY", got[0])[0] == 0
+    # not capturing any more: the same copy goes through
+    assert guest.call("MEMCPY_DTOH", dptr, 64, s)[0] == 0
+
+
+def test_a_pageable_copy_with_bytes_is_refused_and_its_bytes_skipped(guest):
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, RELAXED)[0] == 0
+    guest.seq += 1
+    guest.sock.sendall(frame("MEMCPY_HTOD", dptr, s, flags=P.FLAG_ONEWAY, seq=guest.seq,
+                             payload=b"x" * 4096))
+    status, why = guest.call("PING")
+    assert status == 900 and "pageable" in why  # the deferred refusal
+    assert guest.session.counts["h2d_bytes"] == 0
+    status, got = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0
+    assert guest.call("GRAPH_DESTROY", got[0])[0] == 0
+
+
+def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(guest):
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
+    assert guest.call("SHM_DETACH", region)[0] == 0  # the guest's handle goes at once
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)  # not the guest's any more
+    status, why = guest.call("PING")
+    assert status != 0 and "region" in why
+    assert guest.device.registered  # but the executor keeps it mapped and registered
+    assert guest.shared.budget.used == 4 * MiB
+    guest.post("GRAPH_LAUNCH", exec_, s)  # the replay writes memory still mapped
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.device.registered  # the instantiation still copies to it
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+
+
+def test_events_and_modules_a_graph_may_use_are_released_after_it(guest):
+    s = _stream(guest)
+    status, (event,) = guest.call("EVENT_CREATE", 0)
+    guest.seq += 1
+    source = b'extern "C" __global__ void saxpy(float a) {}\0'
+    guest.sock.sendall(frame("MODULE_LOAD_DATA", seq=guest.seq, payload=source))
+    _, _, _, status, body = read_reply(guest.sock)
+    assert status == 0
+    (module,) = codec.REPLY[P.OP["MODULE_LOAD_DATA"]].decode(body)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("EVENT_RECORD", event, s)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("EVENT_DESTROY", event)[0] == 0
+    assert guest.call("MODULE_UNLOAD", module)[0] == 0
+    guest.post("EVENT_RECORD", event, s)  # not the guest's any more
+    assert guest.call("PING")[0] == 400
+    assert guest.device.events_destroyed == 0 and guest.device.modules_unloaded == 0
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.device.events_destroyed == 1 and guest.device.modules_unloaded == 1
+
+
+def test_a_graph_of_another_kind_or_number_is_refused(guest):
+    s = _stream(guest)
+    for op, args in (("GRAPH_INSTANTIATE", (99, 0)), ("GRAPH_DESTROY", (99,)),
+                     ("GRAPH_EXEC_DESTROY", (99,)), ("STREAM_END_CAPTURE", (s,))):
+        status, why = guest.call(op, *args)
+        assert status in (400, 401), (op, status, why)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, 7)[0] == 1  # no such mode
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    # neither instantiated nor destroyed while it is being captured
+    assert guest.call("GRAPH_INSTANTIATE", graph, 0)[0] == 1
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 1
+    status, (graph2,) = guest.call("STREAM_END_CAPTURE", s)
+    assert graph2 == graph
+    status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 400  # once only
+    assert guest.call("GRAPH_LAUNCH", exec_, s)[0] == 400
+    assert guest.call("PING")[0] == 0
+
+
+def test_graphs_per_connection_are_bounded(guest, monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_GRAPHS", 3)
+    s = _stream(guest)
+    made = []
+    for _ in range(3):
+        assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+        made.append(guest.call("STREAM_END_CAPTURE", s)[1][0])
+    status, why = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    assert status == 2 and "at most 3" in why
+    assert guest.call("GRAPH_INSTANTIATE", made[0], 0)[0] == 2
+    assert guest.call("GRAPH_DESTROY", made[0])[0] == 0
+    assert guest.call("GRAPH_INSTANTIATE", made[1], 0)[0] == 0
+
+
+def test_a_capture_query_names_a_joined_stream_and_its_dependencies(guest):
+    s, s2 = _stream(guest), _stream(guest)
+    status, (event,) = guest.call("EVENT_CREATE", 0)
+    assert guest.call("STREAM_CAPTURE_INFO", s) == (0, (0, 0, 0, 0, b""))
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    guest.post("MEMSET", guest.alloc(4096), 64, 1, 1, s)
+    guest.post("EVENT_RECORD", event, s)
+    guest.post("STREAM_WAIT_EVENT", s2, event, 0)
+    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s2)
+    assert status == 0 and (st, cid2, graph2) == (1, cid, graph)
+    (node,) = struct.unpack("<Q", nodes)
+    assert node >= 16
+    assert guest.call("STREAM_END_CAPTURE", s)[0] == 0
+    assert guest.call("STREAM_CAPTURE_INFO", s2)[1][0] == 0
+
+
+def test_a_session_closing_mid_capture_leaves_nothing_behind():
+    g = Guest()
+    region, view, fd = _region(g)
+    s = _stream(g)
+    assert g.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    g.post("MEMCPY_DTOH_SHM", region, 0, 0, g.alloc(MiB), 64, s)
+    status, (graph,) = g.call("STREAM_END_CAPTURE", s)
+    status, (exec_,) = g.call("GRAPH_INSTANTIATE", graph, 0)
+    assert g.call("SHM_DETACH", region)[0] == 0
+    assert g.call("STREAM_BEGIN_CAPTURE", s, RELAXED)[0] == 0  # a second, left under way
+    g.close()
+    assert g.device.graphs_alive == 0
+    assert not g.device.captures
+    assert not g.device.registered and g.shared.budget.used == 0
+    view.close()
+    os.close(fd)
