@@ -159,6 +159,9 @@ static int kept(int device, CUdeviceptr ptr, size_t n) { return hv_kept_touches(
 static CUresult htod_routed(CUdeviceptr dst, const void *src, size_t n, CUstream stream,
                             int wait) {
     CUresult r;
+    if (hv_capture_active() && !hv_shm_holds(src, n) &&
+        (r = hv_capture_refuse(stream, "a copy from pageable memory")))
+        return r;
     if (hv_shm_htod(dst, src, n, stream, wait, &r)) return r;
     return htod_on(dst, src, n, stream);
 }
@@ -188,6 +191,9 @@ static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
 
 static CUresult dtoh_routed(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     CUresult r;
+    if (hv_capture_active() && !hv_shm_holds(dst, n) &&
+        (r = hv_capture_refuse(stream, "a copy to pageable memory")))
+        return r;
     if (hv_shm_dtoh(dst, src, n, stream, wait, &r)) return r;
     return dtoh_on(dst, src, n, stream);
 }

@@ -241,7 +241,8 @@ static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, CUmemoryPool p
     if (r) return r;
     size_t n = hv_pool_block_size(size);
     CUdeviceptr ptr;
-    if (size && hv_pool_take(dev, hv_untag(pool), stream, n, &ptr)) {
+    /* not while capturing: the executor judges an allocation on a capturing stream */
+    if (size && !hv_capture_active() && hv_pool_take(dev, hv_untag(pool), stream, n, &ptr)) {
         HV_ON(dev, (hv_range_add(ptr, size, HV_RANGE_POOL), CUDA_SUCCESS));
         *dptr = ptr;
         return CUDA_SUCCESS;
@@ -295,7 +296,7 @@ HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
         if (r) return r;
         stream = NULL;
     }
-    if (hv_pool_keep(dev, dptr, stream)) return CUDA_SUCCESS; /* for the next allocation */
+    if (!hv_capture_active() && hv_pool_keep(dev, dptr, stream)) return CUDA_SUCCESS; /* for the next allocation */
     hvgpu_mem_free_async_req_t q = { dptr, hv_untag(stream) };
     return HV_ON(dev, hv_oneway(HVGPU_OP_MEM_FREE_ASYNC, &q, sizeof q, NULL, 0));
 }

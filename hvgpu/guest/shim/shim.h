@@ -115,6 +115,12 @@ CUresult hv_wire_call(struct wire *w, uint16_t op, const void *body, uint32_t bo
                       int pass, void *reply, uint32_t reply_cap, uint32_t *reply_len);
 CUresult hv_wire_flush(struct wire *w);
 
+/* graph.c: whether this process has a stream capture under way (no round trip), and
+   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED where `stream` is capturing and `what` (named
+   in the trace) cannot be replayed by a graph; 0 otherwise. */
+int hv_capture_active(void);
+CUresult hv_capture_refuse(CUstream stream, const char *what);
+
 /* pcopy.c: memcpy, on a few threads when n is large (the staged copies' guest side). */
 void hv_copy(void *dst, const void *src, size_t n);
 int hv_trace_enabled(void);

@@ -5,8 +5,8 @@
  * object's vGPU. A stream waiting on another vGPU's event waits in this process
  * (the executors are separate processes). Host callbacks run on the calling thread once the
  * stream's earlier work is done (so they still follow that work, but block
- * the caller). The shim never captures graphs: capture queries answer "not
- * capturing", and beginning a capture is not implemented.
+ * the caller); on a capturing stream they are refused (graph.c says why). Stream
+ * capture and graphs are graph.c's.
  *
  * Completion is never answered here: stream and event queries and synchronisations
  * always ask the executor, after the one-way frames sent before them on the same
@@ -129,49 +129,10 @@ HV_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) {
     return CUDA_SUCCESS;
 }
 
-HV_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
-    (void)stream;
-    if (!status) return CUDA_ERROR_INVALID_VALUE;
-    *status = 0; /* CU_STREAM_CAPTURE_STATUS_NONE */
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuStreamGetCaptureInfo(CUstream stream, int *status, unsigned long long *id) {
-    (void)stream;
-    if (!status) return CUDA_ERROR_INVALID_VALUE;
-    *status = 0;
-    if (id) *id = 0;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream stream, int *status, unsigned long long *id,
-                                             void **graph, const void **deps, size_t *ndeps) {
-    if (graph) *graph = NULL;
-    if (deps) *deps = NULL;
-    if (ndeps) *ndeps = 0;
-    return cuStreamGetCaptureInfo(stream, status, id);
-}
-
-HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
-                                             void **graph, const void **deps,
-                                             const void **edges, size_t *ndeps) {
-    if (edges) *edges = NULL;
-    return cuStreamGetCaptureInfo_v2(stream, status, id, graph, deps, ndeps);
-}
-
-static __thread int capture_mode;
-
-HV_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
-    if (!mode) return CUDA_ERROR_INVALID_VALUE;
-    int old = capture_mode;
-    capture_mode = *mode;
-    *mode = old;
-    return CUDA_SUCCESS;
-}
-
 HV_EXPORT CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data) {
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cuStreamSynchronize(stream);
+    CUresult r = hv_capture_refuse(stream, "a host function (cuLaunchHostFunc)");
+    if (!r) r = cuStreamSynchronize(stream);
     if (!r) fn(data);
     return r;
 }
@@ -180,7 +141,9 @@ HV_EXPORT CUresult cuStreamAddCallback(CUstream stream, void (*cb)(CUstream, CUr
                                        void *data, unsigned flags) {
     (void)flags;
     if (!cb) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cuStreamSynchronize(stream);
+    CUresult r = hv_capture_refuse(stream, "a stream callback (cuStreamAddCallback)");
+    if (r) return r;
+    r = cuStreamSynchronize(stream);
     cb(stream, r, data);
     return CUDA_SUCCESS;
 }

@@ -1,0 +1,118 @@
+// Stream capture and CUDA graphs: a graph captured across two streams (an event forks
+// and joins them) that copies from pinned memory, works on the device and copies back
+// into pinned memory, replayed with new input each time; what capture queries answer;
+// what a capture refuses. Prints what it saw, so native and hvgpu runs can be compared
+// line for line. argv[1]: "kernel" (default; a kernel in the graph) or "nokernel" (a
+// device-to-device copy instead, for the GPU test double, which runs no CUDA code).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#define CHECK(x) do { cudaError_t e_ = (x); if (e_) { printf("%s: %s (%d)\n", #x, cudaGetErrorName(e_), (int)e_); exit(1); } } while (0)
+
+static const size_t N = 1 << 20;
+
+__global__ void add_one(unsigned char *p, size_t n) {
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        p[i] = (unsigned char)(p[i] + 1);
+}
+
+static int status_of(cudaStream_t s) {
+    cudaStreamCaptureStatus st;
+    CHECK(cudaStreamIsCapturing(s, &st));
+    return (int)st;
+}
+
+int main(int argc, char **argv) {
+    int kernel = !(argc > 1 && !strcmp(argv[1], "nokernel"));
+    unsigned long long wrong = 0;
+    cudaStream_t s, s2;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t fork, join;
+    CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+    unsigned char *in, *out, *a, *b, *c;
+    CHECK(cudaMallocHost(&in, N));
+    CHECK(cudaMallocHost(&out, N));
+    CHECK(cudaMalloc(&a, N));
+    CHECK(cudaMalloc(&b, N));
+    CHECK(cudaMalloc(&c, N));
+    printf("before: capturing %d\n", status_of(s));
+
+    // in -> a; a (+1) -> b on s; c = 9 on s2 meanwhile; b -> out, c -> out's last KiB.
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMemcpyAsync(a, in, N, cudaMemcpyHostToDevice, s));
+    CHECK(cudaEventRecord(fork, s));
+    CHECK(cudaStreamWaitEvent(s2, fork, 0));
+    CHECK(cudaMemsetAsync(c, 9, N, s2));
+    if (kernel) add_one<<<64, 256, 0, s>>>(a, N);
+    CHECK(cudaMemcpyAsync(b, a, N, cudaMemcpyDeviceToDevice, s));
+    CHECK(cudaEventRecord(join, s2));
+    CHECK(cudaStreamWaitEvent(s, join, 0));
+    CHECK(cudaMemcpyAsync(out, b, N - 1024, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaMemcpyAsync(out + N - 1024, c, 1024, cudaMemcpyDeviceToHost, s));
+    unsigned long long id1 = 0, id2 = 0;
+    cudaStreamCaptureStatus st1, st2;
+    CHECK(cudaStreamGetCaptureInfo(s, &st1, &id1));
+    CHECK(cudaStreamGetCaptureInfo(s2, &st2, &id2));
+    printf("during: origin %d, joined %d, same capture %d\n", (int)st1, (int)st2,
+           id1 == id2 && id1 != 0);
+    cudaGraph_t graph;
+    CHECK(cudaStreamEndCapture(s, &graph));
+    printf("after: capturing %d %d\n", status_of(s), status_of(s2));
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphUpload(exec, s));
+    memset(out, 0, N);
+    CHECK(cudaDeviceSynchronize());
+    size_t ran = 0;
+    for (size_t i = 0; i < N; i++) ran += out[i] != 0;
+    printf("captured work ran before launch: %zu bytes\n", ran);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < N; i++) in[i] = (unsigned char)(i * 7 + round * 31);
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        size_t bad = 0;
+        for (size_t i = 0; i < N - 1024; i++)
+            bad += out[i] != (unsigned char)(in[i] + kernel);
+        for (size_t i = N - 1024; i < N; i++) bad += out[i] != 9;
+        if (bad) printf("replay %d: %zu wrong bytes\n", round, bad);
+        wrong += bad;
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+
+    // Refused at capture: a copy from pageable memory, a synchronisation of the stream.
+    unsigned char *pageable = (unsigned char *)malloc(N);
+    memset(pageable, 1, N);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    cudaError_t copy = cudaMemcpyAsync(a, pageable, N, cudaMemcpyHostToDevice, s);
+    cudaGraph_t g2 = nullptr;
+    cudaError_t end = cudaStreamEndCapture(s, &g2);
+    printf("pageable copy in a capture: %s, end: %s, graph %s\n", cudaGetErrorName(copy),
+           cudaGetErrorName(end), g2 ? "made" : "none");
+    if (g2) CHECK(cudaGraphDestroy(g2));
+    cudaGetLastError();
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+    cudaError_t sync = cudaStreamSynchronize(s);
+    g2 = nullptr;
+    end = cudaStreamEndCapture(s, &g2);
+    printf("synchronize in a capture: %s, end: %s, graph %s\n", cudaGetErrorName(sync),
+           cudaGetErrorName(end), g2 ? "made" : "none");
+    if (g2) CHECK(cudaGraphDestroy(g2));
+    cudaGetLastError();
+    free(pageable);
+
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    CHECK(cudaFree(c));
+    CHECK(cudaFreeHost(in));
+    CHECK(cudaFreeHost(out));
+    CHECK(cudaEventDestroy(fork));
+    CHECK(cudaEventDestroy(join));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaStreamDestroy(s2));
+    printf("graphs: 3 replays wrong=%llu\n", wrong);
+    return wrong != 0;
+}

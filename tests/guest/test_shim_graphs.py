@@ -1,0 +1,87 @@
+"""Stream capture and CUDA graphs through the libcuda.so.1 shim.
+
+cuda/graphs.cu (nvcc's static and shared cudart) captures a graph across two streams
+that an event forks and joins, copying from pinned memory to the device and back into
+pinned memory, and replays it three times with new input; it prints what capture
+queries answered and what a capture refused. Against the GPU test double (which
+records captured work and replays it) in its "nokernel" form; on the GPU machine the
+native and shim runs must print the same.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import toolkit
+from tests.guest.test_shim_cache import shim_stats
+from tests.guest.test_shim_shared import _run
+
+HERE = Path(__file__).parent
+NVCC = toolkit.nvcc()
+
+EXPECTED = """before: capturing 0
+during: origin 1, joined 1, same capture 1
+after: capturing 0 0
+captured work ran before launch: 0 bytes
+pageable copy in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
+synchronize in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
+graphs: 3 replays wrong=0
+"""
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory):
+    if NVCC is None:
+        pytest.skip("nvcc (CUDA toolkit) is not installed")
+    out = tmp_path_factory.mktemp("graphs")
+    built = {}
+    for cudart in ("static", "shared"):
+        exe = out / f"graphs_{cudart}"
+        subprocess.run([NVCC, "-arch=sm_90", *(["-cudart=shared"] if cudart == "shared" else []),
+                        "-o", str(exe), str(HERE / "cuda/graphs.cu")], check=True,
+                       capture_output=True, timeout=300)
+        built[cudart] = exe
+    return built
+
+
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_a_captured_graph_replays_with_new_pinned_input_each_time(programs, cudart, fake_agent):
+    out = _run(programs[cudart], fake_agent.address, "nokernel")
+    assert out.stdout == EXPECTED
+    stats = shim_stats(out.stderr)
+    # one capture that made a graph, two that were refused; three replays, one frame each
+    assert stats["STREAM_BEGIN_CAPTURE"] == (3, 0)
+    assert stats["STREAM_END_CAPTURE"] == (3, 0)
+    assert stats["GRAPH_LAUNCH"] == (0, 3)
+    assert stats["GRAPH_INSTANTIATE"] == (1, 0)
+    # the pinned copies in the graph named offsets in the region
+    assert stats["MEMCPY_HTOD_SHM"][1] >= 1 and stats["MEMCPY_DTOH_SHM"][1] >= 2
+    assert "on a capturing stream cannot be replayed by a graph" in out.stderr
+
+
+def test_without_a_capture_queries_make_no_round_trip(programs, fake_agent):
+    out = _run(programs["static"], fake_agent.address, "nokernel")
+    stats = shim_stats(out.stderr)
+    # the executor answered the two queries during the capture and the one before the
+    # pageable copy; the four made with no capture under way were answered in the guest
+    assert stats["STREAM_CAPTURE_INFO"] == (3, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cudart", ["static", "shared"])
+def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, gpu_agent):
+    from tests.guest.test_shim_gpu import _native_env, _report, _shim_env
+
+    cmd = [str(programs[cudart]), "kernel"]
+    native = subprocess.run(cmd, capture_output=True, text=True, env=_native_env(), timeout=600)
+    shimmed = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                             env=dict(_shim_env(gpu_agent), HVGPU_SHIM_STATS="1"))
+    _report(f"graphs_{cudart}.txt", f"native (rc {native.returncode}):\n{native.stdout}"
+            f"{native.stderr}\nshim (rc {shimmed.returncode}):\n{shimmed.stdout}{shimmed.stderr}")
+    print(f"graphs {cudart}: native:\n{native.stdout}shim:\n{shimmed.stdout}")
+    assert native.returncode == 0, native.stdout + native.stderr
+    assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
+    assert shimmed.stdout == native.stdout
