@@ -34,6 +34,10 @@ WORKLOADS = {  # name: (module, label for the table)
     "compiled": ("bench.workloads.compiled", "torch.compile (Inductor, Triton) CNN, batch 128"),
     "jax": ("bench.workloads.jax_mlp", "JAX jitted MLP step, batch 256"),
     "cupy": ("bench.workloads.cupy_work", "CuPy logistic regression, 4096x512"),
+    "cudagraph": ("bench.workloads.cudagraph", "CUDA graph replay (torch.cuda.CUDAGraph) of a "
+                  "launch-bound MLP step, Adam"),
+    "reduce_overhead": ("bench.workloads.reduce_overhead", "torch.compile(mode=\"reduce-overhead\") "
+                        "MLP step (cudagraph trees)"),
 }
 TARGET = 0.90
 # Same GPU, same kernels, same seeds: the traces should agree closely, but cuDNN/cuBLAS may

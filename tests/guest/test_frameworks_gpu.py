@@ -17,7 +17,8 @@ from bench import frameworks
 
 pytestmark = pytest.mark.gpu
 
-NEEDS = {"resnet": "torch", "gpt": "torch", "compiled": "torch", "jax": "jax", "cupy": "cupy"}
+NEEDS = {"resnet": "torch", "gpt": "torch", "compiled": "torch", "jax": "jax", "cupy": "cupy",
+         "cudagraph": "torch", "reduce_overhead": "torch"}
 
 
 # XLA's autotuner hands its kernels page-locked host memory, which a kernel cannot reach
