@@ -157,6 +157,14 @@ class Graph:
     def __init__(self):
         self.ops: list = []
         self.destroyed = False
+        self._nodes: list = []
+
+    def node(self, i: int) -> "Node":
+        """The node of the i-th recorded work: the same object each time, as the
+        driver's CUgraphNode is."""
+        while len(self._nodes) <= i:
+            self._nodes.append(Node(len(self._nodes)))
+        return self._nodes[i]
 
 
 class GraphExec:
@@ -771,7 +779,10 @@ class FakeDevice:
         if capture.failed is not None:
             return 2, capture.id, None, []
         ops = len(capture.graph.ops)
-        return 1, capture.id, capture.graph, [Node(ops - 1)] if ops else []
+        return 1, capture.id, capture.graph, [capture.graph.node(ops - 1)] if ops else []
+
+    def graph_nodes(self, graph):
+        return [graph.node(i) for i in range(len(graph.ops))]
 
     def graph_instantiate(self, graph, flags):
         if graph.destroyed:

@@ -280,6 +280,9 @@ OPS: tuple[Op, ...] = (
     Op(0xA5, "GRAPH_UPLOAD", ONEWAY, _f("u64 exec, u64 stream"), doc="cuGraphUpload."),
     Op(0xA6, "GRAPH_DESTROY", SYNC, _f("u64 graph"), doc="cuGraphDestroy."),
     Op(0xA7, "GRAPH_EXEC_DESTROY", SYNC, _f("u64 exec"), doc="cuGraphExecDestroy."),
+    Op(0xA8, "GRAPH_GET_NODES", SYNC, _f("u64 graph, u32 max"), _f("u64 count, bytes nodes"),
+       doc="cuGraphGetNodes: how many nodes the graph has, and the handles (u64 each) of "
+           "the first max of them."),
 )
 
 # Body of every reply whose status is not success.

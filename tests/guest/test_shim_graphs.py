@@ -25,6 +25,7 @@ NVCC = toolkit.nvcc()
 EXPECTED = """before: capturing 0
 during: origin 1, joined 1, same capture 1
 after: capturing 0 0
+nodes: counted 1, listed 1, past the end null 1
 captured work ran before launch: 0 bytes
 pageable copy in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
 synchronize in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
@@ -84,4 +85,11 @@ def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, g
     print(f"graphs {cudart}: native:\n{native.stdout}shim:\n{shimmed.stdout}")
     assert native.returncode == 0, native.stdout + native.stderr
     assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
-    assert shimmed.stdout == native.stdout
+    # The driver captures a copy from pageable memory (the graph reads the program's
+    # memory when it runs); the executor cannot reach the guest's memory then, so the
+    # shim refuses it at capture. Every other line is the same.
+    refused = "pageable copy in a capture:"
+    assert [l for l in shimmed.stdout.splitlines() if not l.startswith(refused)] == \
+        [l for l in native.stdout.splitlines() if not l.startswith(refused)]
+    assert f"{refused} cudaSuccess, end: cudaSuccess, graph made" in native.stdout
+    assert f"{refused} cudaErrorStreamCaptureUnsupported" in shimmed.stdout

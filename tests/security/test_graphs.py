@@ -161,6 +161,21 @@ def test_a_graph_of_another_kind_or_number_is_refused(guest):
     assert guest.call("PING")[0] == 0
 
 
+def test_a_graphs_nodes_are_counted_and_named_within_the_limit(guest):
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    for i in range(5):
+        guest.post("MEMSET", dptr + 64 * i, 64, i, 1, s)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (5, b""))
+    status, (count, nodes) = guest.call("GRAPH_GET_NODES", graph, 3)
+    assert count == 5 and len(struct.unpack("<3Q", nodes)) == 3
+    status, (count, again) = guest.call("GRAPH_GET_NODES", graph, 100)
+    assert again[:24] == nodes  # the same node, the same handle
+    assert guest.call("GRAPH_GET_NODES", 99, 0)[0] == 400
+
+
 def test_graphs_per_connection_are_bounded(guest, monkeypatch):
     monkeypatch.setattr(graphs, "MAX_GRAPHS", 3)
     s = _stream(guest)

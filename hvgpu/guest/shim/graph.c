@@ -40,6 +40,7 @@
 #define STATUS_NONE 0
 #define MAX_CAPTURES 256
 #define MAX_QUERY_NODES 4096 /* as the executor's graphs.MAX_QUERY_NODES */
+#define MAX_GRAPH_NODES 65536 /* graphs.MAX_NODES: node handles a connection is given */
 
 static struct capture {
     CUstream stream; /* 0: free slot */
@@ -306,6 +307,41 @@ HV_EXPORT CUresult cuGraphLaunch(void *exec, CUstream stream) {
     if (hv_created(stream) && hv_tag_device(stream) != device) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_graph_launch_req_t q = { hv_untag(exec), hv_untag(stream) };
     return HV_ON(device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
+}
+
+HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
+    if (!count || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph);
+    size_t want = nodes ? *count : 0;
+    if (want > MAX_GRAPH_NODES) return CUDA_ERROR_INVALID_VALUE;
+    size_t cap = sizeof(hvgpu_graph_get_nodes_rep_t) + 8 * want;
+    unsigned char *rep = malloc(cap);
+    if (!rep) return CUDA_ERROR_OUT_OF_MEMORY;
+    hvgpu_graph_get_nodes_req_t q = { hv_untag(graph), (uint32_t)want };
+    uint32_t n = 0;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_GET_NODES, &q, sizeof q, NULL, 0, rep,
+                                       (uint32_t)cap, &n, NULL, 0));
+    hvgpu_graph_get_nodes_rep_t v;
+    if (!r && n < sizeof v) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        memcpy(&v, rep, sizeof v);
+        size_t got = v.nodes_len / 8;
+        if (got > want || got > (n - sizeof v) / 8) {
+            r = CUDA_ERROR_INVALID_VALUE;
+        } else if (nodes) {
+            for (size_t i = 0; i < *count; i++) {
+                uint64_t h = 0;
+                if (i < got) memcpy(&h, rep + sizeof v + 8 * i, 8);
+                nodes[i] = h ? hv_tag(device, h) : NULL;
+            }
+            /* as CUDA: with room to spare, how many there are; else how many were asked */
+            if (v.count < *count) *count = v.count;
+        } else {
+            *count = v.count;
+        }
+    }
+    free(rep);
+    return r;
 }
 
 HV_EXPORT CUresult cuGraphDestroy(void *graph) {

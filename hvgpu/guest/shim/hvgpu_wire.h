@@ -127,6 +127,7 @@ enum hvgpu_op {
     HVGPU_OP_GRAPH_UPLOAD = 0xa5,  /* cuGraphUpload. */
     HVGPU_OP_GRAPH_DESTROY = 0xa6,  /* cuGraphDestroy. */
     HVGPU_OP_GRAPH_EXEC_DESTROY = 0xa7,  /* cuGraphExecDestroy. */
+    HVGPU_OP_GRAPH_GET_NODES = 0xa8,  /* cuGraphGetNodes: how many nodes the graph has, and the handles (u64 each) of the first max of them. */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -237,6 +238,7 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_GRAPH_UPLOAD: return "GRAPH_UPLOAD";
     case HVGPU_OP_GRAPH_DESTROY: return "GRAPH_DESTROY";
     case HVGPU_OP_GRAPH_EXEC_DESTROY: return "GRAPH_EXEC_DESTROY";
+    case HVGPU_OP_GRAPH_GET_NODES: return "GRAPH_GET_NODES";
     default:
         return 0;
     }
@@ -858,6 +860,16 @@ typedef struct __attribute__((packed)) hvgpu_graph_destroy_req {
 typedef struct __attribute__((packed)) hvgpu_graph_exec_destroy_req {
     uint64_t exec;
 } hvgpu_graph_exec_destroy_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_get_nodes_req {
+    uint64_t graph;
+    uint32_t max;
+} hvgpu_graph_get_nodes_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_get_nodes_rep {
+    uint64_t count;
+    uint32_t nodes_len;
+} hvgpu_graph_get_nodes_rep_t;
 
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {

@@ -661,6 +661,13 @@ class CudaDevice:
         n = int(result[-1])
         return int(status), int(cid), graph, list(deps or [])[:n]
 
+    def graph_nodes(self, graph) -> list:
+        _, count = _ok(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")
+        if not count:
+            return []
+        nodes, count = _ok(cu.cuGraphGetNodes(graph, int(count)), "cuGraphGetNodes")
+        return list(nodes)[:int(count)]
+
     def graph_instantiate(self, graph, flags: int):
         return _ok(cu.cuGraphInstantiate(graph, flags), "cuGraphInstantiate")
 

@@ -139,6 +139,11 @@ class Graphs:
         self._room()
         return self.execs.add(self.device.graph_instantiate(g, flags))
 
+    def list_nodes(self, graph: int, most: int) -> tuple[int, bytes]:
+        nodes = self.device.graph_nodes(self.graphs.get(graph))
+        handles = [self._node_handle(graph, n) for n in nodes[:most]]
+        return len(nodes), struct.pack(f"<{len(handles)}Q", *handles)
+
     def launch(self, exec_: int, stream: Any) -> None:
         self.device.graph_launch(self.execs.get(exec_), stream)
 

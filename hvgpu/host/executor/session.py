@@ -997,6 +997,9 @@ class Session:
     def op_graph_instantiate(self, hdr, graph, flags):
         return (self.graphs.instantiate(graph, flags),)
 
+    def op_graph_get_nodes(self, hdr, graph, most):
+        return self.graphs.list_nodes(graph, most)
+
     def op_graph_launch(self, hdr, exec_, stream):
         self.graphs.launch(exec_, self._stream(stream))
 

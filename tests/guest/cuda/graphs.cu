@@ -61,6 +61,14 @@ int main(int argc, char **argv) {
     cudaGraph_t graph;
     CHECK(cudaStreamEndCapture(s, &graph));
     printf("after: capturing %d %d\n", status_of(s), status_of(s2));
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+    cudaGraphNode_t *list = (cudaGraphNode_t *)calloc(nodes + 2, sizeof *list);
+    size_t asked = nodes + 2;
+    CHECK(cudaGraphGetNodes(graph, list, &asked));
+    printf("nodes: counted %d, listed %d, past the end null %d\n", nodes > 0,
+           asked == nodes && list[nodes - 1] != nullptr, list[nodes] == nullptr);
+    free(list);
     cudaGraphExec_t exec;
     CHECK(cudaGraphInstantiate(&exec, graph, 0));
     CHECK(cudaGraphUpload(exec, s));
