@@ -784,6 +784,67 @@ class FakeDevice:
     def graph_nodes(self, graph):
         return [graph.node(i) for i in range(len(graph.ops))]
 
+    def _add(self, graph, deps, work) -> "Node":
+        if graph.destroyed:
+            raise CudaError(400, "fake: destroyed graph")
+        for d in deps:
+            assert d in graph._nodes, "the session passed a node of another graph"
+        graph.ops.append(work)
+        return graph.node(len(graph.ops) - 1)
+
+    def _kernel(self, function, params):
+        if isinstance(function, tuple):
+            return lambda: None
+        _, fmt, body = KERNELS[function]
+        args = struct.unpack(fmt, params) if fmt else ()
+        return lambda: body(self, *args)
+
+    def graph_create(self):
+        self.graphs_alive += 1
+        return Graph()
+
+    def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
+        return self._add(graph, deps, self._kernel(function, params))
+
+    def graph_add_memset(self, graph, deps, dst, pitch, value, element_size, width, height):
+        fmt = {1: "B", 2: "H", 4: "I"}[element_size]
+        row = struct.pack("<" + fmt, value) * width
+
+        def work():
+            for r in range(height):
+                self._store(dst + r * pitch, row)
+        return self._add(graph, deps, work)
+
+    def graph_add_memcpy(self, graph, deps, kind, dst, src, size):
+        if kind == 1:
+            work = lambda: self._store(dst, ctypes.string_at(src, size))  # noqa: E731
+        elif kind == 2:
+            work = lambda: ctypes.memmove(dst, self._load(src, size), size)  # noqa: E731
+        else:
+            work = lambda: self._store(dst, self._load(src, size))  # noqa: E731
+        return self._add(graph, deps, work)
+
+    def graph_add_empty(self, graph, deps):
+        return self._add(graph, deps, lambda: None)
+
+    def graph_add_event(self, graph, deps, wait, event):
+        if wait:
+            return self._add(graph, deps, lambda: None)
+        return self._add(graph, deps, lambda: setattr(event, "t", time.perf_counter()))
+
+    def graph_add_dependencies(self, graph, sources, targets):
+        for n in (*sources, *targets):
+            assert n in graph._nodes, "the session passed a node of another graph"
+
+    def graph_exec_kernel_set(self, exec_, node, function, grid, block, shared_mem, params):
+        exec_.ops[node.index] = self._kernel(function, params)
+
+    def graph_exec_update(self, exec_, graph):
+        if len(graph.ops) != len(exec_.ops):
+            return 2, None  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
+        exec_.ops = list(graph.ops)
+        return 0, None
+
     def graph_instantiate(self, graph, flags):
         if graph.destroyed:
             raise CudaError(400, "fake cuGraphInstantiate: destroyed graph")

@@ -283,6 +283,40 @@ OPS: tuple[Op, ...] = (
     Op(0xA8, "GRAPH_GET_NODES", SYNC, _f("u64 graph, u32 max"), _f("u64 count, bytes nodes"),
        doc="cuGraphGetNodes: how many nodes the graph has, and the handles (u64 each) of "
            "the first max of them."),
+    # Graphs built node by node. deps: the node handles (u64 each) the new node depends on,
+    # nodes of the same graph.
+    Op(0xA9, "GRAPH_CREATE", SYNC, _f("u32 flags"), _f("u64 graph"), doc="cuGraphCreate."),
+    Op(0xAA, "GRAPH_ADD_KERNEL_NODE", SYNC,
+       _f("u64 graph, u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, "
+          "u32 block_y, u32 block_z, u32 shared_mem, bytes deps, bytes params"), _f("u64 node"),
+       doc="cuGraphAddKernelNode; params is the packed parameter buffer, as for a launch."),
+    Op(0xAB, "GRAPH_ADD_MEMSET_NODE", SYNC,
+       _f("u64 graph, u64 dst, u64 pitch, u32 value, u32 element_size, u64 width, "
+          "u64 height, bytes deps"), _f("u64 node"),
+       doc="cuGraphAddMemsetNode: height rows of width elements (1, 2 or 4 bytes), pitch "
+           "bytes apart."),
+    Op(0xAC, "GRAPH_ADD_MEMCPY_NODE", SYNC,
+       _f("u64 graph, u32 kind, u32 region, u64 dst, u64 src, u64 size, bytes deps"),
+       _f("u64 node"),
+       doc="cuGraphAddMemcpyNode of size bytes; kind 0: device to device; 1: from the "
+           "region (src is an offset in it) to the device; 2: from the device to the region "
+           "(dst is an offset)."),
+    Op(0xAD, "GRAPH_ADD_EMPTY_NODE", SYNC, _f("u64 graph, bytes deps"), _f("u64 node"),
+       doc="cuGraphAddEmptyNode."),
+    Op(0xAE, "GRAPH_ADD_EVENT_NODE", SYNC, _f("u64 graph, u32 wait, u32 reserved, u64 event, "
+                                              "bytes deps"), _f("u64 node"),
+       doc="cuGraphAddEventRecordNode (wait 0) or cuGraphAddEventWaitNode (wait 1)."),
+    Op(0xAF, "GRAPH_ADD_DEPENDENCIES", SYNC, _f("u64 graph, bytes from_nodes, bytes to_nodes"),
+       doc="cuGraphAddDependencies: edges from_nodes[i] -> to_nodes[i]."),
+    Op(0xB0, "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", SYNC,
+       _f("u64 exec, u64 node, u64 function, u32 grid_x, u32 grid_y, u32 grid_z, "
+          "u32 block_x, u32 block_y, u32 block_z, u32 shared_mem, bytes params"),
+       doc="cuGraphExecKernelNodeSetParams: the kernel node's parameters in an "
+           "instantiated graph (node is a node of the graph it was made from)."),
+    Op(0xB1, "GRAPH_EXEC_UPDATE", SYNC, _f("u64 exec, u64 graph"),
+       _f("u32 result, u32 reserved, u64 error_node"),
+       doc="cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails "
+           "(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs."),
 )
 
 # Body of every reply whose status is not success.
@@ -341,6 +375,8 @@ STATUSES: dict[int, tuple[str, str]] = {
     906: ("CUDA_ERROR_STREAM_CAPTURE_IMPLICIT", "the legacy stream would join a capture"),
     907: ("CUDA_ERROR_CAPTURED_EVENT", "the event was last recorded in a capture"),
     908: ("CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD", "the capture was begun on another thread"),
+    910: ("CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", "the graph cannot update the instantiated "
+                                                  "graph (its shape differs)"),
     805: ("CUDA_ERROR_MPS_CONNECTION_FAILED", "the MPS client could not reach the MPS server"),
     807: ("CUDA_ERROR_MPS_SERVER_NOT_READY", "the MPS server takes no new client yet"),
     999: ("CUDA_ERROR_UNKNOWN", "unknown error"),
@@ -366,6 +402,7 @@ CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_NOT_SUPPORTED = 801
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
 HV_BAD_FRAME = 10001
 HV_UNKNOWN_OP = 10002
 HV_VERSION = 10003

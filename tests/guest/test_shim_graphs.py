@@ -3,7 +3,9 @@
 cuda/graphs.cu (nvcc's static and shared cudart) captures a graph across two streams
 that an event forks and joins, copying from pinned memory to the device and back into
 pinned memory, and replays it three times with new input; it prints what capture
-queries answered and what a capture refused. Against the GPU test double (which
+queries answered and what a capture refused; then it builds a graph node by node,
+changes its kernel node's parameters in the instantiation and updates the
+instantiation from a graph of the same shape. Against the GPU test double (which
 records captured work and replays it) in its "nokernel" form; on the GPU machine the
 native and shim runs must print the same.
 """
@@ -29,7 +31,8 @@ nodes: counted 1, listed 1, past the end null 1
 captured work ran before launch: 0 bytes
 pageable copy in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
 synchronize in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
-graphs: 3 replays wrong=0
+built: 7 nodes, update cudaSuccess, wrong 0
+graphs: wrong=0
 """
 
 
@@ -53,11 +56,16 @@ def test_a_captured_graph_replays_with_new_pinned_input_each_time(programs, cuda
     out = _run(programs[cudart], fake_agent.address, "nokernel")
     assert out.stdout == EXPECTED
     stats = shim_stats(out.stderr)
-    # one capture that made a graph, two that were refused; three replays, one frame each
+    # one capture that made a graph, two that were refused; three replays, one frame each,
+    # then two launches of the graph built by hand (twice, to update it from the second)
     assert stats["STREAM_BEGIN_CAPTURE"] == (3, 0)
     assert stats["STREAM_END_CAPTURE"] == (3, 0)
-    assert stats["GRAPH_LAUNCH"] == (0, 3)
-    assert stats["GRAPH_INSTANTIATE"] == (1, 0)
+    assert stats["GRAPH_LAUNCH"] == (0, 5)
+    assert stats["GRAPH_INSTANTIATE"] == (2, 0)
+    assert stats["GRAPH_CREATE"] == (2, 0)
+    assert stats["GRAPH_ADD_MEMCPY_NODE"] == (6, 0) and stats["GRAPH_ADD_MEMSET_NODE"] == (2, 0)
+    assert stats["GRAPH_ADD_EMPTY_NODE"] == (4, 0) and stats["GRAPH_ADD_EVENT_NODE"] == (2, 0)
+    assert stats["GRAPH_ADD_DEPENDENCIES"] == (2, 0) and stats["GRAPH_EXEC_UPDATE"] == (1, 0)
     # the pinned copies in the graph named offsets in the region
     assert stats["MEMCPY_HTOD_SHM"][1] >= 1 and stats["MEMCPY_DTOH_SHM"][1] >= 2
     assert "on a capturing stream cannot be replayed by a graph" in out.stderr

@@ -222,3 +222,98 @@ def test_a_session_closing_mid_capture_leaves_nothing_behind():
     assert not g.device.registered and g.shared.budget.used == 0
     view.close()
     os.close(fd)
+
+
+def _node(g: Guest, op: str, *values) -> int:
+    status, got = g.call(op, *values)
+    assert status == 0, got
+    return got[0]
+
+
+def test_nodes_built_by_hand_name_only_the_guests_memory_and_their_own_graph(guest):
+    region, view, fd = _region(guest)
+    dptr = guest.alloc(MiB)
+    graph = _node(guest, "GRAPH_CREATE", 0)
+    other = _node(guest, "GRAPH_CREATE", 0)
+    foreign = _node(guest, "GRAPH_ADD_EMPTY_NODE", other, b"")
+    # memsets and copies inside the guest's allocations and region only
+    outside = dptr + MiB
+    refusals = [
+        ("GRAPH_ADD_MEMSET_NODE", (graph, outside, 0, 1, 1, 64, 1, b"")),
+        ("GRAPH_ADD_MEMSET_NODE", (graph, dptr, 64, 1, 1, 64, MiB, b"")),  # rows run past
+        ("GRAPH_ADD_MEMSET_NODE", (graph, dptr, 16, 1, 1, 64, 2, b"")),  # pitch under a row
+        ("GRAPH_ADD_MEMSET_NODE", (graph, dptr, 0, 1, 3, 64, 1, b"")),  # 3-byte elements
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 0, 0, dptr, outside, 64, b"")),
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 1, region, dptr, 4 * MiB - 8, 64, b"")),
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 2, region, 0, dptr, 64, b"")[:4] + (outside, 64, b"")),
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 1, 99, dptr, 0, 64, b"")),  # no such region
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 7, 0, dptr, dptr, 64, b"")),
+        ("GRAPH_ADD_MEMCPY_NODE", (graph, 0, 0, dptr, dptr, 0, b"")),
+        ("GRAPH_ADD_KERNEL_NODE", (graph, 99, 1, 1, 1, 1, 1, 1, 0, b"", b"")),
+        ("GRAPH_ADD_EVENT_NODE", (graph, 0, 0, 99, b"")),
+        # a dependency on another graph's node, on no node, on a cut handle
+        ("GRAPH_ADD_EMPTY_NODE", (graph, struct.pack("<Q", foreign))),
+        ("GRAPH_ADD_EMPTY_NODE", (graph, struct.pack("<Q", 12345))),
+        ("GRAPH_ADD_EMPTY_NODE", (graph, b"\x01\x02\x03")),
+        ("GRAPH_ADD_EMPTY_NODE", (99, b"")),
+    ]
+    for op, values in refusals:
+        status, why = guest.call(op, *values)
+        assert status in (1, 400), (op, values, status, why)
+    assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (0, b""))  # nothing was added
+    up = _node(guest, "GRAPH_ADD_MEMCPY_NODE", graph, 1, region, dptr, 0, 64, b"")
+    down = _node(guest, "GRAPH_ADD_MEMCPY_NODE", graph, 2, region, 4096, dptr, 64,
+                 struct.pack("<Q", up))
+    fill = _node(guest, "GRAPH_ADD_MEMSET_NODE", graph, dptr + 128, 0, 7, 1, 64, 1, b"")
+    assert guest.call("GRAPH_ADD_DEPENDENCIES", graph, struct.pack("<Q", fill),
+                      struct.pack("<Q", down))[0] == 0
+    assert guest.call("GRAPH_ADD_DEPENDENCIES", graph, struct.pack("<Q", fill),
+                      struct.pack("<Q", foreign))[0] == 1
+    assert guest.call("GRAPH_ADD_DEPENDENCIES", graph, struct.pack("<2Q", fill, up),
+                      struct.pack("<Q", down))[0] == 1  # as many sources as targets
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", graph, 0)
+    view[0:64] = bytes(range(64))
+    s = _stream(guest)
+    guest.post("GRAPH_LAUNCH", exec_, s)
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert view[4096:4160] == bytes(range(64))
+    # a node of another graph in this instantiation; a graph of another shape
+    status, why = guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, foreign, 16,
+                             1, 1, 1, 1, 1, 1, 0, b"")
+    assert status in (1, 400)
+    status, why = guest.call("GRAPH_EXEC_UPDATE", exec_, other)
+    assert status == 910, why
+    view.close()
+    os.close(fd)
+
+
+def test_a_graph_being_captured_takes_no_nodes_by_hand(guest):
+    s = _stream(guest)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    status, why = guest.call("GRAPH_ADD_EMPTY_NODE", graph, b"")
+    assert status == 1 and "being captured" in why
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("GRAPH_ADD_EMPTY_NODE", graph, b"")[0] == 0
+
+
+def test_a_kernel_node_takes_the_kernels_parameter_size(guest):
+    source = b'extern "C" __global__ void saxpy(float a, float* x, float* y, int n) {}\0'
+    guest.seq += 1
+    guest.sock.sendall(frame("MODULE_LOAD_DATA", seq=guest.seq, payload=source))
+    _, _, _, status, body = read_reply(guest.sock)
+    (module,) = codec.REPLY[P.OP["MODULE_LOAD_DATA"]].decode(body)
+    function = _node(guest, "MODULE_GET_FUNCTION", module, "saxpy")
+    graph = _node(guest, "GRAPH_CREATE", 0)
+    x, y = guest.alloc(4096), guest.alloc(4096)
+    params = struct.pack("<f4xQQi", 2.0, x, y, 16)  # the layout the double gives saxpy
+    status, why = guest.call("GRAPH_ADD_KERNEL_NODE", graph, function, 1, 1, 1, 32, 1, 1, 0,
+                             b"", params[:-4])
+    assert status == 1 and "parameter buffer" in why
+    node = _node(guest, "GRAPH_ADD_KERNEL_NODE", graph, function, 1, 1, 1, 32, 1, 1, 0, b"",
+                 params)
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", graph, 0)
+    status, why = guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, node, function,
+                             1, 1, 1, 32, 1, 1, 0, params + b"\0" * 8)
+    assert status == 1
+    assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, node, function,
+                      1, 1, 1, 32, 1, 1, 0, params)[0] == 0

@@ -28,6 +28,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,4 +353,278 @@ HV_EXPORT CUresult cuGraphDestroy(void *graph) {
 HV_EXPORT CUresult cuGraphExecDestroy(void *exec) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
     return about(exec, HVGPU_OP_GRAPH_EXEC_DESTROY);
+}
+
+/* -- graphs built node by node ----------------------------------------------------------- */
+
+#define MEMORYTYPE_HOST 1
+#define MEMORYTYPE_DEVICE 2
+#define MEMORYTYPE_UNIFIED 4
+
+HV_EXPORT CUresult cuGraphCreate(void **graph, unsigned flags) {
+    if (!graph) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_routed_device();
+    hvgpu_graph_create_req_t q = { flags };
+    hvgpu_graph_create_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_GRAPH_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    *graph = r ? NULL : hv_tag(device, v.graph);
+    return r;
+}
+
+/* Appends the untagged handles of n nodes of `device` to buf; 0 where one is not. */
+static int put_nodes(unsigned char *buf, void *const *nodes, size_t n, int device) {
+    for (size_t i = 0; i < n; i++) {
+        if (!hv_created(nodes[i]) || hv_tag_device(nodes[i]) != device) return 0;
+        uint64_t h = hv_untag(nodes[i]);
+        memcpy(buf + 8 * i, &h, 8);
+    }
+    return 1;
+}
+
+/* A node-adding request: fixed fields (their deps_len set here, at deps_len_at), the
+   dependencies, then tail (the op's later variable field, if any). */
+static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, size_t fixed_len,
+                         size_t deps_len_at, void *const *deps, size_t ndeps, const void *tail,
+                         size_t tail_len) {
+    if (!node || !hv_created(graph) || (ndeps && !deps) || ndeps > MAX_QUERY_NODES)
+        return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph);
+    uint32_t dl = (uint32_t)(8 * ndeps);
+    memcpy((unsigned char *)fixed + deps_len_at, &dl, 4);
+    size_t len = fixed_len + dl + tail_len;
+    unsigned char *body = malloc(len ? len : 1);
+    if (!body) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(body, fixed, fixed_len);
+    CUresult r = CUDA_SUCCESS;
+    if (!put_nodes(body + fixed_len, deps, ndeps, device)) r = CUDA_ERROR_INVALID_VALUE;
+    if (tail_len) memcpy(body + fixed_len + dl, tail, tail_len);
+    uint64_t v = 0; /* every node-adding op replies one u64 node */
+    if (!r) r = HV_ON(device, hv_call(op, body, (uint32_t)len, NULL, 0, &v, sizeof v, NULL, NULL, 0));
+    free(body);
+    *node = r ? NULL : hv_tag(device, v);
+    return r;
+}
+#define FIELD_AT(type, field) offsetof(type, field)
+
+typedef struct {
+    CUfunction func;
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    void **params, **extra;
+    CUkernel kern; /* _v2 only: used where func is NULL */
+    void *ctx;
+} kernel_node_params;
+
+static CUresult kernel_node(void **node, void *graph, void *const *deps, size_t ndeps,
+                            const kernel_node_params *p, int v2) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
+    static __thread unsigned char params[HV_MAX_PARAMS];
+    uint32_t n = 0;
+    int device;
+    uint64_t handle;
+    CUresult r = hv_kernel_pack(f, p->params, p->extra, params, &n, &device, &handle);
+    if (r) return r;
+    if (hv_created(graph) && hv_tag_device(graph) != device) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_add_kernel_node_req_t q = { hv_untag(graph), handle, p->gx, p->gy, p->gz,
+                                            p->bx, p->by, p->bz, p->smem, 0, n };
+    return add_node(node, graph, HVGPU_OP_GRAPH_ADD_KERNEL_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_kernel_node_req_t, deps_len), deps, ndeps, params, n);
+}
+
+HV_EXPORT CUresult cuGraphAddKernelNode_v2(void **node, void *graph, void *const *deps,
+                                           size_t ndeps, const kernel_node_params *p) {
+    return kernel_node(node, graph, deps, ndeps, p, 1);
+}
+
+HV_EXPORT CUresult cuGraphAddKernelNode(void **node, void *graph, void *const *deps,
+                                        size_t ndeps, const kernel_node_params *p) {
+    return kernel_node(node, graph, deps, ndeps, p, 0); /* CUDA 10's struct: no kern, ctx */
+}
+
+static CUresult exec_kernel_set(void *exec, void *node, const kernel_node_params *p, int v2) {
+    if (!p || !hv_created(exec) || !hv_created(node)) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
+    static __thread unsigned char body[sizeof(hvgpu_graph_exec_kernel_node_set_params_req_t) +
+                                       HV_MAX_PARAMS];
+    hvgpu_graph_exec_kernel_node_set_params_req_t q;
+    uint32_t n = 0;
+    int device;
+    uint64_t handle;
+    CUresult r = hv_kernel_pack(f, p->params, p->extra, body + sizeof q, &n, &device, &handle);
+    if (r) return r;
+    if (hv_tag_device(exec) != device || hv_tag_device(node) != device)
+        return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_exec_kernel_node_set_params_req_t fixed = {
+        hv_untag(exec), hv_untag(node), handle, p->gx, p->gy, p->gz, p->bx, p->by, p->bz,
+        p->smem, n };
+    memcpy(body, &fixed, sizeof fixed);
+    return HV_ON(device, hv_call(HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS, body,
+                                 (uint32_t)(sizeof fixed + n), NULL, 0, NULL, 0, NULL, NULL, 0));
+}
+
+HV_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(void *exec, void *node,
+                                                     const kernel_node_params *p) {
+    return exec_kernel_set(exec, node, p, 1);
+}
+
+HV_EXPORT CUresult cuGraphExecKernelNodeSetParams(void *exec, void *node,
+                                                  const kernel_node_params *p) {
+    return exec_kernel_set(exec, node, p, 0);
+}
+
+typedef struct {
+    CUdeviceptr dst;
+    size_t pitch;
+    unsigned value, element_size;
+    size_t width, height;
+} memset_node_params;
+
+HV_EXPORT CUresult cuGraphAddMemsetNode(void **node, void *graph, void *const *deps, size_t ndeps,
+                                        const memset_node_params *p, void *ctx) {
+    (void)ctx;
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_add_memset_node_req_t q = { hv_untag(graph), p->dst, p->pitch, p->value,
+                                            p->element_size, p->width, p->height, 0 };
+    return add_node(node, graph, HVGPU_OP_GRAPH_ADD_MEMSET_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_memset_node_req_t, deps_len), deps, ndeps, NULL, 0);
+}
+
+typedef struct {
+    size_t x, y, z, lod;
+    int type;
+    const void *host;
+    CUdeviceptr device;
+    void *array, *reserved;
+    size_t pitch, height;
+} memcpy_side;
+
+typedef struct {
+    memcpy_side src, dst;
+    size_t width, height, depth;
+} memcpy3d;
+
+/* One side of a linear copy: 1 device memory at *addr, 2 host memory of the region
+   (region and offset set), 0 neither (arrays, pageable memory). */
+static int side(const memcpy_side *s, size_t n, int device, uint64_t *addr, uint32_t *region) {
+    if (s->y || s->z || s->lod || s->array) return 0;
+    const void *host = NULL;
+    if (s->type == MEMORYTYPE_DEVICE) {
+        *addr = s->device + s->x;
+        return 1;
+    }
+    if (s->type == MEMORYTYPE_HOST) host = (const char *)s->host + s->x;
+    else if (s->type == MEMORYTYPE_UNIFIED) host = (const char *)(uintptr_t)(s->device + s->x);
+    else return 0;
+    if (hv_shm_locate(host, n, device, region, addr)) return 2;
+    if (s->type == MEMORYTYPE_UNIFIED) { /* a device address given as unified */
+        *addr = s->device + s->x;
+        return 1;
+    }
+    return 0;
+}
+
+HV_EXPORT CUresult cuGraphAddMemcpyNode(void **node, void *graph, void *const *deps, size_t ndeps,
+                                        const memcpy3d *p, void *ctx) {
+    (void)ctx;
+    if (!p || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph);
+    size_t n = p->width;
+    uint64_t src = 0, dst = 0;
+    uint32_t sregion = 0, dregion = 0;
+    int s = p->height <= 1 && p->depth <= 1 ? side(&p->src, n, device, &src, &sregion) : 0;
+    int d = s ? side(&p->dst, n, device, &dst, &dregion) : 0;
+    uint32_t kind = s == 1 && d == 1 ? 0 : s == 2 && d == 1 ? 1 : s == 1 && d == 2 ? 2 : 9;
+    if (kind == 9) {
+        static int once;
+        if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
+            hv_log("cuGraphAddMemcpyNode: hvgpu builds copy nodes of one row between device "
+                   "memory and device or pinned (cudaMallocHost) memory; this one is refused "
+                   "with CUDA_ERROR_NOT_SUPPORTED (pageable memory, arrays, 2D or 3D)");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    hvgpu_graph_add_memcpy_node_req_t q = { hv_untag(graph), kind, kind == 1 ? sregion : dregion,
+                                            dst, src, n, 0 };
+    return add_node(node, graph, HVGPU_OP_GRAPH_ADD_MEMCPY_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_memcpy_node_req_t, deps_len), deps, ndeps, NULL, 0);
+}
+
+HV_EXPORT CUresult cuGraphAddEmptyNode(void **node, void *graph, void *const *deps, size_t ndeps) {
+    hvgpu_graph_add_empty_node_req_t q = { hv_untag(graph), 0 };
+    return add_node(node, graph, HVGPU_OP_GRAPH_ADD_EMPTY_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_empty_node_req_t, deps_len), deps, ndeps, NULL, 0);
+}
+
+static CUresult event_node(void **node, void *graph, void *const *deps, size_t ndeps,
+                           CUevent event, uint32_t wait) {
+    if (!hv_created(event) || !hv_created(graph) || hv_tag_device(event) != hv_tag_device(graph))
+        return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_add_event_node_req_t q = { hv_untag(graph), wait, 0, hv_untag(event), 0 };
+    return add_node(node, graph, HVGPU_OP_GRAPH_ADD_EVENT_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_event_node_req_t, deps_len), deps, ndeps, NULL, 0);
+}
+
+HV_EXPORT CUresult cuGraphAddEventRecordNode(void **node, void *graph, void *const *deps,
+                                             size_t ndeps, CUevent event) {
+    return event_node(node, graph, deps, ndeps, event, 0);
+}
+
+HV_EXPORT CUresult cuGraphAddEventWaitNode(void **node, void *graph, void *const *deps,
+                                           size_t ndeps, CUevent event) {
+    return event_node(node, graph, deps, ndeps, event, 1);
+}
+
+HV_EXPORT CUresult cuGraphAddDependencies_v2(void *graph, void *const *from, void *const *to,
+                                             const unsigned char *edges, size_t n) {
+    if (!hv_created(graph) || (n && (!from || !to)) || n > MAX_QUERY_NODES)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; edges && i < 8 * n; i++)
+        if (edges[i]) return CUDA_ERROR_NOT_SUPPORTED; /* only the default edge kind */
+    int device = hv_tag_device(graph);
+    size_t fixed = sizeof(hvgpu_graph_add_dependencies_req_t);
+    unsigned char *body = malloc(fixed + 16 * n + 1);
+    if (!body) return CUDA_ERROR_OUT_OF_MEMORY;
+    hvgpu_graph_add_dependencies_req_t q = { hv_untag(graph), (uint32_t)(8 * n),
+                                             (uint32_t)(8 * n) };
+    memcpy(body, &q, fixed);
+    CUresult r = put_nodes(body + fixed, from, n, device) &&
+                 put_nodes(body + fixed + 8 * n, to, n, device) ? CUDA_SUCCESS
+                                                                 : CUDA_ERROR_INVALID_VALUE;
+    if (!r) r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_ADD_DEPENDENCIES, body,
+                                      (uint32_t)(fixed + 16 * n), NULL, 0, NULL, 0, NULL, NULL, 0));
+    free(body);
+    return r;
+}
+
+HV_EXPORT CUresult cuGraphAddDependencies(void *graph, void *const *from, void *const *to,
+                                          size_t n) {
+    return cuGraphAddDependencies_v2(graph, from, to, NULL, n);
+}
+
+typedef struct {
+    int result;
+    void *error_node, *error_from_node;
+} update_result_info;
+
+HV_EXPORT CUresult cuGraphExecUpdate_v2(void *exec, void *graph, update_result_info *info) {
+    if (!hv_created(exec) || !hv_created(graph) || hv_tag_device(exec) != hv_tag_device(graph))
+        return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(exec);
+    hvgpu_graph_exec_update_req_t q = { hv_untag(exec), hv_untag(graph) };
+    hvgpu_graph_exec_update_rep_t v;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_EXEC_UPDATE, &q, sizeof q, NULL, 0, &v,
+                                       sizeof v, NULL, NULL, 0));
+    if (info) {
+        info->result = r ? 1 /* CU_GRAPH_EXEC_UPDATE_ERROR */ : 0;
+        info->error_node = !r || !v.error_node ? NULL : hv_tag(device, v.error_node);
+        info->error_from_node = NULL;
+    }
+    return r;
+}
+
+HV_EXPORT CUresult cuGraphExecUpdate(void *exec, void *graph, void **error_node, int *result) {
+    update_result_info info;
+    CUresult r = cuGraphExecUpdate_v2(exec, graph, &info);
+    if (error_node) *error_node = info.error_node;
+    if (result) *result = info.result;
+    return r;
 }

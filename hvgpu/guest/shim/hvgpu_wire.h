@@ -128,6 +128,15 @@ enum hvgpu_op {
     HVGPU_OP_GRAPH_DESTROY = 0xa6,  /* cuGraphDestroy. */
     HVGPU_OP_GRAPH_EXEC_DESTROY = 0xa7,  /* cuGraphExecDestroy. */
     HVGPU_OP_GRAPH_GET_NODES = 0xa8,  /* cuGraphGetNodes: how many nodes the graph has, and the handles (u64 each) of the first max of them. */
+    HVGPU_OP_GRAPH_CREATE = 0xa9,  /* cuGraphCreate. */
+    HVGPU_OP_GRAPH_ADD_KERNEL_NODE = 0xaa,  /* cuGraphAddKernelNode; params is the packed parameter buffer, as for a launch. */
+    HVGPU_OP_GRAPH_ADD_MEMSET_NODE = 0xab,  /* cuGraphAddMemsetNode: height rows of width elements (1, 2 or 4 bytes), pitch bytes apart. */
+    HVGPU_OP_GRAPH_ADD_MEMCPY_NODE = 0xac,  /* cuGraphAddMemcpyNode of size bytes; kind 0: device to device; 1: from the region (src is an offset in it) to the device; 2: from the device to the region (dst is an offset). */
+    HVGPU_OP_GRAPH_ADD_EMPTY_NODE = 0xad,  /* cuGraphAddEmptyNode. */
+    HVGPU_OP_GRAPH_ADD_EVENT_NODE = 0xae,  /* cuGraphAddEventRecordNode (wait 0) or cuGraphAddEventWaitNode (wait 1). */
+    HVGPU_OP_GRAPH_ADD_DEPENDENCIES = 0xaf,  /* cuGraphAddDependencies: edges from_nodes[i] -> to_nodes[i]. */
+    HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS = 0xb0,  /* cuGraphExecKernelNodeSetParams: the kernel node's parameters in an instantiated graph (node is a node of the graph it was made from). */
+    HVGPU_OP_GRAPH_EXEC_UPDATE = 0xb1,  /* cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs. */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -239,6 +248,15 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_GRAPH_DESTROY: return "GRAPH_DESTROY";
     case HVGPU_OP_GRAPH_EXEC_DESTROY: return "GRAPH_EXEC_DESTROY";
     case HVGPU_OP_GRAPH_GET_NODES: return "GRAPH_GET_NODES";
+    case HVGPU_OP_GRAPH_CREATE: return "GRAPH_CREATE";
+    case HVGPU_OP_GRAPH_ADD_KERNEL_NODE: return "GRAPH_ADD_KERNEL_NODE";
+    case HVGPU_OP_GRAPH_ADD_MEMSET_NODE: return "GRAPH_ADD_MEMSET_NODE";
+    case HVGPU_OP_GRAPH_ADD_MEMCPY_NODE: return "GRAPH_ADD_MEMCPY_NODE";
+    case HVGPU_OP_GRAPH_ADD_EMPTY_NODE: return "GRAPH_ADD_EMPTY_NODE";
+    case HVGPU_OP_GRAPH_ADD_EVENT_NODE: return "GRAPH_ADD_EVENT_NODE";
+    case HVGPU_OP_GRAPH_ADD_DEPENDENCIES: return "GRAPH_ADD_DEPENDENCIES";
+    case HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: return "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS";
+    case HVGPU_OP_GRAPH_EXEC_UPDATE: return "GRAPH_EXEC_UPDATE";
     default:
         return 0;
     }
@@ -871,6 +889,113 @@ typedef struct __attribute__((packed)) hvgpu_graph_get_nodes_rep {
     uint32_t nodes_len;
 } hvgpu_graph_get_nodes_rep_t;
 
+typedef struct __attribute__((packed)) hvgpu_graph_create_req {
+    uint32_t flags;
+} hvgpu_graph_create_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_create_rep {
+    uint64_t graph;
+} hvgpu_graph_create_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_kernel_node_req {
+    uint64_t graph;
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint32_t deps_len;
+    uint32_t params_len;
+} hvgpu_graph_add_kernel_node_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_kernel_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_kernel_node_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_memset_node_req {
+    uint64_t graph;
+    uint64_t dst;
+    uint64_t pitch;
+    uint32_t value;
+    uint32_t element_size;
+    uint64_t width;
+    uint64_t height;
+    uint32_t deps_len;
+} hvgpu_graph_add_memset_node_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_memset_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_memset_node_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_memcpy_node_req {
+    uint64_t graph;
+    uint32_t kind;
+    uint32_t region;
+    uint64_t dst;
+    uint64_t src;
+    uint64_t size;
+    uint32_t deps_len;
+} hvgpu_graph_add_memcpy_node_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_memcpy_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_memcpy_node_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_empty_node_req {
+    uint64_t graph;
+    uint32_t deps_len;
+} hvgpu_graph_add_empty_node_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_empty_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_empty_node_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_event_node_req {
+    uint64_t graph;
+    uint32_t wait;
+    uint32_t reserved;
+    uint64_t event;
+    uint32_t deps_len;
+} hvgpu_graph_add_event_node_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_event_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_event_node_rep_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_dependencies_req {
+    uint64_t graph;
+    uint32_t from_nodes_len;
+    uint32_t to_nodes_len;
+} hvgpu_graph_add_dependencies_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_exec_kernel_node_set_params_req {
+    uint64_t exec;
+    uint64_t node;
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint32_t params_len;
+} hvgpu_graph_exec_kernel_node_set_params_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_exec_update_req {
+    uint64_t exec;
+    uint64_t graph;
+} hvgpu_graph_exec_update_req_t;
+
+typedef struct __attribute__((packed)) hvgpu_graph_exec_update_rep {
+    uint32_t result;
+    uint32_t reserved;
+    uint64_t error_node;
+} hvgpu_graph_exec_update_rep_t;
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -922,6 +1047,7 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
     HVGPU_STATUS_CUDA_ERROR_CAPTURED_EVENT = 907,
     HVGPU_STATUS_CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    HVGPU_STATUS_CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
     HVGPU_STATUS_CUDA_ERROR_UNKNOWN = 999,
     HVGPU_STATUS_HVGPU_ERROR_BAD_FRAME = 10001,
     HVGPU_STATUS_HVGPU_ERROR_UNKNOWN_OP = 10002,
@@ -978,6 +1104,7 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 906: *name = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; *text = "the legacy stream would join a capture"; return 1;
     case 907: *name = "CUDA_ERROR_CAPTURED_EVENT"; *text = "the event was last recorded in a capture"; return 1;
     case 908: *name = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; *text = "the capture was begun on another thread"; return 1;
+    case 910: *name = "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"; *text = "the graph cannot update the instantiated graph (its shape differs)"; return 1;
     case 999: *name = "CUDA_ERROR_UNKNOWN"; *text = "unknown error"; return 1;
     case 10001: *name = "HVGPU_ERROR_BAD_FRAME"; *text = "the frame is malformed"; return 1;
     case 10002: *name = "HVGPU_ERROR_UNKNOWN_OP"; *text = "the operation is not part of this protocol"; return 1;

@@ -719,6 +719,13 @@ static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned ch
     return CUDA_SUCCESS;
 }
 
+CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
+                        uint32_t *size, int *device, uint64_t *handle) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = resolve(f, device, handle);
+    return r ? r : pack(f, params, extra, buf, size);
+}
+
 /* A launch runs where its function lives; a stream of another vGPU is CUDA's
    invalid handle (it belongs to another context). */
 static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, uint64_t *handle) {

@@ -160,6 +160,10 @@ static int block_find(const void *p, size_t n, int device, uint32_t *region, uin
 
 int hv_shm_holds(const void *p, size_t n) { return block_find(p, n, -1, NULL, NULL); }
 
+int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
+    return block_find(p, n, device, region, offset);
+}
+
 static void child_after_fork(void) {
     pthread_mutex_init(&blocks_lock, NULL);
     memset(lanes, 0, sizeof lanes); /* the parent's mappings stay, unused */

@@ -119,6 +119,11 @@ CUresult hv_wire_flush(struct wire *w);
    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED where `stream` is capturing and `what` (named
    in the trace) cannot be replayed by a graph; 0 otherwise. */
 int hv_capture_active(void);
+/* module.c: a kernel's vGPU and handle there, and its packed parameters (kernelParams
+   or `extra`, as cuLaunchKernel takes them) in buf (HV_MAX_PARAMS bytes). */
+#define HV_MAX_PARAMS 32764
+CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
+                        uint32_t *size, int *device, uint64_t *handle);
 CUresult hv_capture_refuse(CUstream stream, const char *what);
 
 /* pcopy.c: memcpy, on a few threads when n is large (the staged copies' guest side). */
@@ -197,6 +202,8 @@ int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int
                 CUresult *r);
 int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r);
 int hv_shm_holds(const void *p, size_t n); /* [p, p + n) lies in one region allocation */
+/* ... of vGPU device's lane: 1 with its region and the offset of p there, else 0. */
+int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset);
 
 /* Run one call on another vGPU's connection. */
 #define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \

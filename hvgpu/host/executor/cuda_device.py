@@ -69,6 +69,40 @@ class _LaunchConfig(ctypes.Structure):  # CUlaunchConfig
                 ("attrs", ctypes.c_void_p), ("num_attrs", ctypes.c_uint)]
 
 
+class _KernelNodeParams(ctypes.Structure):  # CUDA_KERNEL_NODE_PARAMS_v2
+    _fields_ = [("func", ctypes.c_void_p), ("grid", ctypes.c_uint * 3),
+                ("block", ctypes.c_uint * 3), ("shared_mem", ctypes.c_uint),
+                ("kernel_params", ctypes.c_void_p), ("extra", ctypes.c_void_p),
+                ("kern", ctypes.c_void_p), ("ctx", ctypes.c_void_p)]
+
+
+class _MemsetNodeParams(ctypes.Structure):  # CUDA_MEMSET_NODE_PARAMS
+    _fields_ = [("dst", ctypes.c_uint64), ("pitch", ctypes.c_size_t), ("value", ctypes.c_uint),
+                ("element_size", ctypes.c_uint), ("width", ctypes.c_size_t),
+                ("height", ctypes.c_size_t)]
+
+
+def _side(prefix: str) -> list:
+    s = ctypes.c_size_t
+    return [(prefix + "x", s), (prefix + "y", s), (prefix + "z", s), (prefix + "lod", s),
+            (prefix + "memory_type", ctypes.c_int), (prefix + "host", ctypes.c_void_p),
+            (prefix + "device", ctypes.c_uint64), (prefix + "array", ctypes.c_void_p),
+            (prefix + "reserved", ctypes.c_void_p), (prefix + "pitch", s),
+            (prefix + "height", s)]
+
+
+class _Memcpy3D(ctypes.Structure):  # CUDA_MEMCPY3D
+    _fields_ = _side("src_") + _side("dst_") + [
+        ("width_bytes", ctypes.c_size_t), ("height", ctypes.c_size_t),
+        ("depth", ctypes.c_size_t)]
+
+
+class _UpdateResultInfo(ctypes.Structure):  # CUgraphExecUpdateResultInfo
+    _fields_ = [("result", ctypes.c_int), ("error_node", ctypes.c_void_p),
+                ("error_from_node", ctypes.c_void_p)]
+
+
+_HOST, _DEVICE = 1, 2  # CUmemorytype
 _libcuda = None
 
 
@@ -667,6 +701,96 @@ class CudaDevice:
             return []
         nodes, count = _ok(cu.cuGraphGetNodes(graph, int(count)), "cuGraphGetNodes")
         return list(nodes)[:int(count)]
+
+    def _nodes(self, nodes: list):
+        return (ctypes.c_void_p * max(len(nodes), 1))(*[int(n) for n in nodes])
+
+    def _add(self, what: str, fn, graph, deps: list, *rest) -> int:
+        node = ctypes.c_void_p()
+        err = fn(ctypes.byref(node), ctypes.c_void_p(int(graph)), self._nodes(deps),
+                 ctypes.c_size_t(len(deps)), *rest)
+        if err:
+            _raise(err, what)
+        return node.value or 0
+
+    def _kernel_params(self, function, grid, block, shared_mem, params: bytes):
+        buf = ctypes.create_string_buffer(bytes(params), max(len(params), 1))
+        size = ctypes.c_size_t(len(params))
+        extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(size), 0)
+        p = _KernelNodeParams(int(function), (ctypes.c_uint * 3)(*grid),
+                              (ctypes.c_uint * 3)(*block), shared_mem, None,
+                              ctypes.addressof(extra), None, None)
+        return p, (buf, size, extra)  # the driver copies them; kept alive over the call
+
+    def graph_create(self):
+        graph = ctypes.c_void_p()
+        err = _driver_library().cuGraphCreate(ctypes.byref(graph), 0)
+        if err:
+            _raise(err, "cuGraphCreate")
+        return cu.CUgraph(graph.value)
+
+    def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
+        p, keep = self._kernel_params(function, grid, block, shared_mem, params)
+        return cu.CUgraphNode(self._add("cuGraphAddKernelNode", _driver_library().cuGraphAddKernelNode_v2,
+                                        graph, deps, ctypes.byref(p)))
+
+    def graph_add_memset(self, graph, deps, dst, pitch, value, element_size, width, height):
+        p = _MemsetNodeParams(dst, pitch if height > 1 else width * element_size, value,
+                              element_size, width, height)
+        return cu.CUgraphNode(self._add("cuGraphAddMemsetNode", _driver_library().cuGraphAddMemsetNode,
+                                        graph, deps, ctypes.byref(p),
+                                        ctypes.c_void_p(int(self.ctx))))
+
+    def graph_add_memcpy(self, graph, deps, kind, dst, src, size):
+        p = _Memcpy3D()
+        p.src_memory_type = _HOST if kind == 1 else _DEVICE
+        p.dst_memory_type = _HOST if kind == 2 else _DEVICE
+        if kind == 1:
+            p.src_host = src
+        else:
+            p.src_device = src
+        if kind == 2:
+            p.dst_host = dst
+        else:
+            p.dst_device = dst
+        p.width_bytes, p.height, p.depth = size, 1, 1
+        return cu.CUgraphNode(self._add("cuGraphAddMemcpyNode", _driver_library().cuGraphAddMemcpyNode,
+                                        graph, deps, ctypes.byref(p),
+                                        ctypes.c_void_p(int(self.ctx))))
+
+    def graph_add_empty(self, graph, deps):
+        return cu.CUgraphNode(self._add("cuGraphAddEmptyNode", _driver_library().cuGraphAddEmptyNode,
+                                        graph, deps))
+
+    def graph_add_event(self, graph, deps, wait, event):
+        lib = _driver_library()
+        fn, what = ((lib.cuGraphAddEventWaitNode, "cuGraphAddEventWaitNode") if wait else
+                    (lib.cuGraphAddEventRecordNode, "cuGraphAddEventRecordNode"))
+        return cu.CUgraphNode(self._add(what, fn, graph, deps, ctypes.c_void_p(int(event))))
+
+    def graph_add_dependencies(self, graph, sources, targets) -> None:
+        err = _driver_library().cuGraphAddDependencies_v2(
+            ctypes.c_void_p(int(graph)), self._nodes(sources), self._nodes(targets), None,
+            ctypes.c_size_t(len(sources)))
+        if err:
+            _raise(err, "cuGraphAddDependencies")
+
+    def graph_exec_kernel_set(self, exec_, node, function, grid, block, shared_mem, params):
+        p, keep = self._kernel_params(function, grid, block, shared_mem, params)
+        err = _driver_library().cuGraphExecKernelNodeSetParams_v2(
+            ctypes.c_void_p(int(exec_)), ctypes.c_void_p(int(node)), ctypes.byref(p))
+        if err:
+            _raise(err, "cuGraphExecKernelNodeSetParams")
+
+    def graph_exec_update(self, exec_, graph):
+        info = _UpdateResultInfo()
+        err = _driver_library().cuGraphExecUpdate_v2(ctypes.c_void_p(int(exec_)),
+                                                     ctypes.c_void_p(int(graph)),
+                                                     ctypes.byref(info))
+        node = cu.CUgraphNode(info.error_node) if info.error_node else None
+        if err and not info.result:
+            _raise(err, "cuGraphExecUpdate")
+        return int(info.result), node
 
     def graph_instantiate(self, graph, flags: int):
         return _ok(cu.cuGraphInstantiate(graph, flags), "cuGraphInstantiate")

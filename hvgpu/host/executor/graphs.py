@@ -51,6 +51,7 @@ class Graphs:
         self._node_of_value: dict[int, int] = {}
         self._graph_nodes: dict[int, set[int]] = {}  # graph handle -> its node handles
         self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
+        self._exec_graph: dict[int, int] = {}  # instantiation -> the graph it was made from
         self.parked: list[tuple[str, Callable[[], None]]] = []
 
     # -- state the session asks about ------------------------------------------
@@ -137,12 +138,80 @@ class Graphs:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
                             "captured")
         self._room()
-        return self.execs.add(self.device.graph_instantiate(g, flags))
+        handle = self.execs.add(self.device.graph_instantiate(g, flags))
+        self._exec_graph[handle] = graph
+        return handle
 
     def list_nodes(self, graph: int, most: int) -> tuple[int, bytes]:
         nodes = self.device.graph_nodes(self.graphs.get(graph))
         handles = [self._node_handle(graph, n) for n in nodes[:most]]
         return len(nodes), struct.pack(f"<{len(handles)}Q", *handles)
+
+    # -- graphs built node by node -----------------------------------------------------
+
+    def create(self, flags: int) -> int:
+        if flags:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"cuGraphCreate flags {flags:#x}")
+        self._room()
+        return self._add_graph(self.device.graph_create())
+
+    def _editable(self, graph: int) -> Any:
+        g = self.graphs.get(graph)
+        if graph in self.origins.values():
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is being captured: "
+                            "nodes are added by its stream")
+        return g
+
+    def _deps(self, graph: int, raw: bytes) -> list:
+        """The node objects raw names (u64 handles), each a node of this graph."""
+        if len(raw) % 8 or len(raw) // 8 > MAX_QUERY_NODES:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{len(raw)} bytes of dependencies")
+        mine = self._graph_nodes.get(graph, set())
+        out = []
+        for (nh,) in struct.iter_unpack("<Q", raw):
+            if nh not in mine:
+                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"node {nh} is not a node of "
+                                f"graph {graph}")
+            out.append(self.nodes.objects[nh])
+        return out
+
+    def add_node(self, graph: int, deps: bytes, add: Callable[[Any, list], Any]) -> int:
+        """A node made by add(graph, dependency nodes), given a handle of this graph."""
+        g = self._editable(graph)
+        nodes = self._deps(graph, deps)
+        if len(self.nodes.objects) >= MAX_NODES:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection is given at most "
+                            f"{MAX_NODES} graph node handles")
+        return self._node_handle(graph, add(g, nodes))
+
+    def add_dependencies(self, graph: int, sources: bytes, targets: bytes) -> None:
+        g = self._editable(graph)
+        a, b = self._deps(graph, sources), self._deps(graph, targets)
+        if len(a) != len(b):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "as many sources as targets")
+        if a:
+            self.device.graph_add_dependencies(g, a, b)
+
+    def exec_node(self, exec_: int, node: int) -> tuple[Any, Any]:
+        """An instantiation and a node of the graph it was made from."""
+        ex = self.execs.get(exec_)
+        graph = self._exec_graph.get(exec_)
+        if node not in self._graph_nodes.get(graph, ()):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"node {node} is not a node of the "
+                            "graph this instantiation was made from")
+        return ex, self.nodes.objects[node]
+
+    def update(self, exec_: int, graph: int) -> tuple[int, int, int]:
+        ex, g = self.execs.get(exec_), self._editable(graph)
+        result, node = self.device.graph_exec_update(ex, g)
+        nh = 0
+        if node is not None:
+            nh = self._node_of_value.get(self.device.handle_value(node), 0)
+        if result:
+            raise CudaError(P.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+                            f"cuGraphExecUpdate: result {result} (node {nh})")
+        self._exec_graph[exec_] = graph  # its nodes now name the instantiation's
+        return result, 0, nh
 
     def launch(self, exec_: int, stream: Any) -> None:
         self.device.graph_launch(self.execs.get(exec_), stream)
@@ -162,6 +231,7 @@ class Graphs:
     def destroy_exec(self, exec_: int) -> None:
         self.device.graph_exec_destroy(self.execs.get(exec_))
         self.execs.pop(exec_)
+        self._exec_graph.pop(exec_, None)
         self._unpark()
 
     def release_all(self, stream_of: Callable[[int], Any]) -> None:
@@ -180,6 +250,7 @@ class Graphs:
         self._graph_of_value.clear()
         self._node_of_value.clear()
         self._graph_nodes.clear()
+        self._exec_graph.clear()
         self.nodes.objects.clear()
         self._unpark()
 

@@ -1000,6 +1000,72 @@ class Session:
     def op_graph_get_nodes(self, hdr, graph, most):
         return self.graphs.list_nodes(graph, most)
 
+    def op_graph_create(self, hdr, flags):
+        return (self.graphs.create(flags),)
+
+    def _kernel_node(self, function, grid_x, grid_y, grid_z, block_x, block_y, block_z,
+                     shared_mem, params) -> tuple:
+        fn = self._launch_params(function, params)  # the guest's, with the kernel's size
+        return (fn, (grid_x, grid_y, grid_z), (block_x, block_y, block_z), shared_mem,
+                bytes(params))
+
+    def op_graph_add_kernel_node(self, hdr, graph, function, gx, gy, gz, bx, by, bz, smem,
+                                 deps, params):
+        kernel = self._kernel_node(function, gx, gy, gz, bx, by, bz, smem, params)
+        return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_kernel(
+            g, d, *kernel)),)
+
+    def op_graph_add_memset_node(self, hdr, graph, dst, pitch, value, width_bytes, width,
+                                 height, deps):
+        if width_bytes not in (1, 2, 4) or not width or not height:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset node of {height} rows of "
+                            f"{width} elements of {width_bytes} bytes")
+        row = width * width_bytes
+        if height > 1 and pitch < row:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"pitch {pitch} under a row of {row}")
+        self._check_range(dst, (height - 1) * pitch + row, "destination")
+        return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memset(
+            g, d, dst, pitch, value, width_bytes, width, height)),)
+
+    def op_graph_add_memcpy_node(self, hdr, graph, kind, region, dst, src, size, deps):
+        if kind == 0:
+            self._check_range(dst, size, "destination")
+            self._check_range(src, size, "source")
+        elif kind == 1:
+            src = self._region(region).address(src, size, "source")
+            self._check_range(dst, size, "destination")
+        elif kind == 2:
+            dst = self._region(region).address(dst, size, "destination")
+            self._check_range(src, size, "source")
+        else:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
+        if not size:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
+        return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memcpy(
+            g, d, kind, dst, src, size)),)
+
+    def op_graph_add_empty_node(self, hdr, graph, deps):
+        return (self.graphs.add_node(graph, deps, self.device.graph_add_empty),)
+
+    def op_graph_add_event_node(self, hdr, graph, wait, reserved, event, deps):
+        obj = self.events.get(event)
+        if wait not in (0, 1):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"event node kind {wait}")
+        return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_event(
+            g, d, wait, obj)),)
+
+    def op_graph_add_dependencies(self, hdr, graph, sources, targets):
+        self.graphs.add_dependencies(graph, sources, targets)
+
+    def op_graph_exec_kernel_node_set_params(self, hdr, exec_, node, function, gx, gy, gz,
+                                             bx, by, bz, smem, params):
+        kernel = self._kernel_node(function, gx, gy, gz, bx, by, bz, smem, params)
+        ex, n = self.graphs.exec_node(exec_, node)
+        self.device.graph_exec_kernel_set(ex, n, *kernel)
+
+    def op_graph_exec_update(self, hdr, exec_, graph):
+        return self.graphs.update(exec_, graph)
+
     def op_graph_launch(self, hdr, exec_, stream):
         self.graphs.launch(exec_, self._stream(stream))
 
