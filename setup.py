@@ -22,7 +22,8 @@ SHIM = "hvgpu.guest.shim.libcuda"
 SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
 SOURCES = ["wire.c", "state.c", "device.c", "memory.c", "vmm.c", "pool.c", "poolcache.c",
            "module.c", "stream.c", "dark.c", "proc.c", "stubs.c", "crash.c", "region.c",
-           "shared.c", "pcopy.c", "graph.c"]
+           "shared.c", "pcopy.c", "graph.c",
+           "graph_guest.c"]
 BURST = "hvgpu.host.executor.liblaunch_burst"
 # extension name -> file name: C libraries, not CPython modules
 PLAIN_C = {SHIM: "libcuda.so.1", BURST: "liblaunch_burst.so"}

@@ -385,7 +385,9 @@ HV_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
 }
 
 HV_EXPORT CUresult cuCtxSynchronize(void) {
-    return hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+    CUresult r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+    if (!r) hv_graph_synced_device(hv_routed_device()); /* graphs' pageable copies land */
+    return r;
 }
 
 HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {

@@ -13,16 +13,18 @@
  * way, queries ask the executor, which knows which streams joined a capture through
  * events and whether it has been invalidated.
  *
- * What a graph cannot replay is refused at capture with
+ * What the executor's graph cannot hold is kept in the guest (graph_guest.c): a copy
+ * between the device and pageable memory is captured through a room of the
+ * shared-memory region and delivered to or from the program's memory at each launch;
+ * a host function splits the graph into parts, and runs between them in the
+ * launching thread. Where that cannot be (no region, a host function on a stream
+ * joined into a capture) the call is refused with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture invalidated, as the driver
- * does with what it cannot capture: copies from or to pageable memory (the executor
- * would capture its own staging buffer) and host functions here, stream-ordered
- * allocation on a capturing stream by the executor (a graph memory node is not built). Copies from or to
- * pinned memory in the shared-memory region are captured: the graph reads and
- * writes the region when it runs. Capture modes are the program's: the executor
- * serves every guest thread on one thread in relaxed mode, so the rules the driver
- * applies per thread are not applied; a call CUDA would refuse to a thread during
- * another thread's global-mode capture goes through.
+ * does with what it cannot capture; stream-ordered allocation on a capturing stream
+ * is refused by the executor (a graph memory node is not built). Capture modes are
+ * the program's: the executor serves every guest thread on one thread in relaxed
+ * mode, so the rules the driver applies per thread are not applied; a call CUDA would
+ * refuse to a thread during another thread's global-mode capture goes through.
  *
  * Must not touch a graph's contents in the guest: they are the executor's.
  */
@@ -49,6 +51,8 @@ static struct capture {
     void *graph;
     int mode;
     pthread_t thread;
+    struct hv_captured *got; /* pageable copies and host functions (graph_guest.c) */
+    int lost;                /* a split failed: the executor's capture has ended */
 } captures[MAX_CAPTURES];
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int active; /* captures[] in use */
@@ -69,6 +73,8 @@ static int device_of(CUstream stream) { return hv_tag_device(stream); }
 static CUstream key_of(CUstream stream) {
     return hv_created(stream) ? stream : hv_tag(device_of(stream), hv_untag(stream));
 }
+
+static CUresult about_device(int device, uint16_t op, uint64_t handle);
 
 /* -- capture ---------------------------------------------------------------------- */
 
@@ -92,6 +98,8 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
         c->graph = hv_tag(device, v.graph);
         c->mode = mode;
         c->thread = pthread_self();
+        c->got = NULL;
+        c->lost = 0;
     }
     pthread_mutex_unlock(&lock);
     if (!c) { /* more captures at once than kept: queries would lie, so refuse */
@@ -117,6 +125,17 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     pthread_mutex_unlock(&lock);
     if (wrong) return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; /* the capture goes on */
     int device = device_of(stream);
+    if (c && c->lost) { /* a host function's split failed; the executor has nothing left */
+        pthread_mutex_lock(&lock);
+        struct hv_captured *got = c->got;
+        c->stream = NULL;
+        c->got = NULL;
+        __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
+        pthread_mutex_unlock(&lock);
+        hv_captured_drop(got, device);
+        *graph = NULL;
+        return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+    }
     unsigned before = HV_ON(device, hv_oneway_failures());
     hvgpu_stream_end_capture_req_t q = { hv_untag(stream) };
     hvgpu_stream_end_capture_rep_t v;
@@ -124,17 +143,112 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
                                        sizeof v, NULL, NULL, 0));
     /* An earlier one-way frame's error answered instead: the end was not carried out. */
     int deferred = r && (unsigned)HV_ON(device, hv_oneway_failures()) != before;
+    struct hv_captured *got = NULL;
     if (!deferred) {
         pthread_mutex_lock(&lock);
         c = find(key);
         if (c) {
+            got = c->got;
+            c->got = NULL;
             c->stream = NULL;
             __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
         }
         pthread_mutex_unlock(&lock);
     }
-    *graph = r ? NULL : hv_tag(device, v.graph);
-    return r;
+    if (r) {
+        if (!deferred) hv_captured_drop(got, device);
+        *graph = NULL;
+        return r;
+    }
+    *graph = hv_captured_finish(got, device, v.graph); /* the first part's, where split */
+    if (!*graph) {
+        about_device(device, HVGPU_OP_GRAPH_DESTROY, v.graph);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* -- what a graph cannot hold on the host ---------------------------------------------- */
+
+static CUresult query(CUstream stream, int *status, unsigned long long *id, void **graph,
+                      size_t *ndeps);
+
+/* The capture `stream` is in (status and entry), asked of the executor. */
+static CUresult capture_of(CUstream stream, int *status, struct capture **c) {
+    unsigned long long id;
+    void *graph;
+    size_t n;
+    *c = NULL;
+    CUresult r = query(stream, status, &id, &graph, &n);
+    if (r || *status == STATUS_NONE) return r;
+    pthread_mutex_lock(&lock);
+    for (int i = 0; i < MAX_CAPTURES && !*c; i++)
+        if (captures[i].stream && captures[i].id == id &&
+            hv_tag_device(captures[i].stream) == device_of(stream))
+            *c = &captures[i];
+    pthread_mutex_unlock(&lock);
+    return CUDA_SUCCESS;
+}
+
+int hv_capture_copy(CUdeviceptr dptr, void *user, size_t n, int to_host, CUstream stream,
+                    CUresult *r) {
+    int status;
+    struct capture *c;
+    if (!hv_capture_active()) return 0;
+    *r = capture_of(stream, &status, &c);
+    if (*r) return 1;
+    if (status == STATUS_NONE) return 0;
+    if (c && !c->lost && status == 1 && hv_captured_copy(&c->got, dptr, user, n, to_host, stream, r))
+        return 1;
+    *r = hv_capture_refuse(stream, to_host ? "a copy to pageable memory with no room for it in "
+                                             "the shared-memory region"
+                                           : "a copy from pageable memory with no room for it "
+                                             "in the shared-memory region");
+    return 1;
+}
+
+int hv_capture_host(CUstream stream, void (*fn)(void *), void (*cb)(CUstream, CUresult, void *),
+                    void *data, CUresult *r) {
+    int status;
+    struct capture *c;
+    if (!hv_capture_active()) return 0;
+    *r = capture_of(stream, &status, &c);
+    if (*r) return 1;
+    if (status == STATUS_NONE) return 0;
+    int device = device_of(stream);
+    if (!c || c->stream != key_of(stream) || status != 1 || c->lost) {
+        *r = hv_capture_refuse(stream, "a host function on a stream joined into a capture "
+                                       "(only its origin stream can run one)");
+        return 1;
+    }
+    /* The capture so far becomes one part; the function runs between it and the next. */
+    hvgpu_stream_end_capture_req_t e = { hv_untag(stream) };
+    hvgpu_stream_end_capture_rep_t part;
+    *r = HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, &part,
+                               sizeof part, NULL, NULL, 0));
+    if (*r) {
+        c->lost = 1;
+        return 1;
+    }
+    if (!hv_captured_split(&c->got, part.graph, fn, cb, data, stream)) {
+        about_device(device, HVGPU_OP_GRAPH_DESTROY, part.graph);
+        c->lost = 1;
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return 1;
+    }
+    hvgpu_stream_begin_capture_req_t b = { hv_untag(stream), (uint32_t)c->mode };
+    hvgpu_stream_begin_capture_rep_t v;
+    *r = HV_ON(device, hv_call(HVGPU_OP_STREAM_BEGIN_CAPTURE, &b, sizeof b, NULL, 0, &v,
+                               sizeof v, NULL, NULL, 0));
+    if (*r) {
+        c->lost = 1;
+        return 1;
+    }
+    pthread_mutex_lock(&lock);
+    c->id = v.id;
+    c->graph = hv_tag(device, v.graph);
+    pthread_mutex_unlock(&lock);
+    return 1;
 }
 
 /* What the executor says of a stream's capture; nodes (tagged) into a thread's array. */
@@ -245,8 +359,25 @@ static CUresult about(const void *object, uint16_t op) {
 _Static_assert(sizeof(hvgpu_graph_destroy_req_t) == 8 && sizeof(hvgpu_graph_exec_destroy_req_t) == 8,
                "one-handle requests");
 
+static CUresult about_device(int device, uint16_t op, uint64_t handle) {
+    return HV_ON(device, hv_call(op, &handle, sizeof handle, NULL, 0, NULL, 0, NULL, NULL, 0));
+}
+
+/* Parts, or rooms for pageable copies: what node-level calls cannot carry. */
+static CUresult split_refused(void *object, int is_exec, const char *api) {
+    int parts = 0;
+    if (!hv_graph_recorded(object, is_exec, &parts)) return CUDA_SUCCESS;
+    static int once;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
+        hv_log("%s of a graph captured with host functions or pageable copies is not built "
+               "by hvgpu: CUDA_ERROR_NOT_SUPPORTED", api);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 static CUresult instantiate(void **exec, void *graph, unsigned long long flags) {
     if (!exec || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_instantiate(graph, flags, exec, &rr)) return rr;
     int device = hv_tag_device(graph);
     hvgpu_graph_instantiate_req_t q = { hv_untag(graph), flags };
     hvgpu_graph_instantiate_rep_t v;
@@ -296,6 +427,8 @@ HV_EXPORT CUresult cuGraphInstantiateWithParams(void **exec, void *graph, instan
 
 HV_EXPORT CUresult cuGraphUpload(void *exec, CUstream stream) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_upload(exec, stream, &rr)) return rr;
     int device = hv_tag_device(exec);
     if (hv_created(stream) && hv_tag_device(stream) != device) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_graph_upload_req_t q = { hv_untag(exec), hv_untag(stream) };
@@ -304,6 +437,8 @@ HV_EXPORT CUresult cuGraphUpload(void *exec, CUstream stream) {
 
 HV_EXPORT CUresult cuGraphLaunch(void *exec, CUstream stream) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_launch(exec, stream, &rr)) return rr;
     int device = hv_tag_device(exec);
     if (hv_created(stream) && hv_tag_device(stream) != device) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_graph_launch_req_t q = { hv_untag(exec), hv_untag(stream) };
@@ -312,6 +447,12 @@ HV_EXPORT CUresult cuGraphLaunch(void *exec, CUstream stream) {
 
 HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
     if (!count || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    int parts = 0;
+    if (hv_graph_recorded(graph, 0, &parts) && parts > 1) {
+        CUresult rr;
+        if (!nodes) return hv_graph_count(graph, count, &rr) ? rr : CUDA_ERROR_INVALID_VALUE;
+        return split_refused(graph, 0, "cuGraphGetNodes listing the nodes");
+    }
     int device = hv_tag_device(graph);
     size_t want = nodes ? *count : 0;
     if (want > MAX_GRAPH_NODES) return CUDA_ERROR_INVALID_VALUE;
@@ -347,11 +488,15 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
 
 HV_EXPORT CUresult cuGraphDestroy(void *graph) {
     if (!hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_destroy(graph, 0, &rr)) return rr;
     return about(graph, HVGPU_OP_GRAPH_DESTROY);
 }
 
 HV_EXPORT CUresult cuGraphExecDestroy(void *exec) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_destroy(exec, 1, &rr)) return rr;
     return about(exec, HVGPU_OP_GRAPH_EXEC_DESTROY);
 }
 
@@ -388,6 +533,9 @@ static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, siz
                          size_t tail_len) {
     if (!node || !hv_created(graph) || (ndeps && !deps) || ndeps > MAX_QUERY_NODES)
         return CUDA_ERROR_INVALID_VALUE;
+    int parts = 0;
+    if (hv_graph_recorded(graph, 0, &parts) && parts > 1)
+        return split_refused(graph, 0, "adding a node");
     int device = hv_tag_device(graph);
     uint32_t dl = (uint32_t)(8 * ndeps);
     memcpy((unsigned char *)fixed + deps_len_at, &dl, 4);
@@ -443,6 +591,9 @@ HV_EXPORT CUresult cuGraphAddKernelNode(void **node, void *graph, void *const *d
 
 static CUresult exec_kernel_set(void *exec, void *node, const kernel_node_params *p, int v2) {
     if (!p || !hv_created(exec) || !hv_created(node)) return CUDA_ERROR_INVALID_VALUE;
+    int parts = 0;
+    if (hv_graph_recorded(exec, 1, &parts) && parts > 1)
+        return split_refused(exec, 1, "cuGraphExecKernelNodeSetParams");
     struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
     static __thread unsigned char body[sizeof(hvgpu_graph_exec_kernel_node_set_params_req_t) +
                                        HV_MAX_PARAMS];
@@ -609,6 +760,12 @@ HV_EXPORT CUresult cuGraphExecUpdate_v2(void *exec, void *graph, update_result_i
     if (!hv_created(exec) || !hv_created(graph) || hv_tag_device(exec) != hv_tag_device(graph))
         return CUDA_ERROR_INVALID_VALUE;
     int device = hv_tag_device(exec);
+    CUresult refused = split_refused(exec, 1, "cuGraphExecUpdate");
+    if (!refused) refused = split_refused(graph, 0, "cuGraphExecUpdate");
+    if (refused) {
+        if (info) *info = (update_result_info){ 1, NULL, NULL };
+        return refused;
+    }
     hvgpu_graph_exec_update_req_t q = { hv_untag(exec), hv_untag(graph) };
     hvgpu_graph_exec_update_rep_t v;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_EXEC_UPDATE, &q, sizeof q, NULL, 0, &v,

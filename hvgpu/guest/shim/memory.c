@@ -160,7 +160,7 @@ static CUresult htod_routed(CUdeviceptr dst, const void *src, size_t n, CUstream
                             int wait) {
     CUresult r;
     if (hv_capture_active() && !hv_shm_holds(src, n) &&
-        (r = hv_capture_refuse(stream, "a copy from pageable memory")))
+        hv_capture_copy(dst, (void *)src, n, 0, stream, &r))
         return r;
     if (hv_shm_htod(dst, src, n, stream, wait, &r)) return r;
     return htod_on(dst, src, n, stream);
@@ -192,7 +192,7 @@ static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
 static CUresult dtoh_routed(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     CUresult r;
     if (hv_capture_active() && !hv_shm_holds(dst, n) &&
-        (r = hv_capture_refuse(stream, "a copy to pageable memory")))
+        hv_capture_copy(src, dst, n, 1, stream, &r))
         return r;
     if (hv_shm_dtoh(dst, src, n, stream, wait, &r)) return r;
     return dtoh_on(dst, src, n, stream);

@@ -119,6 +119,34 @@ CUresult hv_wire_flush(struct wire *w);
    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED where `stream` is capturing and `what` (named
    in the trace) cannot be replayed by a graph; 0 otherwise. */
 int hv_capture_active(void);
+/* ... 1 where `stream` is capturing and the call was handled there (*r its status):
+   a copy between the device and pageable memory (graph_guest.c keeps it), a host
+   function or stream callback (the graph is split around it). */
+int hv_capture_copy(CUdeviceptr dptr, void *user, size_t n, int to_host, CUstream stream,
+                    CUresult *r);
+int hv_capture_host(CUstream stream, void (*fn)(void *),
+                    void (*cb)(CUstream, CUresult, void *), void *data, CUresult *r);
+/* graph_guest.c: the guest's part of graphs (its docstring says what). Each hv_graph_*
+   returns 0 where the graph or instantiation has no record here (the caller goes on
+   as for the executor's alone), else 1 with the call's status in *r. */
+struct hv_captured;
+int hv_captured_copy(struct hv_captured **c, CUdeviceptr dptr, void *user, size_t n,
+                     int to_host, CUstream stream, CUresult *r);
+int hv_captured_split(struct hv_captured **c, uint64_t part, void (*fn)(void *),
+                      void (*cb)(CUstream, CUresult, void *), void *data, CUstream stream);
+void hv_captured_drop(struct hv_captured *c, int device);
+void *hv_captured_finish(struct hv_captured *c, int device, uint64_t last);
+int hv_graph_recorded(void *key, int is_exec, int *parts);
+int hv_graph_destroy(void *key, int is_exec, CUresult *r);
+int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r);
+int hv_graph_upload(void *exec, CUstream stream, CUresult *r);
+int hv_graph_launch(void *exec, CUstream stream, CUresult *r);
+int hv_graph_count(void *graph, size_t *count, CUresult *r);
+/* ... and the synchronising calls that complete its deliveries */
+void hv_graph_synced_stream(CUstream stream);
+void hv_graph_synced_device(int device);
+void hv_graph_event_recorded(CUevent event, CUstream stream);
+void hv_graph_event_done(CUevent event);
 /* module.c: a kernel's vGPU and handle there, and its packed parameters (kernelParams
    or `extra`, as cuLaunchKernel takes them) in buf (HV_MAX_PARAMS bytes). */
 #define HV_MAX_PARAMS 32764

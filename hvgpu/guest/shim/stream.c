@@ -80,11 +80,15 @@ HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
 }
 
 HV_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
-    return about(stream, HVGPU_OP_STREAM_SYNCHRONIZE);
+    CUresult r = about(stream, HVGPU_OP_STREAM_SYNCHRONIZE);
+    if (!r) hv_graph_synced_stream(stream); /* a graph's copies into pageable memory */
+    return r;
 }
 
 HV_EXPORT CUresult cuStreamQuery(CUstream stream) {
-    return about(stream, HVGPU_OP_STREAM_QUERY);
+    CUresult r = about(stream, HVGPU_OP_STREAM_QUERY);
+    if (!r) hv_graph_synced_stream(stream);
+    return r;
 }
 
 HV_EXPORT CUresult cuEventSynchronize(CUevent event);
@@ -131,8 +135,9 @@ HV_EXPORT CUresult cuStreamGetDevice(CUstream stream, CUdevice *dev) {
 
 HV_EXPORT CUresult cuLaunchHostFunc(CUstream stream, void (*fn)(void *), void *data) {
     if (!fn) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = hv_capture_refuse(stream, "a host function (cuLaunchHostFunc)");
-    if (!r) r = cuStreamSynchronize(stream);
+    CUresult r;
+    if (hv_capture_host(stream, fn, NULL, data, &r)) return r; /* a step of the graph */
+    r = cuStreamSynchronize(stream);
     if (!r) fn(data);
     return r;
 }
@@ -141,8 +146,8 @@ HV_EXPORT CUresult cuStreamAddCallback(CUstream stream, void (*cb)(CUstream, CUr
                                        void *data, unsigned flags) {
     (void)flags;
     if (!cb) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = hv_capture_refuse(stream, "a stream callback (cuStreamAddCallback)");
-    if (r) return r;
+    CUresult r;
+    if (hv_capture_host(stream, NULL, cb, data, &r)) return r; /* a step of the graph */
     r = cuStreamSynchronize(stream);
     cb(stream, r, data);
     return CUDA_SUCCESS;
@@ -168,6 +173,7 @@ HV_EXPORT CUresult cuEventRecord(CUevent event, CUstream stream) {
     if (hv_created(stream) && hv_tag_device(stream) != device)
         return CUDA_ERROR_INVALID_HANDLE; /* as CUDA: the stream of another context */
     hvgpu_event_record_req_t q = { hv_untag(event), hv_untag(stream) };
+    hv_graph_event_recorded(event, stream);
     return HV_ON(device, hv_oneway(HVGPU_OP_EVENT_RECORD, &q, sizeof q, NULL, 0));
 }
 
@@ -178,11 +184,15 @@ HV_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsign
 }
 
 HV_EXPORT CUresult cuEventQuery(CUevent event) {
-    return about(event, HVGPU_OP_EVENT_QUERY);
+    CUresult r = about(event, HVGPU_OP_EVENT_QUERY);
+    if (!r) hv_graph_event_done(event);
+    return r;
 }
 
 HV_EXPORT CUresult cuEventSynchronize(CUevent event) {
-    return about(event, HVGPU_OP_EVENT_SYNCHRONIZE);
+    CUresult r = about(event, HVGPU_OP_EVENT_SYNCHRONIZE);
+    if (!r) hv_graph_event_done(event);
+    return r;
 }
 
 HV_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {

@@ -1,0 +1,382 @@
+/* What of a captured graph lives in the guest: copies of pageable memory and host
+ * functions, which the executor's graph cannot reach or run.
+ *
+ * A copy between the device and the program's pageable memory on a capturing stream
+ * is captured as a copy between the device and a room of pinned memory in the
+ * shared-memory region (shared.c), made for the graph; the graph keeps a
+ * *delivery*: before each launch, the program's source bytes are copied into the
+ * room (the driver's graph reads pageable memory when it runs, and the program's
+ * bytes at launch are what it wrote before launching); after the launch, the room's
+ * bytes are copied to the program's destination once a synchronising call says the
+ * launch is done (cuStreamSynchronize or cuStreamQuery of its stream, an event
+ * recorded after it, cuCtxSynchronize), as a device-to-host copy into pinned memory
+ * is there for the program at its next synchronisation.
+ *
+ * A host function (cuLaunchHostFunc, cuStreamAddCallback) on a capturing stream
+ * splits the graph: the capture so far ends on the executor as one *part*, the
+ * function is kept, and the capture begins again. Launching the graph launches
+ * each part in turn and, between them, waits for the part before and runs the
+ * function in the launching thread, in order (so that launch returns once the last
+ * host function has run, as a host function outside a graph blocks here too).
+ *
+ * A graph or instantiation with deliveries or parts has a *record* here, found by
+ * the handle the program holds (its first part's); one without is only the
+ * executor's. The rooms are given back when the last graph, instantiation and
+ * pending delivery that use them have gone.
+ *
+ * Must not touch the program's memory except at a delivery, between the addresses the
+ * program's own copy named.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+struct delivery {
+    void *user;     /* the program's memory */
+    void *room;     /* pinned memory in the region, which the executor's graph copies */
+    size_t n;
+    int to_host;    /* 1: device to host (after the launch); 0: host to device (before) */
+    int part;       /* the part whose launch copies it */
+};
+
+struct rooms { /* shared by a graph, its instantiations and pending deliveries */
+    int refs;
+    int n, cap;
+    struct delivery *d;
+};
+
+struct step { uint64_t handle; void (*fn)(void *); void (*cb)(CUstream, CUresult, void *);
+              void *data; CUstream stream; };
+
+struct hv_captured {
+    struct rooms *rooms; /* NULL until a pageable copy */
+    int n, cap;
+    struct step *steps;  /* the parts ended so far, each with the function after it */
+};
+
+struct record {
+    void *key;           /* what the program holds: its first part's handle, tagged */
+    int device, is_exec;
+    int n;
+    struct step *steps;  /* graph or exec handles (untagged) and the function after each */
+    struct rooms *rooms;
+    struct record *next;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct record *records;
+
+struct pending { int device; CUstream stream; unsigned long long seq; struct delivery d;
+                 struct rooms *rooms; };
+static struct pending *pendings;
+static int npending, cap_pending;
+static unsigned long long launches; /* counts launches with deliveries pending after them */
+
+static void rooms_drop(struct rooms *r) {
+    if (!r) return;
+    pthread_mutex_lock(&lock);
+    int last = --r->refs == 0;
+    pthread_mutex_unlock(&lock);
+    if (!last) return;
+    for (int i = 0; i < r->n; i++) {
+        CUresult e;
+        hv_shm_host_free(r->d[i].room, &e);
+    }
+    free(r->d);
+    free(r);
+}
+
+static int grow(void **p, int *cap, int need, size_t each) {
+    if (need <= *cap) return 1;
+    int c = *cap ? *cap * 2 : 8;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * each);
+    if (!q) return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+/* -- during a capture ---------------------------------------------------------------- */
+
+int hv_captured_copy(struct hv_captured **c, CUdeviceptr dptr, void *user, size_t n,
+                     int to_host, CUstream stream, CUresult *r) {
+    void *room = NULL;
+    CUresult e = CUDA_SUCCESS;
+    if (!hv_shm_host_alloc(&room, n, 0, &e)) return 0; /* no room: the caller refuses it */
+    if (e) { /* an earlier one-way frame's error, reported here */
+        *r = e;
+        return 1;
+    }
+    if (!*c && !(*c = calloc(1, sizeof **c))) goto fail;
+    if (!(*c)->rooms && !((*c)->rooms = calloc(1, sizeof *(*c)->rooms))) goto fail;
+    struct rooms *rs = (*c)->rooms;
+    rs->refs = 1;
+    if (!grow((void **)&rs->d, &rs->cap, rs->n + 1, sizeof *rs->d)) goto fail;
+    rs->d[rs->n++] = (struct delivery){ user, room, n, to_host, (*c)->n };
+    if (to_host) {
+        if (!hv_shm_dtoh(room, dptr, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
+    } else {
+        memcpy(room, user, n);
+        if (!hv_shm_htod(dptr, room, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    return 1;
+fail:
+    hv_shm_host_free(room, &e);
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    return 1;
+}
+
+int hv_captured_split(struct hv_captured **c, uint64_t part, void (*fn)(void *),
+                      void (*cb)(CUstream, CUresult, void *), void *data, CUstream stream) {
+    if (!*c && !(*c = calloc(1, sizeof **c))) return 0;
+    if (!grow((void **)&(*c)->steps, &(*c)->cap, (*c)->n + 1, sizeof *(*c)->steps)) return 0;
+    (*c)->steps[(*c)->n++] = (struct step){ part, fn, cb, data, stream };
+    return 1;
+}
+
+/* Parts already ended on the executor, for a capture that failed: destroyed there. */
+void hv_captured_drop(struct hv_captured *c, int device) {
+    if (!c) return;
+    for (int i = 0; i < c->n; i++) {
+        uint64_t q = c->steps[i].handle;
+        HV_ON(device, hv_call(HVGPU_OP_GRAPH_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL,
+                              NULL, 0));
+    }
+    rooms_drop(c->rooms);
+    free(c->steps);
+    free(c);
+}
+
+static void *add_record(int device, int is_exec, struct step *steps, int n, struct rooms *rooms) {
+    struct record *rec = calloc(1, sizeof *rec);
+    if (!rec) return NULL;
+    rec->device = device;
+    rec->is_exec = is_exec;
+    rec->steps = steps;
+    rec->n = n;
+    rec->rooms = rooms;
+    rec->key = hv_tag(device, steps[0].handle);
+    pthread_mutex_lock(&lock);
+    rec->next = records;
+    records = rec;
+    pthread_mutex_unlock(&lock);
+    return rec->key;
+}
+
+void *hv_captured_finish(struct hv_captured *c, int device, uint64_t last) {
+    if (!c) return hv_tag(device, last);
+    if (!grow((void **)&c->steps, &c->cap, c->n + 1, sizeof *c->steps)) {
+        hv_captured_drop(c, device);
+        return NULL;
+    }
+    c->steps[c->n++] = (struct step){ last, NULL, NULL, NULL, NULL };
+    void *key = add_record(device, 0, c->steps, c->n, c->rooms);
+    if (!key) {
+        c->n--;
+        hv_captured_drop(c, device);
+        return NULL;
+    }
+    free(c);
+    return key;
+}
+
+/* -- records -------------------------------------------------------------------------- */
+
+static struct record *take(void *key, int is_exec, int unlink) {
+    pthread_mutex_lock(&lock);
+    struct record **p = &records;
+    while (*p && ((*p)->key != key || (*p)->is_exec != is_exec)) p = &(*p)->next;
+    struct record *rec = *p;
+    if (rec && unlink) *p = rec->next;
+    pthread_mutex_unlock(&lock);
+    return rec;
+}
+
+int hv_graph_recorded(void *key, int is_exec, int *parts) {
+    struct record *rec = take(key, is_exec, 0);
+    if (rec && parts) *parts = rec->n;
+    return rec != NULL;
+}
+
+static CUresult about(int device, uint16_t op, uint64_t handle) {
+    return HV_ON(device, hv_call(op, &handle, sizeof handle, NULL, 0, NULL, 0, NULL, NULL, 0));
+}
+
+int hv_graph_destroy(void *key, int is_exec, CUresult *r) {
+    struct record *rec = take(key, is_exec, 1);
+    if (!rec) return 0;
+    *r = CUDA_SUCCESS;
+    for (int i = 0; i < rec->n; i++) {
+        CUresult e = about(rec->device, is_exec ? HVGPU_OP_GRAPH_EXEC_DESTROY
+                                                : HVGPU_OP_GRAPH_DESTROY, rec->steps[i].handle);
+        if (!*r) *r = e;
+    }
+    rooms_drop(rec->rooms);
+    free(rec->steps);
+    free(rec);
+    return 1;
+}
+
+int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r) {
+    struct record *g = take(graph, 0, 0);
+    if (!g) return 0;
+    struct step *steps = calloc((size_t)g->n, sizeof *steps);
+    if (!steps) {
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return 1;
+    }
+    *r = CUDA_SUCCESS;
+    int made = 0;
+    for (; made < g->n; made++) {
+        hvgpu_graph_instantiate_req_t q = { g->steps[made].handle, flags };
+        hvgpu_graph_instantiate_rep_t v;
+        *r = HV_ON(g->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &q, sizeof q, NULL, 0, &v,
+                                      sizeof v, NULL, NULL, 0));
+        if (*r) break;
+        steps[made] = g->steps[made];
+        steps[made].handle = v.exec;
+    }
+    if (!*r) {
+        pthread_mutex_lock(&lock);
+        if (g->rooms) g->rooms->refs++;
+        pthread_mutex_unlock(&lock);
+        *exec = add_record(g->device, 1, steps, g->n, g->rooms);
+        if (*exec) return 1;
+        rooms_drop(g->rooms);
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < made; i++) about(g->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+    free(steps);
+    *exec = NULL;
+    return 1;
+}
+
+int hv_graph_upload(void *exec, CUstream stream, CUresult *r) {
+    struct record *e = take(exec, 1, 0);
+    if (!e) return 0;
+    *r = CUDA_SUCCESS;
+    for (int i = 0; i < e->n && !*r; i++) {
+        hvgpu_graph_upload_req_t q = { e->steps[i].handle, hv_untag(stream) };
+        *r = HV_ON(e->device, hv_oneway(HVGPU_OP_GRAPH_UPLOAD, &q, sizeof q, NULL, 0));
+    }
+    return 1;
+}
+
+int hv_graph_count(void *graph, size_t *count, CUresult *r) {
+    struct record *g = take(graph, 0, 0);
+    if (!g) return 0;
+    *count = 0;
+    *r = CUDA_SUCCESS;
+    for (int i = 0; i < g->n && !*r; i++) {
+        hvgpu_graph_get_nodes_req_t q = { g->steps[i].handle, 0 };
+        unsigned char rep[sizeof(hvgpu_graph_get_nodes_rep_t)];
+        uint32_t got = 0;
+        *r = HV_ON(g->device, hv_call(HVGPU_OP_GRAPH_GET_NODES, &q, sizeof q, NULL, 0, rep,
+                                      sizeof rep, &got, NULL, 0));
+        hvgpu_graph_get_nodes_rep_t v;
+        if (!*r && got >= sizeof v) {
+            memcpy(&v, rep, sizeof v);
+            *count += v.count;
+        }
+    }
+    return 1;
+}
+
+/* -- launches and deliveries ---------------------------------------------------------- */
+
+static void deliver(const struct delivery *d) { memcpy(d->user, d->room, d->n); }
+
+
+int hv_graph_launch(void *exec, CUstream stream, CUresult *r) {
+    struct record *e = take(exec, 1, 0);
+    if (!e) return 0;
+    *r = CUDA_SUCCESS;
+    struct rooms *rs = e->rooms;
+    for (int i = 0; i < e->n && !*r; i++) {
+        for (int k = 0; rs && k < rs->n; k++)
+            if (!rs->d[k].to_host && rs->d[k].part == i) memcpy(rs->d[k].room, rs->d[k].user,
+                                                                rs->d[k].n);
+        hvgpu_graph_launch_req_t q = { e->steps[i].handle, hv_untag(stream) };
+        *r = HV_ON(e->device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
+        if (*r || i == e->n - 1) break;
+        const struct step *st = &e->steps[i];
+        *r = HV_ON(e->device, cuStreamSynchronize(stream));
+        for (int k = 0; !*r && rs && k < rs->n; k++) /* the function sees what came back */
+            if (rs->d[k].to_host && rs->d[k].part == i) deliver(&rs->d[k]);
+        if (st->fn && !*r) st->fn(st->data);
+        if (st->cb) st->cb(st->stream, *r, st->data);
+    }
+    if (*r || !rs) return 1;
+    pthread_mutex_lock(&lock);
+    unsigned long long seq = ++launches;
+    for (int k = 0; k < rs->n; k++) {
+        if (!rs->d[k].to_host || rs->d[k].part != e->n - 1) continue;
+        if (!grow((void **)&pendings, &cap_pending, npending + 1, sizeof *pendings)) {
+            *r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        rs->refs++;
+        pendings[npending++] = (struct pending){ e->device, hv_created(stream) ? stream
+                                                 : hv_tag(e->device, hv_untag(stream)),
+                                                 seq, rs->d[k], rs };
+    }
+    pthread_mutex_unlock(&lock);
+    return 1;
+}
+
+/* Deliveries whose launch a synchronising call has just said is done: those of
+   `stream` on `device` up to `upto` (0: any), or all of the device's (stream NULL
+   with all set). */
+static void settle(int device, CUstream stream, int all, unsigned long long upto) {
+    if (!__atomic_load_n(&npending, __ATOMIC_ACQUIRE)) return;
+    CUstream key = hv_created(stream) ? stream : hv_tag(device, hv_untag(stream));
+    struct rooms *drop[64];
+    int ndrop = 0;
+    do {
+        ndrop = 0;
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < npending && ndrop < 64;) {
+            struct pending *p = &pendings[i];
+            if (p->device == device && (all || p->stream == key) && (!upto || p->seq <= upto)) {
+                deliver(&p->d);
+                drop[ndrop++] = p->rooms;
+                *p = pendings[--npending];
+            } else {
+                i++;
+            }
+        }
+        pthread_mutex_unlock(&lock);
+        for (int i = 0; i < ndrop; i++) rooms_drop(drop[i]);
+    } while (ndrop == 64);
+}
+
+void hv_graph_synced_stream(CUstream stream) { settle(hv_tag_device(stream), stream, 0, 0); }
+void hv_graph_synced_device(int device) { settle(device, NULL, 1, 0); }
+
+#define EVENT_SLOTS 1024
+static struct { CUevent event; CUstream stream; unsigned long long seq; } marks[EVENT_SLOTS];
+
+void hv_graph_event_recorded(CUevent event, CUstream stream) {
+    if (!__atomic_load_n(&npending, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&lock);
+    size_t i = ((uintptr_t)event >> 3) % EVENT_SLOTS;
+    marks[i].event = event;
+    marks[i].stream = stream;
+    marks[i].seq = launches;
+    pthread_mutex_unlock(&lock);
+}
+
+void hv_graph_event_done(CUevent event) {
+    if (!__atomic_load_n(&npending, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&lock);
+    size_t i = ((uintptr_t)event >> 3) % EVENT_SLOTS;
+    int found = marks[i].event == event;
+    CUstream stream = marks[i].stream;
+    unsigned long long seq = marks[i].seq;
+    pthread_mutex_unlock(&lock);
+    if (found && seq) settle(hv_tag_device(event), stream, 0, seq);
+}
