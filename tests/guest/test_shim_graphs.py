@@ -5,7 +5,7 @@ that an event forks and joins, copying from pinned memory to the device and back
 pinned memory, and replays it three times with new input; it prints what capture
 queries answered and what a capture refused; then it builds a graph node by node,
 changes its kernel node's parameters in the instantiation and updates the
-instantiation from a graph of the same shape. Against the GPU test double (which
+instantiation from a graph of the same shape, and builds one with a host node. Against the GPU test double (which
 records captured work and replays it) in its "nokernel" form; on the GPU machine the
 native and shim runs must print the same.
 """
@@ -33,6 +33,7 @@ pageable copy in a capture: cudaSuccess, end: cudaSuccess, graph made
 synchronize in a capture: cudaErrorStreamCaptureUnsupported, end: cudaErrorStreamCaptureInvalidated, graph none
 pageable and a host function: 1 nodes, host function ran 3 times with 0 wrong bytes, 0 wrong after
 built: 7 nodes, update cudaSuccess, wrong 0
+host node: 5 nodes, ran 2 times, saw 0 wrong bytes, 0 wrong after
 graphs: wrong=0
 """
 
@@ -59,16 +60,18 @@ def test_a_captured_graph_replays_with_new_pinned_input_each_time(programs, cuda
     stats = shim_stats(out.stderr)
     # four captures (the pageable copy's, the one a synchronisation invalidated, and the
     # one a host function split in two: begun and ended twice); the first graph's three
-    # replays, the split graph's three (two parts each), the built graph's two
+    # replays, the split graph's three (two parts each), the built graph's two, the host
+    # node's graph's two (two parts each: before and after the host node)
     assert stats["STREAM_BEGIN_CAPTURE"] == (5, 0)
     assert stats["STREAM_END_CAPTURE"] == (5, 0)
-    assert stats["GRAPH_LAUNCH"] == (0, 11)
-    assert stats["GRAPH_INSTANTIATE"] == (4, 0)  # the split graph's two parts
+    assert stats["GRAPH_LAUNCH"] == (0, 15)
+    assert stats["GRAPH_INSTANTIATE"] == (6, 0)  # two for each graph cut in two parts
     # pinned in/out, and a room of the region for each pageable copy in a graph (one in
     # the capture made of it alone, three in the split one), given back with its graph
     assert stats["SHM_ATTACH"] == (6, 0) and stats["SHM_DETACH"] == (6, 0)
-    assert stats["GRAPH_CREATE"] == (2, 0)
-    assert stats["GRAPH_ADD_MEMCPY_NODE"] == (6, 0) and stats["GRAPH_ADD_MEMSET_NODE"] == (2, 0)
+    # the two built graphs and the host node's, whose two parts are built again from it
+    assert stats["GRAPH_CREATE"] == (5, 0)
+    assert stats["GRAPH_ADD_MEMCPY_NODE"] == (10, 0) and stats["GRAPH_ADD_MEMSET_NODE"] == (6, 0)
     assert stats["GRAPH_ADD_EMPTY_NODE"] == (4, 0) and stats["GRAPH_ADD_EVENT_NODE"] == (2, 0)
     assert stats["GRAPH_ADD_DEPENDENCIES"] == (2, 0) and stats["GRAPH_EXEC_UPDATE"] == (1, 0)
     # every copy in a graph named offsets in the region: pinned memory, or a pageable

@@ -377,6 +377,7 @@ static CUresult split_refused(void *object, int is_exec, const char *api) {
 static CUresult instantiate(void **exec, void *graph, unsigned long long flags) {
     if (!exec || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rr;
+    if (hv_shadow_instantiate(graph, flags, exec, &rr)) return rr; /* with host nodes */
     if (hv_graph_instantiate(graph, flags, exec, &rr)) return rr;
     int device = hv_tag_device(graph);
     hvgpu_graph_instantiate_req_t q = { hv_untag(graph), flags };
@@ -453,6 +454,12 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
         if (!nodes) return hv_graph_count(graph, count, &rr) ? rr : CUDA_ERROR_INVALID_VALUE;
         return split_refused(graph, 0, "cuGraphGetNodes listing the nodes");
     }
+    int hosts = hv_shadow_hosts(graph);
+    if (hosts > 0 && nodes) {
+        hv_log("cuGraphGetNodes listing the nodes of a graph with host nodes is not built by "
+               "hvgpu: CUDA_ERROR_NOT_SUPPORTED");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
     int device = hv_tag_device(graph);
     size_t want = nodes ? *count : 0;
     if (want > MAX_GRAPH_NODES) return CUDA_ERROR_INVALID_VALUE;
@@ -479,7 +486,7 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
             /* as CUDA: with room to spare, how many there are; else how many were asked */
             if (v.count < *count) *count = v.count;
         } else {
-            *count = v.count;
+            *count = v.count + (size_t)(hosts > 0 ? hosts : 0);
         }
     }
     free(rep);
@@ -489,6 +496,7 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
 HV_EXPORT CUresult cuGraphDestroy(void *graph) {
     if (!hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rr;
+    hv_shadow_drop(graph);
     if (hv_graph_destroy(graph, 0, &rr)) return rr;
     return about(graph, HVGPU_OP_GRAPH_DESTROY);
 }
@@ -513,7 +521,29 @@ HV_EXPORT CUresult cuGraphCreate(void **graph, unsigned flags) {
     hvgpu_graph_create_rep_t v;
     CUresult r = hv_call(HVGPU_OP_GRAPH_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
     *graph = r ? NULL : hv_tag(device, v.graph);
+    if (!r) hv_shadow_new(*graph); /* for host nodes, should the program add any */
     return r;
+}
+
+typedef struct {
+    void (*fn)(void *);
+    void *data;
+} host_node_params;
+
+HV_EXPORT CUresult cuGraphAddHostNode(void **node, void *graph, void *const *deps, size_t ndeps,
+                                      const host_node_params *p) {
+    if (!node || !p || !p->fn || !hv_created(graph) || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (hv_shadow_hosts(graph) < 0) {
+        static int once;
+        if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
+            hv_log("cuGraphAddHostNode: hvgpu runs host nodes of graphs built by cuGraphCreate; "
+                   "this graph was captured: CUDA_ERROR_NOT_SUPPORTED");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    if (!hv_shadow_add(graph, NULL, deps, ndeps, node)) return CUDA_ERROR_INVALID_VALUE;
+    hv_shadow_set_host(*node, p->fn, p->data);
+    return CUDA_SUCCESS;
 }
 
 /* Appends the untagged handles of n nodes of `device` to buf; 0 where one is not. */
@@ -537,19 +567,40 @@ static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, siz
     if (hv_graph_recorded(graph, 0, &parts) && parts > 1)
         return split_refused(graph, 0, "adding a node");
     int device = hv_tag_device(graph);
-    uint32_t dl = (uint32_t)(8 * ndeps);
+    int shadowed = hv_shadow_hosts(graph) >= 0;
+    /* host nodes are the guest's alone: the executor's node depends on the others */
+    void **sent = malloc(sizeof(void *) * (ndeps ? ndeps : 1));
+    if (!sent) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t nsent = 0;
+    for (size_t i = 0; i < ndeps; i++)
+        if (!hv_shadow_is_host(deps[i])) sent[nsent++] = deps[i];
+        else if (!shadowed) nsent = ndeps + 1; /* a host node of another graph */
+    if (nsent > ndeps) {
+        free(sent);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint32_t dl = (uint32_t)(8 * nsent);
     memcpy((unsigned char *)fixed + deps_len_at, &dl, 4);
     size_t len = fixed_len + dl + tail_len;
     unsigned char *body = malloc(len ? len : 1);
-    if (!body) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!body) {
+        free(sent);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     memcpy(body, fixed, fixed_len);
     CUresult r = CUDA_SUCCESS;
-    if (!put_nodes(body + fixed_len, deps, ndeps, device)) r = CUDA_ERROR_INVALID_VALUE;
+    if (!put_nodes(body + fixed_len, sent, nsent, device)) r = CUDA_ERROR_INVALID_VALUE;
+    free(sent);
     if (tail_len) memcpy(body + fixed_len + dl, tail, tail_len);
     uint64_t v = 0; /* every node-adding op replies one u64 node */
     if (!r) r = HV_ON(device, hv_call(op, body, (uint32_t)len, NULL, 0, &v, sizeof v, NULL, NULL, 0));
     free(body);
     *node = r ? NULL : hv_tag(device, v);
+    if (!r && shadowed) {
+        /* deps_at: where deps_len is; the dependencies follow the fixed fields */
+        struct hv_node_request q = { op, fixed, fixed_len, deps_len_at, tail, tail_len };
+        if (!hv_shadow_add(graph, &q, deps, ndeps, node)) r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return r;
 }
 #define FIELD_AT(type, field) offsetof(type, field)
@@ -731,18 +782,38 @@ HV_EXPORT CUresult cuGraphAddDependencies_v2(void *graph, void *const *from, voi
     for (size_t i = 0; edges && i < 8 * n; i++)
         if (edges[i]) return CUDA_ERROR_NOT_SUPPORTED; /* only the default edge kind */
     int device = hv_tag_device(graph);
+    int shadowed = hv_shadow_hosts(graph) >= 0;
     size_t fixed = sizeof(hvgpu_graph_add_dependencies_req_t);
     unsigned char *body = malloc(fixed + 16 * n + 1);
-    if (!body) return CUDA_ERROR_OUT_OF_MEMORY;
-    hvgpu_graph_add_dependencies_req_t q = { hv_untag(graph), (uint32_t)(8 * n),
-                                             (uint32_t)(8 * n) };
+    void **a = malloc(sizeof(void *) * (2 * n + 1));
+    if (!body || !a) {
+        free(body);
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    size_t m = 0; /* the edges between executor nodes; those of host nodes are the guest's */
+    CUresult r = CUDA_SUCCESS;
+    for (size_t i = 0; i < n && !r; i++) {
+        if (hv_shadow_is_host(from[i]) || hv_shadow_is_host(to[i])) {
+            if (!shadowed) r = CUDA_ERROR_INVALID_VALUE;
+            continue;
+        }
+        a[m] = from[i];
+        a[n + m++] = to[i];
+    }
+    hvgpu_graph_add_dependencies_req_t q = { hv_untag(graph), (uint32_t)(8 * m),
+                                             (uint32_t)(8 * m) };
     memcpy(body, &q, fixed);
-    CUresult r = put_nodes(body + fixed, from, n, device) &&
-                 put_nodes(body + fixed + 8 * n, to, n, device) ? CUDA_SUCCESS
-                                                                 : CUDA_ERROR_INVALID_VALUE;
-    if (!r) r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_ADD_DEPENDENCIES, body,
-                                      (uint32_t)(fixed + 16 * n), NULL, 0, NULL, 0, NULL, NULL, 0));
+    if (!r && !(put_nodes(body + fixed, a, m, device) && put_nodes(body + fixed + 8 * m, a + n, m,
+                                                                  device)))
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (!r && m)
+        r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_ADD_DEPENDENCIES, body,
+                                  (uint32_t)(fixed + 16 * m), NULL, 0, NULL, 0, NULL, NULL, 0));
+    for (size_t i = 0; i < n && !r && shadowed; i++)
+        if (!hv_shadow_edge(graph, from[i], to[i])) r = CUDA_ERROR_INVALID_VALUE;
     free(body);
+    free(a);
     return r;
 }
 
@@ -762,6 +833,7 @@ HV_EXPORT CUresult cuGraphExecUpdate_v2(void *exec, void *graph, update_result_i
     int device = hv_tag_device(exec);
     CUresult refused = split_refused(exec, 1, "cuGraphExecUpdate");
     if (!refused) refused = split_refused(graph, 0, "cuGraphExecUpdate");
+    if (!refused && hv_shadow_hosts(graph) > 0) refused = CUDA_ERROR_NOT_SUPPORTED;
     if (refused) {
         if (info) *info = (update_result_info){ 1, NULL, NULL };
         return refused;

@@ -19,6 +19,14 @@
  * function in the launching thread, in order (so that launch returns once the last
  * host function has run, as a host function outside a graph blocks here too).
  *
+ * A graph built node by node (cuGraphCreate) has a *shadow* here: every node-adding
+ * request as it went to the executor, its dependencies and the edges added later, so
+ * that host nodes (cuGraphAddHostNode), which only the guest can run, can be placed:
+ * at instantiation the graph is cut into parts by how many host nodes lie on the
+ * longest path to each node, each part is built again on the executor with the edges
+ * inside it (the ones across parts hold by the order of the parts), and the host
+ * nodes of each depth run, in order, after that depth's part and before the next.
+ *
  * A graph or instantiation with deliveries or parts has a *record* here, found by
  * the handle the program holds (its first part's); one without is only the
  * executor's. The rooms are given back when the last graph, instantiation and
@@ -152,6 +160,7 @@ void hv_captured_drop(struct hv_captured *c, int device) {
 }
 
 static void *add_record(int device, int is_exec, struct step *steps, int n, struct rooms *rooms) {
+    if (!steps[0].handle) return NULL; /* the key is the first part's handle */
     struct record *rec = calloc(1, sizeof *rec);
     if (!rec) return NULL;
     rec->device = device;
@@ -211,6 +220,7 @@ int hv_graph_destroy(void *key, int is_exec, CUresult *r) {
     if (!rec) return 0;
     *r = CUDA_SUCCESS;
     for (int i = 0; i < rec->n; i++) {
+        if (!rec->steps[i].handle) continue; /* a host node's step */
         CUresult e = about(rec->device, is_exec ? HVGPU_OP_GRAPH_EXEC_DESTROY
                                                 : HVGPU_OP_GRAPH_DESTROY, rec->steps[i].handle);
         if (!*r) *r = e;
@@ -260,6 +270,7 @@ int hv_graph_upload(void *exec, CUstream stream, CUresult *r) {
     if (!e) return 0;
     *r = CUDA_SUCCESS;
     for (int i = 0; i < e->n && !*r; i++) {
+        if (!e->steps[i].handle) continue;
         hvgpu_graph_upload_req_t q = { e->steps[i].handle, hv_untag(stream) };
         *r = HV_ON(e->device, hv_oneway(HVGPU_OP_GRAPH_UPLOAD, &q, sizeof q, NULL, 0));
     }
@@ -301,9 +312,10 @@ int hv_graph_launch(void *exec, CUstream stream, CUresult *r) {
             if (!rs->d[k].to_host && rs->d[k].part == i) memcpy(rs->d[k].room, rs->d[k].user,
                                                                 rs->d[k].n);
         hvgpu_graph_launch_req_t q = { e->steps[i].handle, hv_untag(stream) };
-        *r = HV_ON(e->device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
-        if (*r || i == e->n - 1) break;
+        if (e->steps[i].handle) /* 0: a host function after the one before */
+            *r = HV_ON(e->device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
         const struct step *st = &e->steps[i];
+        if (*r || (!st->fn && !st->cb)) continue;
         *r = HV_ON(e->device, cuStreamSynchronize(stream));
         for (int k = 0; !*r && rs && k < rs->n; k++) /* the function sees what came back */
             if (rs->d[k].to_host && rs->d[k].part == i) deliver(&rs->d[k]);
@@ -379,4 +391,310 @@ void hv_graph_event_done(CUevent event) {
     unsigned long long seq = marks[i].seq;
     pthread_mutex_unlock(&lock);
     if (found && seq) settle(hv_tag_device(event), stream, 0, seq);
+}
+
+/* -- shadows of graphs built node by node ---------------------------------------------- */
+
+#define HOST_MARK (1ull << 46) /* a host node's handle: no executor handle gets this high */
+
+struct snode {
+    int host;
+    uint16_t op;
+    unsigned char *fixed, *tail; /* the request's fixed fields and its field after deps */
+    size_t fixed_len, deps_at, tail_len;
+    int *deps, ndeps;            /* earlier nodes, by index */
+    void (*fn)(void *);
+    void *data;
+    void *handle;                /* what the program holds */
+};
+
+struct shadow {
+    void *graph;
+    int device;
+    int n, cap, hosts;
+    struct snode *nodes;
+    int nedges, cap_edges;
+    int *edges; /* pairs: from, to */
+    struct shadow *next;
+};
+
+static struct shadow *shadows;
+
+static struct shadow *shadow_of(void *graph) {
+    struct shadow *s = shadows;
+    while (s && s->graph != graph) s = s->next;
+    return s;
+}
+
+void hv_shadow_new(void *graph) {
+    struct shadow *s = calloc(1, sizeof *s);
+    if (!s) return; /* host nodes are then refused for this graph */
+    s->graph = graph;
+    s->device = hv_tag_device(graph);
+    pthread_mutex_lock(&lock);
+    s->next = shadows;
+    shadows = s;
+    pthread_mutex_unlock(&lock);
+}
+
+static void shadow_free(struct shadow *s) {
+    for (int i = 0; i < s->n; i++) {
+        free(s->nodes[i].fixed);
+        free(s->nodes[i].tail);
+        free(s->nodes[i].deps);
+    }
+    free(s->nodes);
+    free(s->edges);
+    free(s);
+}
+
+void hv_shadow_drop(void *graph) {
+    pthread_mutex_lock(&lock);
+    struct shadow **p = &shadows;
+    while (*p && (*p)->graph != graph) p = &(*p)->next;
+    struct shadow *s = *p;
+    if (s) *p = s->next;
+    pthread_mutex_unlock(&lock);
+    if (s) shadow_free(s);
+}
+
+int hv_shadow_is_host(const void *node) {
+    return hv_created(node) && (hv_untag(node) & HOST_MARK);
+}
+
+int hv_shadow_hosts(void *graph) {
+    pthread_mutex_lock(&lock);
+    struct shadow *s = shadow_of(graph);
+    int n = s ? s->hosts : -1;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+static int index_of(struct shadow *s, const void *node) {
+    for (int i = 0; i < s->n; i++)
+        if (s->nodes[i].handle == node) return i;
+    return -1;
+}
+
+/* Records a node the graph now has (a host node has no request). 0: the shadow is
+   dropped (out of memory), and with it the graph's host nodes' chance: said once. */
+int hv_shadow_add(void *graph, const struct hv_node_request *q, void *const *deps, size_t ndeps,
+                  void **node) {
+    pthread_mutex_lock(&lock);
+    struct shadow *s = shadow_of(graph);
+    int ok = s != NULL;
+    if (ok && !grow((void **)&s->nodes, &s->cap, s->n + 1, sizeof *s->nodes)) ok = 0;
+    struct snode sn = { 0 };
+    if (ok) {
+        sn.host = q == NULL;
+        sn.deps = malloc(sizeof(int) * (ndeps ? ndeps : 1));
+        ok = sn.deps != NULL;
+        for (size_t i = 0; ok && i < ndeps; i++) {
+            int k = index_of(s, deps[i]);
+            if (k < 0) ok = 0;
+            else sn.deps[sn.ndeps++] = k;
+        }
+    }
+    if (ok && q) {
+        sn.op = q->op;
+        sn.fixed_len = q->fixed_len;
+        sn.deps_at = q->deps_at;
+        sn.tail_len = q->tail_len;
+        sn.fixed = malloc(q->fixed_len ? q->fixed_len : 1);
+        sn.tail = malloc(q->tail_len ? q->tail_len : 1);
+        ok = sn.fixed && sn.tail;
+        if (ok) {
+            memcpy(sn.fixed, q->fixed, q->fixed_len);
+            if (q->tail_len) memcpy(sn.tail, q->tail, q->tail_len);
+        }
+    }
+    if (ok && !q) {
+        sn.handle = hv_tag(s->device, HOST_MARK | (uint64_t)(s->n + 1));
+        *node = sn.handle;
+        s->hosts++;
+    } else if (ok) {
+        sn.handle = *node;
+    }
+    if (ok) s->nodes[s->n++] = sn;
+    pthread_mutex_unlock(&lock);
+    if (!ok) {
+        free(sn.deps);
+        free(sn.fixed);
+        free(sn.tail);
+    }
+    return ok;
+}
+
+int hv_shadow_edge(void *graph, const void *from, const void *to) {
+    pthread_mutex_lock(&lock);
+    struct shadow *s = shadow_of(graph);
+    int a = s ? index_of(s, from) : -1, b = s ? index_of(s, to) : -1;
+    int ok = a >= 0 && b >= 0 &&
+             grow((void **)&s->edges, &s->cap_edges, 2 * (s->nedges + 1), sizeof(int));
+    if (ok) {
+        s->edges[2 * s->nedges] = a;
+        s->edges[2 * s->nedges + 1] = b;
+        s->nedges++;
+    }
+    pthread_mutex_unlock(&lock);
+    return ok;
+}
+
+void hv_shadow_set_host(void *node, void (*fn)(void *), void *data) {
+    pthread_mutex_lock(&lock);
+    for (struct shadow *s = shadows; s; s = s->next) {
+        int k = index_of(s, node);
+        if (k >= 0 && s->nodes[k].host) {
+            s->nodes[k].fn = fn;
+            s->nodes[k].data = data;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+/* Rebuilds node k in part graph `part` (its dependencies inside the part mapped to
+   their new handles in made[]); 0 with *r set on failure. */
+static int rebuild(const struct shadow *s, int k, uint64_t part, const int *depth,
+                   const int *preds, const int *npreds, const int *pred_at, uint64_t *made,
+                   CUresult *r) {
+    const struct snode *sn = &s->nodes[k];
+    int nd = 0;
+    for (int j = 0; j < npreds[k]; j++) {
+        int p = preds[pred_at[k] + j];
+        if (!s->nodes[p].host && depth[p] == depth[k]) nd++;
+    }
+    size_t len = sn->fixed_len + 8 * (size_t)nd + sn->tail_len;
+    unsigned char *body = malloc(len);
+    if (!body) {
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return 0;
+    }
+    memcpy(body, sn->fixed, sn->fixed_len);
+    memcpy(body, &part, 8); /* every node-adding request starts with its graph */
+    uint32_t dl = (uint32_t)(8 * nd);
+    memcpy(body + sn->deps_at, &dl, 4);
+    int w = 0;
+    for (int j = 0; j < npreds[k]; j++) {
+        int p = preds[pred_at[k] + j];
+        if (!s->nodes[p].host && depth[p] == depth[k])
+            memcpy(body + sn->fixed_len + 8 * (size_t)w++, &made[p], 8);
+    }
+    if (sn->tail_len) memcpy(body + sn->fixed_len + 8 * (size_t)nd, sn->tail, sn->tail_len);
+    uint64_t v = 0;
+    *r = HV_ON(s->device, hv_call(sn->op, body, (uint32_t)len, NULL, 0, &v, sizeof v, NULL,
+                                  NULL, 0));
+    free(body);
+    made[k] = v;
+    return !*r;
+}
+
+int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r) {
+    pthread_mutex_lock(&lock);
+    struct shadow *s = shadow_of(graph);
+    int hosts = s ? s->hosts : 0;
+    pthread_mutex_unlock(&lock);
+    if (!hosts) return 0;
+    /* The program builds and instantiates a graph on one thread: the shadow is read
+       without the lock from here. */
+    int n = s->n, total = 0;
+    int *npreds = calloc((size_t)n, sizeof(int)), *pred_at = calloc((size_t)n + 1, sizeof(int));
+    int *depth = calloc((size_t)n, sizeof(int)), *order = calloc((size_t)n, sizeof(int));
+    int *left = calloc((size_t)n, sizeof(int));
+    uint64_t *made = calloc((size_t)n, sizeof(uint64_t));
+    for (int k = 0; k < n; k++) total += s->nodes[k].ndeps;
+    int *preds = calloc((size_t)(total + s->nedges + 1), sizeof(int));
+    struct step *steps = NULL;
+    int nsteps = 0, cap_steps = 0, maxd = 0;
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!npreds || !pred_at || !depth || !order || !left || !made || !preds) goto out;
+    for (int k = 0; k < n; k++) npreds[k] = s->nodes[k].ndeps;
+    for (int e = 0; e < s->nedges; e++) npreds[s->edges[2 * e + 1]]++;
+    for (int k = 0; k < n; k++) pred_at[k + 1] = pred_at[k] + npreds[k];
+    for (int k = 0; k < n; k++) {
+        memcpy(preds + pred_at[k], s->nodes[k].deps, sizeof(int) * (size_t)s->nodes[k].ndeps);
+        left[k] = s->nodes[k].ndeps;
+    }
+    for (int e = 0; e < s->nedges; e++) {
+        int to = s->edges[2 * e + 1];
+        preds[pred_at[to] + left[to]++] = s->edges[2 * e];
+    }
+    /* Kahn's order: a node after all it depends on */
+    for (int k = 0; k < n; k++) left[k] = npreds[k];
+    int head = 0, tail = 0;
+    for (int k = 0; k < n; k++)
+        if (!left[k]) order[tail++] = k;
+    while (head < tail) {
+        int k = order[head++];
+        for (int j = 0; j < n; j++)
+            for (int q = 0; q < npreds[j]; q++)
+                if (preds[pred_at[j] + q] == k && --left[j] == 0) order[tail++] = j;
+    }
+    if (tail != n) { /* a cycle: the executor's graph would have refused it */
+        *r = CUDA_ERROR_INVALID_VALUE;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        int k = order[i], d = 0;
+        for (int q = 0; q < npreds[k]; q++) {
+            int p = preds[pred_at[k] + q];
+            int dp = depth[p] + s->nodes[p].host;
+            if (dp > d) d = dp;
+        }
+        depth[k] = d;
+        if (d > maxd) maxd = d;
+    }
+    *r = CUDA_SUCCESS;
+    for (int d = 0; d <= maxd && !*r; d++) {
+        hvgpu_graph_create_req_t cq = { 0 };
+        hvgpu_graph_create_rep_t cv;
+        *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_CREATE, &cq, sizeof cq, NULL, 0, &cv,
+                                      sizeof cv, NULL, NULL, 0));
+        if (*r) break;
+        for (int i = 0; i < n && !*r; i++) {
+            int k = order[i];
+            if (!s->nodes[k].host && depth[k] == d)
+                rebuild(s, k, cv.graph, depth, preds, npreds, pred_at, made, r);
+        }
+        hvgpu_graph_instantiate_req_t iq = { cv.graph, flags };
+        hvgpu_graph_instantiate_rep_t iv;
+        if (!*r) *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &iq, sizeof iq, NULL,
+                                               0, &iv, sizeof iv, NULL, NULL, 0));
+        about(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph); /* the instantiation stays */
+        if (*r) break;
+        if (!grow((void **)&steps, &cap_steps, nsteps + 1, sizeof *steps)) {
+            about(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
+            *r = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        steps[nsteps++] = (struct step){ iv.exec, NULL, NULL, NULL, NULL };
+        for (int i = 0; i < n; i++) { /* this depth's host nodes, after its part */
+            int k = order[i];
+            if (!s->nodes[k].host || depth[k] != d) continue;
+            if (!grow((void **)&steps, &cap_steps, nsteps + 1, sizeof *steps)) {
+                *r = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            steps[nsteps++] = (struct step){ 0, s->nodes[k].fn, NULL, s->nodes[k].data, NULL };
+        }
+    }
+    if (!*r) {
+        *exec = add_record(s->device, 1, steps, nsteps, NULL);
+        if (*exec) steps = NULL;
+        else *r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (*r) {
+        for (int i = 0; steps && i < nsteps; i++)
+            if (steps[i].handle) about(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+        *exec = NULL;
+    }
+out:
+    free(npreds);
+    free(pred_at);
+    free(depth);
+    free(order);
+    free(left);
+    free(made);
+    free(preds);
+    free(steps);
+    return 1;
 }

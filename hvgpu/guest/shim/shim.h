@@ -142,6 +142,18 @@ int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUr
 int hv_graph_upload(void *exec, CUstream stream, CUresult *r);
 int hv_graph_launch(void *exec, CUstream stream, CUresult *r);
 int hv_graph_count(void *graph, size_t *count, CUresult *r);
+/* ... shadows of graphs built node by node, for their host nodes */
+struct hv_node_request { uint16_t op; const void *fixed; size_t fixed_len, deps_at;
+                         const void *tail; size_t tail_len; };
+void hv_shadow_new(void *graph);
+void hv_shadow_drop(void *graph);
+int hv_shadow_hosts(void *graph); /* host nodes so far; -1: no shadow (not hand-built) */
+int hv_shadow_is_host(const void *node);
+int hv_shadow_add(void *graph, const struct hv_node_request *q, void *const *deps, size_t ndeps,
+                  void **node); /* q NULL: a host node, whose handle is made here */
+int hv_shadow_edge(void *graph, const void *from, const void *to);
+void hv_shadow_set_host(void *node, void (*fn)(void *), void *data);
+int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r);
 /* ... and the synchronising calls that complete its deliveries */
 void hv_graph_synced_stream(CUstream stream);
 void hv_graph_synced_device(int device);

@@ -3,7 +3,8 @@
 // into pinned memory, replayed with new input each time; what capture queries answer;
 // what a capture refuses; a graph built node by node (copies, memset, kernel, empty and
 // event nodes, an explicit dependency), its kernel node's parameters changed in the
-// instantiation, and the instantiation updated from a graph of the same shape. Prints what it saw, so native and hvgpu runs can be compared
+// instantiation, and the instantiation updated from a graph of the same shape; pageable
+// copies and a host function in a capture; a host node built by hand. Prints what it saw, so native and hvgpu runs can be compared
 // line for line. argv[1]: "kernel" (default; a kernel in the graph) or "nokernel" (a
 // device-to-device copy instead, for the GPU test double, which runs no CUDA code).
 #include <cstdio>
@@ -25,6 +26,14 @@ static void CUDART_CB host_check(void *p) {
     HostCheck *h = (HostCheck *)p;
     h->calls++;
     for (size_t i = 0; i < N; i++) h->bad += h->out[i] != (unsigned char)(h->in[i] + h->kernel);
+}
+
+struct TailCheck { unsigned char *out; int value, calls; size_t bad; };
+
+static void CUDART_CB tail_check(void *p) {
+    TailCheck *t = (TailCheck *)p;
+    t->calls++;
+    for (size_t i = 0; i < 1024; i++) t->bad += t->out[i] != t->value;
 }
 
 struct Built { cudaGraph_t graph; cudaGraphNode_t bump; };
@@ -228,6 +237,45 @@ int main(int argc, char **argv) {
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(first.graph));
     CHECK(cudaGraphDestroy(again.graph));
+
+    // A host node built by hand, between a copy it reads and a memset after it.
+    {
+        cudaGraph_t hg;
+        CHECK(cudaGraphCreate(&hg, 0));
+        cudaGraphNode_t set8, copy8, host, set9, copy9;
+        cudaMemsetParams mp = {};
+        mp.dst = c;
+        mp.value = 8;
+        mp.elementSize = 1;
+        mp.width = 1024;
+        mp.height = 1;
+        CHECK(cudaGraphAddMemsetNode(&set8, hg, nullptr, 0, &mp));
+        CHECK(cudaGraphAddMemcpyNode1D(&copy8, hg, &set8, 1, out, c, 1024, cudaMemcpyDeviceToHost));
+        TailCheck tc = { out, 8, 0, 0 };
+        cudaHostNodeParams hp = { tail_check, &tc };
+        CHECK(cudaGraphAddHostNode(&host, hg, &copy8, 1, &hp));
+        mp.value = 9;
+        CHECK(cudaGraphAddMemsetNode(&set9, hg, nullptr, 0, &mp));
+        CHECK(cudaGraphAddDependencies(hg, &host, &set9, nullptr, 1));
+        CHECK(cudaGraphAddMemcpyNode1D(&copy9, hg, &set9, 1, out + 1024, c, 1024,
+                                       cudaMemcpyDeviceToHost));
+        size_t hn = 0;
+        CHECK(cudaGraphGetNodes(hg, nullptr, &hn));
+        cudaGraphExec_t he;
+        CHECK(cudaGraphInstantiate(&he, hg, 0));
+        size_t bad = 0;
+        for (int round = 0; round < 2; round++) {
+            memset(out, 0, 2048);
+            CHECK(cudaGraphLaunch(he, s));
+            CHECK(cudaStreamSynchronize(s));
+            for (size_t i = 1024; i < 2048; i++) bad += out[i] != 9;
+        }
+        printf("host node: %zu nodes, ran %d times, saw %zu wrong bytes, %zu wrong after\n", hn,
+               tc.calls, tc.bad, bad);
+        wrong += tc.bad + bad + (tc.calls != 2);
+        CHECK(cudaGraphExecDestroy(he));
+        CHECK(cudaGraphDestroy(hg));
+    }
 
     CHECK(cudaFree(a));
     CHECK(cudaFree(b));
