@@ -268,7 +268,9 @@ OPS: tuple[Op, ...] = (
            "capture's id and the handle of the graph it builds (the one END_CAPTURE gives)."),
     Op(0xA1, "STREAM_END_CAPTURE", SYNC, _f("u64 stream"), _f("u64 graph"),
        doc="cuStreamEndCapture: the graph's handle. A capture that failed replies its "
-           "error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same."),
+           "error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. "
+           "Carried out even where an earlier one-way frame's error is owed (a later call "
+           "reports it); a one-way frame of the capture that failed invalidated it."),
     Op(0xA2, "STREAM_CAPTURE_INFO", SYNC, _f("u64 stream"),
        _f("u32 status, u32 reserved, u64 id, u64 graph, bytes nodes"),
        doc="cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while "

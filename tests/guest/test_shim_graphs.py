@@ -12,12 +12,14 @@ native and shim runs must print the same.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench import toolkit
+from hvgpu.guest.shim import library
 from tests.guest.test_shim_cache import shim_stats
 from tests.guest.test_shim_shared import _run
 
@@ -101,3 +103,28 @@ def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, g
         [l for l in native.stdout.splitlines() if not l.startswith(refused)]
     assert f"{refused} cudaSuccess, end: cudaSuccess, graph made" in native.stdout
     assert f"{refused} cudaErrorStreamCaptureUnsupported" in shimmed.stdout
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory):
+    """cuda/capture_edges.c: captures that end where the program does not end them."""
+    exe = tmp_path_factory.mktemp("capture_edges") / "capture_edges"
+    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-o", str(exe),
+                    str(HERE / "cuda/capture_edges.c"), f"-L{library().parent}",
+                    "-l:libcuda.so.1", "-ldl"], check=True, timeout=120)
+    return exe
+
+
+def _edge(edges, address: str, mode: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HVGPU_AGENT=address, LD_LIBRARY_PATH=str(library().parent),
+               HVGPU_SHIM_STATS="1")
+    out = subprocess.run([str(edges), mode], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    return out
+
+
+def test_a_capture_whose_one_way_frame_failed_ends_invalidated(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "failed")
+    assert "failed frame: the capture ended, invalidated" in out.stdout
+

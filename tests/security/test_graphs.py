@@ -91,9 +91,11 @@ def test_a_pageable_copy_with_bytes_is_refused_and_its_bytes_skipped(guest):
     status, why = guest.call("PING")
     assert status == 900 and "pageable" in why  # the deferred refusal
     assert guest.session.counts["h2d_bytes"] == 0
-    status, got = guest.call("STREAM_END_CAPTURE", s)
-    assert status == 0
-    assert guest.call("GRAPH_DESTROY", got[0])[0] == 0
+    # the capture lost the copy, so it ends as no graph (as the driver invalidates a
+    # capture on what it cannot capture)
+    status, why = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 901, why
+    assert guest.device.graphs_alive == 0
 
 
 def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(guest):
@@ -317,3 +319,44 @@ def test_a_kernel_node_takes_the_kernels_parameter_size(guest):
     assert status == 1
     assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, node, function,
                       1, 1, 1, 32, 1, 1, 0, params)[0] == 0
+
+
+def test_a_one_way_frame_that_fails_in_a_capture_invalidates_it(guest):
+    # The guest hears of the failure only at its next synchronising call: the capture
+    # must not end as a graph it believes holds that frame's work.
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, s)  # past the allocation: refused
+    assert guest.call("SHM_DETACH", region)[0] == 0  # parked: the capture may copy to it
+    assert guest.device.registered
+    # the end is carried out, whatever is owed: the capture is over, with no graph
+    status, why = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 901, why
+    assert not guest.session.graphs.origins and guest.device.graphs_alive == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    # the earlier frame's error is still reported, once
+    status, why = guest.call("PING")
+    assert status == 1 and "allocation" in why
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 400
+    assert guest.call("STREAM_CAPTURE_INFO", s) == (0, (0, 0, 0, 0, b""))
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0
+    view.close()
+    os.close(fd)
+
+
+def test_an_earlier_error_does_not_keep_a_capture_from_ending(guest):
+    s, other = _stream(guest), _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMSET", dptr, 64, 1, 1, s)
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, other)  # fails on a stream not capturing
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0 and not guest.session.graphs.origins
+    assert guest.call("GRAPH_GET_NODES", graph, 0)[0] == 1  # the deferred error, now
+    assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (1, b""))
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0

@@ -61,6 +61,17 @@ static struct capture *find(CUstream stream) {
     return NULL;
 }
 
+/* The capture of key (if this process began one) is over. */
+static void forget(CUstream key) {
+    pthread_mutex_lock(&lock);
+    struct capture *c = find(key);
+    if (c) {
+        c->stream = NULL;
+        __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 /* The stream's vGPU: a created stream's own, else (a special stream) the routed one. */
 static int device_of(CUstream stream) { return hv_tag_device(stream); }
 
@@ -117,22 +128,13 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     pthread_mutex_unlock(&lock);
     if (wrong) return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; /* the capture goes on */
     int device = device_of(stream);
-    unsigned before = HV_ON(device, hv_oneway_failures());
     hvgpu_stream_end_capture_req_t q = { hv_untag(stream) };
     hvgpu_stream_end_capture_rep_t v;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &q, sizeof q, NULL, 0, &v,
                                        sizeof v, NULL, NULL, 0));
-    /* An earlier one-way frame's error answered instead: the end was not carried out. */
-    int deferred = r && (unsigned)HV_ON(device, hv_oneway_failures()) != before;
-    if (!deferred) {
-        pthread_mutex_lock(&lock);
-        c = find(key);
-        if (c) {
-            c->stream = NULL;
-            __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
-        }
-        pthread_mutex_unlock(&lock);
-    }
+    /* Failed or not, the capture is over: the executor carries the end out even where an
+       earlier one-way frame's error is owed (that one comes with a later call). */
+    forget(key);
     *graph = r ? NULL : hv_tag(device, v.graph);
     return r;
 }

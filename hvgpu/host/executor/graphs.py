@@ -13,7 +13,10 @@ let go of it:
   never reaches memory the executor has unmapped or code it has unloaded;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
   captured: the graph would replay from a staging buffer that has been reused since.
-  ``capturing(stream)`` says when to refuse one.
+  ``capturing(stream)`` says when to refuse one;
+- a one-way frame meant for a capture that fails (its error waits for a later call)
+  invalidates that capture (``invalidate``), so it never ends as a graph the guest
+  believes holds that frame's work.
 
 The serving thread's capture mode is relaxed (``CudaDevice.bind_thread``): several
 guest threads, and the executor's own calls, share that one thread, so the driver's
@@ -73,6 +76,16 @@ class Graphs:
             raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
                             f"{what} on a capturing stream: a graph cannot replay it "
                             "(copy from or to pinned memory, cudaMallocHost, instead)")
+
+    def invalidate(self, stream: Any) -> None:
+        """Fail the capture ``stream`` is in, if any: a synchronisation of a capturing
+        stream is refused and invalidates its capture, whose end then fails
+        (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) and makes no graph."""
+        if self.capturing(stream):
+            try:
+                self.device.stream_synchronize(stream)
+            except CudaError:
+                pass  # refused, as meant
 
     def park(self, what: str, release: Callable[[], None]) -> bool:
         """Run ``release`` now (False) or once no graph can reach what it gives back

@@ -4,7 +4,8 @@ The session reads frames from the guest's socket, checks every handle and
 device address against what this guest owns, and drives a ``GpuDevice``.
 One-way ops are never answered; their first error is kept and reported by
 the next synchronising op instead of running it (CUDA's asynchronous-error
-model). Runs of them are served by a C loop (``launch_burst``) that makes the
+model); STREAM_END_CAPTURE is run all the same, and a failed one-way frame
+invalidates the capture its stream is in. Runs of them are served by a C loop (``launch_burst``) that makes the
 same checks against tables the session keeps in step with its own (handles,
 device ranges); a frame the loop does not serve comes to the Python path. A malformed frame whose length is known gets an error and the
 session goes on; a frame that breaks the framing (bad magic, oversize)
@@ -62,6 +63,12 @@ _SHM_ATTACH = P.OP["SHM_ATTACH"]
 _SHM_SETUP = frozenset(P.OP[name] for name in ("SHM_ATTACH", "SHM_DETACH", "SHM_ALLOC",
                                                "SHM_FREE"))
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+# Ending a capture is never skipped for an earlier one-way frame's error (which waits for
+# the next call): the capture would go on here while the guest believes it over.
+_END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
+# Where each op that names a stream has it, among its fixed fields.
+_STREAM_FIELD = {code: c.names.index("stream") for code, c in codec.REQUEST.items()
+                 if "stream" in c.names}
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
 _OP_SEQ = struct.Struct("<4xH2xI")  # a header's op and seq, read in place
@@ -228,7 +235,7 @@ class Session:
             if hdr.payload_len:
                 refused = self._refuse_payload(hdr)
                 if refused is not None:
-                    self._failed(hdr, oneway, refused)  # answered before the bytes are skipped
+                    self._failed(hdr, oneway, refused, body)  # before the bytes are skipped
                     self.reader.skip_payload()
                     continue
             if hdr.op in _SHM_SETUP:
@@ -240,7 +247,7 @@ class Session:
                         os.close(self.frame_fd)
                         self.frame_fd = None
                 continue
-            if not oneway and self.deferred is not None:
+            if not oneway and self.deferred is not None and hdr.op != _END_CAPTURE:
                 self.reader.skip_payload()
                 err, op, seq = self.deferred
                 self.deferred = None
@@ -262,7 +269,7 @@ class Session:
                 self.reader.skip_payload()
             if isinstance(exc, ProtocolError):
                 exc = CudaError(P.HV_BAD_FRAME, str(exc))
-            self._failed(hdr, oneway, exc)
+            self._failed(hdr, oneway, exc, body)
             return
         if self.reader.payload_left:
             self.reader.skip_payload()
@@ -317,6 +324,20 @@ class Session:
                 self.busy = None
                 return
 
+    def _spoil_capture(self, op: int, body) -> None:
+        """A one-way frame failed while a capture is under way: the capture its stream is
+        in is invalidated, so that it never ends as a graph the guest believes holds that
+        frame's work (the guest hears of the failure only at a later call)."""
+        at = _STREAM_FIELD.get(op)
+        fixed = codec.REQUEST[op].fixed if at is not None else None
+        if fixed is None or len(body) < fixed.size:
+            return  # not work on a stream; or malformed, which no capture holds either
+        try:
+            stream = self._stream(fixed.unpack_from(body)[at])
+        except CudaError:
+            return  # no stream of this guest: not in any capture
+        self.graphs.invalidate(stream)
+
     def _burst_failed(self, status: int, op: int, seq: int) -> None:
         if status in P.STICKY_STATUSES:
             self.on_poisoned(status)
@@ -368,11 +389,13 @@ class Session:
         self.progress = bool(caps & P.CAP_PROGRESS)
         return True
 
-    def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
+    def _failed(self, hdr, oneway: bool, err: CudaError, body=None) -> None:
         if err.status in P.STICKY_STATUSES:
             self.on_poisoned(err.status)
         log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(hdr.op), hdr.seq, err)
         if oneway:
+            if self.graphs.origins and body is not None:
+                self._spoil_capture(hdr.op, body)
             if self.deferred is None:
                 self.deferred = (err, hdr.op, hdr.seq)
         else:
