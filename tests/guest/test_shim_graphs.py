@@ -128,3 +128,8 @@ def test_a_capture_whose_one_way_frame_failed_ends_invalidated(edges, fake_agent
     out = _edge(edges, fake_agent.address, "failed")
     assert "failed frame: the capture ended, invalidated" in out.stdout
 
+
+def test_destroying_the_capturing_stream_ends_the_capture_in_the_guest_too(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "destroyed")
+    assert "destroyed stream: the capture ended" in out.stdout
+

@@ -81,6 +81,9 @@ static CUstream key_of(CUstream stream) {
     return hv_created(stream) ? stream : hv_tag(device_of(stream), hv_untag(stream));
 }
 
+/* The executor ends the capture a stream began when it destroys the stream. */
+void hv_capture_stream_destroyed(CUstream stream) { forget(key_of(stream)); }
+
 /* -- capture ---------------------------------------------------------------------- */
 
 HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
