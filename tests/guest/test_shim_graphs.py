@@ -133,3 +133,9 @@ def test_destroying_the_capturing_stream_ends_the_capture_in_the_guest_too(edges
     out = _edge(edges, fake_agent.address, "destroyed")
     assert "destroyed stream: the capture ended" in out.stdout
 
+
+def test_a_forked_child_has_no_capture_of_its_parent(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "fork")
+    assert "child: no capture of its own until it began one" in out.stdout
+    assert "parent: ended its capture" in out.stdout
+

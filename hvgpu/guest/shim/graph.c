@@ -55,6 +55,17 @@ static int active; /* captures[] in use */
 
 int hv_capture_active(void) { return __atomic_load_n(&active, __ATOMIC_ACQUIRE) > 0; }
 
+/* A forked child has connections, so captures, of its own: the parent's are its
+   executor's (and a thread of the parent may have held the lock). */
+static void child_after_fork(void) {
+    pthread_mutex_init(&lock, NULL);
+    memset(captures, 0, sizeof captures);
+    active = 0;
+}
+
+static void watch_fork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
 static struct capture *find(CUstream stream) {
     for (int i = 0; i < MAX_CAPTURES; i++)
         if (captures[i].stream == stream && stream) return &captures[i];
@@ -95,6 +106,7 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
                                        &v, sizeof v, NULL, NULL, 0));
     if (r) return r;
     CUstream key = key_of(stream);
+    pthread_once(&fork_once, watch_fork); /* before the table has an entry to inherit */
     pthread_mutex_lock(&lock);
     struct capture *c = find(key);
     for (int i = 0; !c && i < MAX_CAPTURES; i++)
