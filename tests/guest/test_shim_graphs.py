@@ -139,3 +139,11 @@ def test_a_forked_child_has_no_capture_of_its_parent(edges, fake_agent):
     assert "child: no capture of its own until it began one" in out.stdout
     assert "parent: ended its capture" in out.stdout
 
+
+def test_a_capture_the_shim_cannot_keep_leaves_no_graph(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "full")
+    assert "full: 256 captures at once, one more refused" in out.stdout
+    stats = shim_stats(out.stderr)
+    assert stats["STREAM_BEGIN_CAPTURE"] == (257, 0)
+    assert stats["STREAM_END_CAPTURE"] == (257, 0)
+    assert stats["GRAPH_DESTROY"] == (257, 0)  # the refused one's graph too

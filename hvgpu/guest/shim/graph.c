@@ -123,8 +123,14 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
     if (!c) { /* more captures at once than kept: queries would lie, so refuse */
         hvgpu_stream_end_capture_req_t e = { hv_untag(stream) };
         hvgpu_stream_end_capture_rep_t g;
-        HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, &g, sizeof g,
-                              NULL, NULL, 0));
+        if (!HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, &g,
+                                   sizeof g, NULL, NULL, 0))) {
+            /* the executor holds the graph until told: while it does, what a graph could
+               reach (regions, events, modules the program lets go of) stays held too */
+            hvgpu_graph_destroy_req_t d = { g.graph };
+            HV_ON(device, hv_call(HVGPU_OP_GRAPH_DESTROY, &d, sizeof d, NULL, 0, NULL, 0, NULL,
+                                  NULL, 0));
+        }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
