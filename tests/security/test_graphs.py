@@ -360,3 +360,33 @@ def test_an_earlier_error_does_not_keep_a_capture_from_ending(guest):
     assert guest.call("GRAPH_GET_NODES", graph, 0)[0] == 1  # the deferred error, now
     assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (1, b""))
     assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_events_no_graph_can_reach_are_destroyed_at_once_while_graphs_exist(guest):
+    # A framework holds its graphs for the life of the process and makes and drops
+    # events every step: those must not pile up on the executor.
+    kept = _node(guest, "GRAPH_CREATE", 0)
+    s = _stream(guest)
+    for step in range(3):
+        status, (event,) = guest.call("EVENT_CREATE", 0)
+        guest.post("EVENT_RECORD", event, s)
+        guest.post("STREAM_WAIT_EVENT", s, event, 0)
+        assert guest.call("EVENT_DESTROY", event)[0] == 0
+        assert guest.device.events_destroyed == step + 1
+    assert not guest.session.graphs.parked
+    # an event a node names, or that a stream records or waits for during a capture
+    # (of any stream), is kept until the last graph goes
+    named, recorded, waited = (guest.call("EVENT_CREATE", 0)[1][0] for _ in range(3))
+    _node(guest, "GRAPH_ADD_EVENT_NODE", kept, 1, 0, named, b"")
+    other = _stream(guest)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("EVENT_RECORD", recorded, other)
+    guest.post("STREAM_WAIT_EVENT", other, waited, 0)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    for event in (named, recorded, waited):
+        assert guest.call("EVENT_DESTROY", event)[0] == 0
+    assert guest.device.events_destroyed == 3
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.device.events_destroyed == 3
+    assert guest.call("GRAPH_DESTROY", kept)[0] == 0
+    assert guest.device.events_destroyed == 6

@@ -10,7 +10,9 @@ let go of it:
   its events, and its kernels are its modules' code; so while the connection holds
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
-  never reaches memory the executor has unmapped or code it has unloaded;
+  never reaches memory the executor has unmapped or code it has unloaded. Events are
+  parked only where a graph may reach them (``events``): a framework holds its graphs
+  for good and makes and drops events every step;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
   captured: the graph would replay from a staging buffer that has been reused since.
   ``capturing(stream)`` says when to refuse one;
@@ -56,6 +58,9 @@ class Graphs:
         self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
         self._exec_graph: dict[int, int] = {}  # instantiation -> the graph it was made from
         self.parked: list[tuple[str, Callable[[], None]]] = []
+        # Event handles a graph may record or wait for: named by a node, or recorded or
+        # waited for while a capture is under way (the C loop serves neither then).
+        self.events: set[int] = set()
 
     # -- state the session asks about ------------------------------------------
 
@@ -86,6 +91,11 @@ class Graphs:
                 self.device.stream_synchronize(stream)
             except CudaError:
                 pass  # refused, as meant
+
+    def event_used(self, event: int) -> None:
+        """A stream records or waits for ``event``: a capture under way may take it in."""
+        if self.origins:
+            self.events.add(event)
 
     def park(self, what: str, release: Callable[[], None]) -> bool:
         """Run ``release`` now (False) or once no graph can reach what it gives back
@@ -265,6 +275,7 @@ class Graphs:
         self._graph_nodes.clear()
         self._exec_graph.clear()
         self.nodes.objects.clear()
+        self.events.clear()
         self._unpark()
 
     # -- helpers ---------------------------------------------------------------------
@@ -302,7 +313,10 @@ class Graphs:
         return nh
 
     def _unpark(self) -> None:
-        if self.holding or not self.parked:
+        if self.holding:
+            return
+        self.events.clear()  # no graph is left to reach them
+        if not self.parked:
             return
         parked, self.parked = self.parked, []
         log.debug("the last graph is gone: releasing %d parked objects", len(parked))

@@ -978,6 +978,7 @@ class Session:
             raise CudaError(P.CUDA_ERROR_NOT_READY)
 
     def op_stream_wait_event(self, hdr, stream, event, flags):
+        self.graphs.event_used(event)
         self.device.stream_wait_event(self._stream(stream), self.events.get(event), flags)
 
     def op_event_create(self, hdr, flags):
@@ -989,13 +990,16 @@ class Session:
 
     def op_event_destroy(self, hdr, event):
         obj = self.events.get(event)
-        if not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
+        if event not in self.graphs.events or \
+                not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
             self.device.event_destroy(obj)
+        self.graphs.events.discard(event)
         self.events.pop(event)
         if self.burst is not None:
             self.burst.drop_event(event)
 
     def op_event_record(self, hdr, event, stream):
+        self.graphs.event_used(event)
         self.device.event_record(self.events.get(event), self._stream(stream))
 
     def op_event_query(self, hdr, event):
@@ -1074,6 +1078,7 @@ class Session:
         obj = self.events.get(event)
         if wait not in (0, 1):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"event node kind {wait}")
+        self.graphs.events.add(event)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_event(
             g, d, wait, obj)),)
 
