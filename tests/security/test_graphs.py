@@ -390,3 +390,34 @@ def test_events_no_graph_can_reach_are_destroyed_at_once_while_graphs_exist(gues
     assert guest.device.events_destroyed == 3
     assert guest.call("GRAPH_DESTROY", kept)[0] == 0
     assert guest.device.events_destroyed == 6
+
+
+def test_regions_no_graph_can_reach_are_unmapped_at_once_while_graphs_exist(guest):
+    # With memfd regions each pinned allocation is a region of its own: a program
+    # holding a graph for good must not run the budget dry by freeing pinned memory.
+    kept = _node(guest, "GRAPH_CREATE", 0)
+    s, other = _stream(guest), _stream(guest)
+    dptr = guest.alloc(MiB)
+    region, view, fd = _region(guest)
+    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 64, s)
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+    # one a node names, one a copy names while a capture is under way (on any stream)
+    (named, v1, f1), (copied, v2, f2) = _region(guest), _region(guest)
+    _node(guest, "GRAPH_ADD_MEMCPY_NODE", kept, 1, named, dptr, 0, 64, b"")
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMCPY_DTOH_SHM", copied, 0, 0, dptr, 64, other)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("SHM_DETACH", named)[0] == 0
+    assert guest.call("SHM_DETACH", copied)[0] == 0
+    assert guest.shared.budget.used == 8 * MiB
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.shared.budget.used == 8 * MiB
+    assert guest.call("GRAPH_DESTROY", kept)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    for v, f in ((v1, f1), (v2, f2)):
+        v.close()
+        os.close(f)

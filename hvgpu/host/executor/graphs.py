@@ -10,9 +10,10 @@ let go of it:
   its events, and its kernels are its modules' code; so while the connection holds
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
-  never reaches memory the executor has unmapped or code it has unloaded. Events are
-  parked only where a graph may reach them (``events``): a framework holds its graphs
-  for good and makes and drops events every step;
+  never reaches memory the executor has unmapped or code it has unloaded. Events and
+  regions are parked only where a graph may reach them (``events``, ``regions``): a
+  framework holds its graphs for good and makes and drops events every step, and with
+  memfd regions each pinned allocation is a region;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
   captured: the graph would replay from a staging buffer that has been reused since.
   ``capturing(stream)`` says when to refuse one;
@@ -61,6 +62,9 @@ class Graphs:
         # Event handles a graph may record or wait for: named by a node, or recorded or
         # waited for while a capture is under way (the C loop serves neither then).
         self.events: set[int] = set()
+        # Region ids a graph may copy to or from: named by a node, or by a copy while a
+        # capture is under way (the C loop serves none).
+        self.regions: set[int] = set()
 
     # -- state the session asks about ------------------------------------------
 
@@ -96,6 +100,11 @@ class Graphs:
         """A stream records or waits for ``event``: a capture under way may take it in."""
         if self.origins:
             self.events.add(event)
+
+    def region_used(self, region: int) -> None:
+        """A copy names ``region``: a capture under way may take it in."""
+        if self.origins:
+            self.regions.add(region)
 
     def park(self, what: str, release: Callable[[], None]) -> bool:
         """Run ``release`` now (False) or once no graph can reach what it gives back
@@ -276,6 +285,7 @@ class Graphs:
         self._exec_graph.clear()
         self.nodes.objects.clear()
         self.events.clear()
+        self.regions.clear()
         self._unpark()
 
     # -- helpers ---------------------------------------------------------------------
@@ -316,6 +326,7 @@ class Graphs:
         if self.holding:
             return
         self.events.clear()  # no graph is left to reach them
+        self.regions.clear()
         if not self.parked:
             return
         parked, self.parked = self.parked, []

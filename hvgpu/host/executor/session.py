@@ -1068,6 +1068,8 @@ class Session:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
         if not size:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
+        if kind:
+            self.graphs.regions.add(region)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memcpy(
             g, d, kind, dst, src, size)),)
 
@@ -1240,8 +1242,10 @@ class Session:
     def op_shm_detach(self, hdr, region):
         attached = self._region(region)
         # A graph may copy from or to it: unmapped only once no graph is left.
-        if not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
+        if region not in self.graphs.regions or \
+                not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
             self._drop_region(attached)
+        self.graphs.regions.discard(region)
         del self.regions[region]
 
     def op_shm_alloc(self, hdr, region, reserved, size):
@@ -1256,6 +1260,7 @@ class Session:
         attached.give(offset)
 
     def op_memcpy_htod_shm(self, hdr, dst, region, reserved, offset, size, stream):
+        self.graphs.region_used(region)
         src = self._region(region).address(offset, size, "source")
         self._check_range(dst, size, "destination")
         if size:
@@ -1263,6 +1268,7 @@ class Session:
         self.counts["h2d_bytes"] += size
 
     def op_memcpy_dtoh_shm(self, hdr, region, reserved, offset, src, size, stream):
+        self.graphs.region_used(region)
         dst = self._region(region).address(offset, size, "destination")
         self._check_range(src, size, "source")
         if size:
