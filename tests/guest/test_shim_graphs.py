@@ -20,6 +20,7 @@ import pytest
 
 from bench import toolkit
 from hvgpu.guest.shim import library
+from tests.conftest import RunningAgent
 from tests.guest.test_shim_cache import shim_stats
 from tests.guest.test_shim_shared import _run
 
@@ -147,3 +148,15 @@ def test_a_capture_the_shim_cannot_keep_leaves_no_graph(edges, fake_agent):
     assert stats["STREAM_BEGIN_CAPTURE"] == (257, 0)
     assert stats["STREAM_END_CAPTURE"] == (257, 0)
     assert stats["GRAPH_DESTROY"] == (257, 0)  # the refused one's graph too
+
+
+def test_a_lying_parameter_layout_is_refused_not_followed(edges, tmp_path):
+    # The shim copies each kernel parameter where the agent's layout puts it; an end
+    # past 2**32 must not wrap into a small buffer size (a hostile agent overrunning
+    # the program's memory).
+    agent = RunningAgent(tmp_path, "tests.security.hostile_gpu:LyingLayoutDevice")
+    try:
+        out = _edge(edges, agent.address, "layout")
+    finally:
+        agent.stop()
+    assert "layout: refused" in out.stdout

@@ -9,6 +9,9 @@
  *   capture_edges fork       a child forked during the parent's capture has none
  *   capture_edges full       one capture more than the shim keeps at once is refused,
  *                            and leaves no graph on the executor
+ *   capture_edges layout     against an agent that lies about a kernel's parameter
+ *                            layout: a kernel node and a launch are refused, and the
+ *                            program's memory is not overrun
  *
  * Prints what it saw; exits 1 at the first call that did not do what it should.
  */
@@ -35,8 +38,21 @@ int cuStreamBeginCapture_v2(void *stream, int mode);
 int cuStreamEndCapture(void *stream, void **graph);
 int cuStreamIsCapturing(void *stream, int *status);
 int cuGraphDestroy(void *graph);
+int cuGraphCreate(void **graph, unsigned flags);
+int cuModuleLoadData(void **module, const void *image);
+int cuModuleGetFunction(void **fn, void *module, const char *name);
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                   unsigned bz, unsigned smem, void *stream, void **params, void **extra);
+typedef struct {                                   /* CUDA_KERNEL_NODE_PARAMS_v2 */
+    void *func;
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    void **params, **extra;
+    void *kern, *ctx;
+} kernel_node_params;
+int cuGraphAddKernelNode_v2(void **node, void *graph, void *const *deps, size_t ndeps,
+                            const kernel_node_params *p);
 
-enum { GLOBAL = 0, RELAXED = 2, INVALID_HANDLE = 400, OUT_OF_MEMORY = 2,
+enum { GLOBAL = 0, RELAXED = 2, INVALID_VALUE = 1, INVALID_HANDLE = 400, OUT_OF_MEMORY = 2,
        CAPTURE_INVALIDATED = 901, MAX_CAPTURES = 256 };
 
 #define CHECK(call) do { int r_ = (call); if (r_) { \
@@ -151,6 +167,29 @@ static int full(void) {
     return 0;
 }
 
+/* One float parameter (the test double's kernel of this name takes four; the agent this
+   runs against says otherwise). */
+static const char ptx[] =
+    ".version 7.0\n.target sm_52\n.address_size 64\n"
+    ".visible .entry saxpy(.param .f32 a)\n{\n ret;\n}\n";
+
+static int layout(void) {
+    void *module, *fn, *graph, *node;
+    CHECK(cuModuleLoadData(&module, ptx));
+    CHECK(cuModuleGetFunction(&fn, module, "saxpy"));
+    CHECK(cuGraphCreate(&graph, 0));
+    float a = 2.0f;
+    void *params[] = { &a };
+    kernel_node_params p = { fn, 1, 1, 1, 32, 1, 1, 0, params, NULL, NULL, NULL };
+    EXPECT("a kernel node of a lying layout", cuGraphAddKernelNode_v2(&node, graph, NULL, 0, &p),
+           INVALID_VALUE);
+    EXPECT("a launch of a lying layout",
+           cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL), INVALID_VALUE);
+    CHECK(cuGraphDestroy(graph));
+    printf("layout: refused\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setup();
     const char *mode = argc > 1 ? argv[1] : "";
@@ -158,6 +197,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "destroyed")) return destroyed();
     if (!strcmp(mode, "fork")) return forked();
     if (!strcmp(mode, "full")) return full();
-    printf("usage: capture_edges failed|destroyed|fork|full\n");
+    if (!strcmp(mode, "layout")) return layout();
+    printf("usage: capture_edges failed|destroyed|fork|full|layout\n");
     return 2;
 }
