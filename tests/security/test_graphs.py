@@ -421,3 +421,17 @@ def test_regions_no_graph_can_reach_are_unmapped_at_once_while_graphs_exist(gues
     for v, f in ((v1, f1), (v2, f2)):
         v.close()
         os.close(f)
+
+
+def test_a_failed_frame_on_the_legacy_stream_during_a_capture_keeps_the_session(guest):
+    # A capture on a blocking stream makes the driver refuse capture queries on the
+    # legacy stream (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): judging which capture a failed
+    # frame belonged to must not end the session over it.
+    status, (blocking,) = guest.call("STREAM_CREATE", 0)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", blocking, GLOBAL)[0] == 0
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, 1)  # refused, on the legacy stream
+    status, why = guest.call("PING")
+    assert status == 1 and "allocation" in why
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", blocking)
+    assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0

@@ -90,11 +90,13 @@ class Graphs:
         """Fail the capture ``stream`` is in, if any: a synchronisation of a capturing
         stream is refused and invalidates its capture, whose end then fails
         (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) and makes no graph."""
-        if self.capturing(stream):
-            try:
+        try:
+            if self.capturing(stream):
                 self.device.stream_synchronize(stream)
-            except CudaError:
-                pass  # refused, as meant
+        except CudaError:
+            # Refused, as meant; or the query was (the legacy stream while a blocking
+            # stream captures: it is in no capture then).
+            pass
 
     def event_used(self, event: int) -> None:
         """A stream records or waits for ``event``: a capture under way may take it in."""
