@@ -150,6 +150,15 @@ def test_a_capture_the_shim_cannot_keep_leaves_no_graph(edges, fake_agent):
     assert stats["GRAPH_DESTROY"] == (257, 0)  # the refused one's graph too
 
 
+def test_an_allocator_may_ask_about_the_capture_on_every_allocation(edges, fake_agent):
+    # PyTorch's caching allocator asks cudaStreamGetCaptureInfo(stream, &status, &id) on
+    # each allocation during a capture: more such queries than the executor gives node
+    # handles to a connection must all be answered.
+    out = _edge(edges, fake_agent.address, "queries")
+    assert "queries: 70000 during one capture" in out.stdout
+    assert shim_stats(out.stderr)["STREAM_CAPTURE_INFO"] == (70000, 0)
+
+
 def test_a_lying_parameter_layout_is_refused_not_followed(edges, tmp_path):
     # The shim copies each kernel parameter where the agent's layout puts it; an end
     # past 2**32 must not wrap into a small buffer size (a hostile agent overrunning

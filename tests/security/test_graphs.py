@@ -195,17 +195,17 @@ def test_graphs_per_connection_are_bounded(guest, monkeypatch):
 def test_a_capture_query_names_a_joined_stream_and_its_dependencies(guest):
     s, s2 = _stream(guest), _stream(guest)
     status, (event,) = guest.call("EVENT_CREATE", 0)
-    assert guest.call("STREAM_CAPTURE_INFO", s) == (0, (0, 0, 0, 0, b""))
+    assert guest.call("STREAM_CAPTURE_INFO", s, 1) == (0, (0, 0, 0, 0, b""))
     status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
     guest.post("MEMSET", guest.alloc(4096), 64, 1, 1, s)
     guest.post("EVENT_RECORD", event, s)
     guest.post("STREAM_WAIT_EVENT", s2, event, 0)
-    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s2)
+    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s2, 1)
     assert status == 0 and (st, cid2, graph2) == (1, cid, graph)
     (node,) = struct.unpack("<Q", nodes)
     assert node >= 16
     assert guest.call("STREAM_END_CAPTURE", s)[0] == 0
-    assert guest.call("STREAM_CAPTURE_INFO", s2)[1][0] == 0
+    assert guest.call("STREAM_CAPTURE_INFO", s2, 1)[1][0] == 0
 
 
 def test_a_session_closing_mid_capture_leaves_nothing_behind():
@@ -341,7 +341,7 @@ def test_a_one_way_frame_that_fails_in_a_capture_invalidates_it(guest):
     status, why = guest.call("PING")
     assert status == 1 and "allocation" in why
     assert guest.call("GRAPH_DESTROY", graph)[0] == 400
-    assert guest.call("STREAM_CAPTURE_INFO", s) == (0, (0, 0, 0, 0, b""))
+    assert guest.call("STREAM_CAPTURE_INFO", s, 1) == (0, (0, 0, 0, 0, b""))
     assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
     status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
     assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0
@@ -435,3 +435,22 @@ def test_a_failed_frame_on_the_legacy_stream_during_a_capture_keeps_the_session(
     assert status == 1 and "allocation" in why
     status, (graph,) = guest.call("STREAM_END_CAPTURE", blocking)
     assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_capture_queries_that_ask_no_nodes_give_no_node_handles(guest, monkeypatch):
+    # A framework's allocator asks whether the stream captures on every allocation
+    # during a capture, with no use for its dependencies: those queries must not use up
+    # the connection's node handles (which stay as long as their graph).
+    monkeypatch.setattr(graphs, "MAX_NODES", 8)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    for i in range(20):
+        guest.post("MEMSET", dptr + 64 * i, 64, i, 1, s)
+        assert guest.call("STREAM_CAPTURE_INFO", s, 0) == (0, (1, 0, cid, graph, b""))
+    assert not guest.session.graphs.nodes.objects
+    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s, 1)
+    assert status == 0 and (st, cid2, graph2) == (1, cid, graph) and len(nodes) == 8
+    assert len(guest.session.graphs.nodes.objects) == 1
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0

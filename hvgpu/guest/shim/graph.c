@@ -160,18 +160,21 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     return r;
 }
 
-/* What the executor says of a stream's capture; nodes (tagged) into a thread's array. */
+/* What the executor says of a stream's capture; where `nodes`, its dependency nodes
+   (tagged) into a thread's array. The executor gives each node it names a handle that
+   lasts as long as the graph, so they are asked for only where the program wants them
+   (the frameworks' allocators ask on every allocation during a capture, without). */
 static __thread void *query_nodes[MAX_QUERY_NODES];
 
-static CUresult query(CUstream stream, int *status, unsigned long long *id, void **graph,
-                      size_t *ndeps) {
+static CUresult query(CUstream stream, int nodes, int *status, unsigned long long *id,
+                      void **graph, size_t *ndeps) {
     *status = STATUS_NONE;
     *id = 0;
     *graph = NULL;
     *ndeps = 0;
     if (!hv_capture_active()) return CUDA_SUCCESS;
     int device = device_of(stream);
-    hvgpu_stream_capture_info_req_t q = { hv_untag(stream) };
+    hvgpu_stream_capture_info_req_t q = { hv_untag(stream), nodes ? 1u : 0u };
     static __thread unsigned char rep[sizeof(hvgpu_stream_capture_info_rep_t) + 8 * MAX_QUERY_NODES];
     uint32_t n = 0;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_CAPTURE_INFO, &q, sizeof q, NULL, 0, rep,
@@ -199,7 +202,7 @@ HV_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     unsigned long long id;
     void *graph;
     size_t n;
-    return query(stream, status, &id, &graph, &n);
+    return query(stream, 0, status, &id, &graph, &n);
 }
 
 HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
@@ -209,7 +212,7 @@ HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsig
     unsigned long long i;
     void *g;
     size_t n;
-    CUresult r = query(stream, status, &i, &g, &n);
+    CUresult r = query(stream, deps || ndeps, status, &i, &g, &n);
     if (r) return r;
     if (id) *id = i;
     if (graph) *graph = g;

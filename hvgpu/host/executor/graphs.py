@@ -150,18 +150,23 @@ class Graphs:
             self._graph_of_value[self.device.handle_value(graph)] = gh
         return gh
 
-    def info(self, stream: Any) -> tuple[int, int, int, int, bytes]:
-        status, cid, graph, nodes = self.device.stream_capture_info(stream)
+    def info(self, stream: Any, nodes: bool = True) -> tuple[int, int, int, int, bytes]:
+        """The capture ``stream`` is in; its dependency nodes (each given a handle, which
+        lasts as long as its graph) only where ``nodes``: a framework's allocator asks on
+        every allocation during a capture, with no use for them."""
+        status, cid, graph, deps = self.device.stream_capture_info(stream)
         if status != STATUS_ACTIVE:
             return status, 0, cid, 0, b""
         gh = self._graph_of_value.get(self.device.handle_value(graph))
         if gh is None:  # a capture this connection did not begin cannot be on its stream
             raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, "the stream captures into a graph "
                             "this connection does not hold")
-        if len(nodes) > MAX_QUERY_NODES:
-            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{len(nodes)} dependencies in one "
+        if not nodes:
+            return status, 0, cid, gh, b""
+        if len(deps) > MAX_QUERY_NODES:
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{len(deps)} dependencies in one "
                             f"capture query (the agent answers up to {MAX_QUERY_NODES})")
-        handles = [self._node_handle(gh, n) for n in nodes]
+        handles = [self._node_handle(gh, n) for n in deps]
         return status, 0, cid, gh, struct.pack(f"<{len(handles)}Q", *handles)
 
     # -- graphs --------------------------------------------------------------------

@@ -1018,8 +1018,10 @@ class Session:
     def op_stream_end_capture(self, hdr, stream):
         return (self.graphs.end(stream, self._stream(stream)),)
 
-    def op_stream_capture_info(self, hdr, stream):
-        return self.graphs.info(self._stream(stream))
+    def op_stream_capture_info(self, hdr, stream, nodes):
+        if nodes not in (0, 1):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"STREAM_CAPTURE_INFO nodes {nodes}")
+        return self.graphs.info(self._stream(stream), nodes=bool(nodes))
 
     def op_graph_instantiate(self, hdr, graph, flags):
         return (self.graphs.instantiate(graph, flags),)

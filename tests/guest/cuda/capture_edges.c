@@ -9,6 +9,9 @@
  *   capture_edges fork       a child forked during the parent's capture has none
  *   capture_edges full       one capture more than the shim keeps at once is refused,
  *                            and leaves no graph on the executor
+ *   capture_edges queries    a framework's allocator during a capture: a capture
+ *                            query on every allocation, more of them than the
+ *                            executor gives node handles to a connection
  *   capture_edges layout     against an agent that lies about a kernel's parameter
  *                            layout: a kernel node and a launch are refused, and the
  *                            program's memory is not overrun
@@ -38,6 +41,10 @@ int cuStreamBeginCapture_v2(void *stream, int mode);
 int cuStreamEndCapture(void *stream, void **graph);
 int cuStreamIsCapturing(void *stream, int *status);
 int cuGraphDestroy(void *graph);
+int cuStreamGetCaptureInfo(void *stream, int *status, unsigned long long *id);
+int cuMemAlloc_v2(unsigned long long *dptr, size_t n);
+int cuMemFree_v2(unsigned long long dptr);
+int cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream);
 int cuGraphCreate(void **graph, unsigned flags);
 int cuModuleLoadData(void **module, const void *image);
 int cuModuleGetFunction(void **fn, void *module, const char *name);
@@ -167,6 +174,27 @@ static int full(void) {
     return 0;
 }
 
+static int queries(void) {
+    enum { QUERIES = 70000 }; /* graphs.MAX_NODES is 65536 */
+    void *s = stream(), *graph = NULL;
+    unsigned long long dptr, id = 0, first = 0;
+    CHECK(cuMemAlloc_v2(&dptr, 4096));
+    CHECK(cuStreamBeginCapture_v2(s, GLOBAL));
+    for (int i = 0; i < QUERIES; i++) {
+        CHECK(cuMemsetD8Async(dptr + i % 4096, 1, 1, s));
+        int st = -1;
+        CHECK(cuStreamGetCaptureInfo(s, &st, &id));
+        EXPECT("capturing", st, 1);
+        if (!i) first = id;
+        EXPECT("the capture's id", id, first);
+    }
+    CHECK(cuStreamEndCapture(s, &graph));
+    CHECK(cuGraphDestroy(graph));
+    CHECK(cuMemFree_v2(dptr));
+    printf("queries: %d during one capture\n", QUERIES);
+    return 0;
+}
+
 /* One float parameter (the test double's kernel of this name takes four; the agent this
    runs against says otherwise). */
 static const char ptx[] =
@@ -198,6 +226,7 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "fork")) return forked();
     if (!strcmp(mode, "full")) return full();
     if (!strcmp(mode, "layout")) return layout();
-    printf("usage: capture_edges failed|destroyed|fork|full|layout\n");
+    if (!strcmp(mode, "queries")) return queries();
+    printf("usage: capture_edges failed|destroyed|fork|full|layout|queries\n");
     return 2;
 }
