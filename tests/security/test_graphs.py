@@ -12,6 +12,7 @@ import struct
 
 import pytest
 
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import graphs
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -454,3 +455,45 @@ def test_capture_queries_that_ask_no_nodes_give_no_node_handles(guest, monkeypat
     assert len(guest.session.graphs.nodes.objects) == 1
     status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
     assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_a_capture_the_driver_did_not_end_stays_tracked(guest, monkeypatch):
+    # What a capture may copy to is kept mapped only while the executor knows the
+    # capture is under way: an end the driver refuses without ending it (another
+    # thread's, say) must not let that go.
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    ends = guest.device.stream_end_capture
+
+    def refused_once(stream):
+        monkeypatch.setattr(guest.device, "stream_end_capture", ends)
+        raise CudaError(908, "fake cuStreamEndCapture: not the capturing thread")
+
+    monkeypatch.setattr(guest.device, "stream_end_capture", refused_once)
+    assert guest.call("STREAM_END_CAPTURE", s)[0] == 908
+    assert guest.call("STREAM_CAPTURE_INFO", s, 0)[1][0] == 1  # still capturing
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert guest.device.registered  # parked
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", graph, 0)
+    guest.post("GRAPH_LAUNCH", exec_, s)  # writes the region, still mapped
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+
+
+def test_a_capture_begun_but_not_confirmed_is_ended(guest, monkeypatch):
+    s = _stream(guest)
+    monkeypatch.setattr(guest.device, "stream_capture_info",
+                        lambda stream: (0, 0, None, []))  # the driver says: none
+    status, why = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    assert status == 901, why
+    assert not guest.device.captures and guest.device.graphs_alive == 0
+    assert not guest.session.graphs.graphs.objects

@@ -123,10 +123,19 @@ class Graphs:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"capture mode {mode}")
         self._room()
         self.device.stream_begin_capture(stream, mode)
-        status, cid, graph, _ = self.device.stream_capture_info(stream)
-        if status != STATUS_ACTIVE or graph is None:  # the driver would not say why
-            raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                            "cuStreamBeginCapture: the capture did not start")
+        try:
+            status, cid, graph, _ = self.device.stream_capture_info(stream)
+            if status != STATUS_ACTIVE or graph is None:  # the driver would not say why
+                raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                                "cuStreamBeginCapture: the capture did not start")
+        except CudaError:
+            # Not left under way untracked: what it captured could reach memory the
+            # executor lets go of meanwhile (and the C loop would serve its stream).
+            try:
+                _quietly(self.device.graph_destroy, self.device.stream_end_capture(stream))
+            except CudaError:
+                pass
+            raise
         gh = self._add_graph(graph)
         self.origins[handle] = gh
         log.debug("capture %d begun on stream %d (mode %d) as graph %d", cid, handle, mode, gh)
@@ -137,7 +146,9 @@ class Graphs:
         try:
             graph = self.device.stream_end_capture(stream)
         except CudaError:
-            if gh is not None:  # the driver destroyed what it had captured
+            if gh is not None and self._still_capturing(stream):
+                self.origins[handle] = gh  # not ended: still tracked as under way
+            elif gh is not None:  # the driver destroyed what it had captured
                 self._forget_graph(gh)
                 self._unpark()
             raise
@@ -149,6 +160,12 @@ class Graphs:
             self.graphs.objects[gh] = graph
             self._graph_of_value[self.device.handle_value(graph)] = gh
         return gh
+
+    def _still_capturing(self, stream: Any) -> bool:
+        try:
+            return self.device.stream_capture_info(stream)[0] != STATUS_NONE
+        except CudaError:
+            return False
 
     def info(self, stream: Any, nodes: bool = True) -> tuple[int, int, int, int, bytes]:
         """The capture ``stream`` is in; its dependency nodes (each given a handle, which
@@ -281,6 +298,9 @@ class Graphs:
                 self.end(handle, stream_of(handle))
             except CudaError:
                 pass
+        # Any left, the driver would not end: such a capture never becomes a graph, so
+        # nothing can replay what it took in.
+        self.origins.clear()
         for table, destroy in ((self.execs, self.device.graph_exec_destroy),
                                (self.graphs, self.device.graph_destroy)):
             for obj in table.objects.values():
