@@ -130,6 +130,12 @@ def test_a_capture_whose_one_way_frame_failed_ends_invalidated(edges, fake_agent
     assert "failed frame: the capture ended, invalidated" in out.stdout
 
 
+def test_a_copy_refused_in_a_capture_invalidates_it_though_an_earlier_error_is_owed(
+        edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "refused")
+    assert "refused copy: the earlier error reported, the capture invalidated" in out.stdout
+
+
 def test_destroying_the_capturing_stream_ends_the_capture_in_the_guest_too(edges, fake_agent):
     out = _edge(edges, fake_agent.address, "destroyed")
     assert "destroyed stream: the capture ended" in out.stdout

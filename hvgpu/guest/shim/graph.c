@@ -242,22 +242,47 @@ HV_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 
+static CUresult is_capturing(CUstream stream, int *status) {
+    return cuStreamIsCapturing(stream, status);
+}
+
+static CUresult synchronize(CUstream stream, int *unused) {
+    (void)unused;
+    return cuStreamSynchronize(stream);
+}
+
+/* call(stream, status), carried out: the executor answers an earlier one-way frame's
+   error instead of making a synchronous call, and then it is made once more (that error
+   kept in *earlier, the first one, for the program). */
+static CUresult carried_out(int device, CUresult *earlier, CUresult (*call)(CUstream, int *),
+                            CUstream stream, int *status) {
+    unsigned before = HV_ON(device, hv_oneway_failures());
+    CUresult r = call(stream, status);
+    if (r && (unsigned)HV_ON(device, hv_oneway_failures()) != before) {
+        if (!*earlier) *earlier = r;
+        r = call(stream, status);
+    }
+    return r;
+}
+
 CUresult hv_capture_refuse(CUstream stream, const char *what) {
     if (!hv_capture_active()) return CUDA_SUCCESS;
-    int status;
-    CUresult r = cuStreamIsCapturing(stream, &status);
-    if (r) return r;
-    if (status == STATUS_NONE) return CUDA_SUCCESS;
+    int device = device_of(stream), status = STATUS_NONE;
+    CUresult earlier = CUDA_SUCCESS;
+    CUresult r = carried_out(device, &earlier, is_capturing, stream, &status);
+    if (r || status == STATUS_NONE) /* the earlier error is the program's answer here */
+        return earlier ? earlier : r;
     /* As the driver does with an operation it cannot capture, the capture is
        invalidated: a synchronisation of the capturing stream is what invalidates it on
-       the executor (and is itself refused). */
-    r = cuStreamSynchronize(stream);
+       the executor (and is itself refused). It must be carried out: a capture left valid
+       would end as a graph without this operation. */
+    r = carried_out(device, &earlier, synchronize, stream, NULL);
     static int once;
     if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
         hv_log("%s on a capturing stream cannot be replayed by a graph through hvgpu: refused "
                "with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (use pinned memory, cudaMallocHost, "
                "for copies in a graph)", what);
-    return r ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return earlier ? earlier : r ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
 /* -- graphs --------------------------------------------------------------------------- */

@@ -5,6 +5,9 @@
  *   capture_edges failed     a one-way frame of the capture fails (a destroyed event is
  *                            recorded): the end fails, invalidated, and the capture is
  *                            over; the frame's own error comes at the next call
+ *   capture_edges refused    a pageable copy refused in a capture while an earlier
+ *                            one-way frame's error (on another stream) is owed: that
+ *                            error is reported, and the capture still invalidated
  *   capture_edges destroyed  the capturing stream is destroyed: the capture is over
  *   capture_edges fork       a child forked during the parent's capture has none
  *   capture_edges full       one capture more than the shim keeps at once is refused,
@@ -45,6 +48,7 @@ int cuStreamGetCaptureInfo(void *stream, int *status, unsigned long long *id);
 int cuMemAlloc_v2(unsigned long long *dptr, size_t n);
 int cuMemFree_v2(unsigned long long dptr);
 int cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t n, void *stream);
+int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void *src, size_t n, void *stream);
 int cuGraphCreate(void **graph, unsigned flags);
 int cuModuleLoadData(void **module, const void *image);
 int cuModuleGetFunction(void **fn, void *module, const char *name);
@@ -118,6 +122,26 @@ static int failed(void) {
     CHECK(cuStreamSynchronize(s));
     capture_once(s);
     printf("failed frame: the capture ended, invalidated\n");
+    return 0;
+}
+
+static int refused(void) {
+    void *s = stream(), *other = stream(), *event, *graph = (void *)1;
+    static unsigned char pageable[4096];
+    unsigned long long dptr;
+    CHECK(cuMemAlloc_v2(&dptr, sizeof pageable));
+    CHECK(cuEventCreate(&event, 0));
+    CHECK(cuEventDestroy_v2(event));
+    CHECK(cuStreamBeginCapture_v2(s, GLOBAL));
+    CHECK(cuEventRecord(event, other)); /* fails later, on a stream not capturing */
+    EXPECT("a pageable copy in the capture",
+           cuMemcpyHtoDAsync_v2(dptr, pageable, sizeof pageable, s), INVALID_HANDLE);
+    EXPECT("the end of a capture that lost a copy", cuStreamEndCapture(s, &graph),
+           CAPTURE_INVALIDATED);
+    ASSERT(graph == NULL);
+    CHECK(cuStreamSynchronize(other));
+    CHECK(cuMemFree_v2(dptr));
+    printf("refused copy: the earlier error reported, the capture invalidated\n");
     return 0;
 }
 
@@ -223,10 +247,11 @@ int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "failed")) return failed();
     if (!strcmp(mode, "destroyed")) return destroyed();
+    if (!strcmp(mode, "refused")) return refused();
     if (!strcmp(mode, "fork")) return forked();
     if (!strcmp(mode, "full")) return full();
     if (!strcmp(mode, "layout")) return layout();
     if (!strcmp(mode, "queries")) return queries();
-    printf("usage: capture_edges failed|destroyed|fork|full|layout|queries\n");
+    printf("usage: capture_edges failed|refused|destroyed|fork|full|layout|queries\n");
     return 2;
 }
