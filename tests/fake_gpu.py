@@ -213,6 +213,7 @@ class FakeDevice:
         self.mapped: dict[int, list] = {}  # start -> [size, memory, offset, access flags]
         self.pools: dict[int, _Pool] = {}
         self.captures: dict = {}  # stream -> the Capture it records into
+        self.blocking: set = set()  # streams created without CU_STREAM_NON_BLOCKING
         self.capture_ids = 0
         self.graph_launches = 0
         self.graphs_alive = 0  # graphs and instantiations not destroyed
@@ -713,7 +714,10 @@ class FakeDevice:
             "fake-nvrtc: compiled"
 
     def stream_create(self, flags, priority=0):
-        return ("stream", object())
+        stream = ("stream", object())
+        if not flags & 1:  # CU_STREAM_NON_BLOCKING unset: it synchronises with legacy work
+            self.blocking.add(stream)
+        return stream
 
     def stream_destroy(self, stream):
         pass
@@ -773,6 +777,9 @@ class FakeDevice:
         return capture.graph
 
     def stream_capture_info(self, stream):
+        if stream in (("stream", 0), ("stream", 1)) and self.blocking & self.captures.keys():
+            raise CudaError(906, "fake cuStreamGetCaptureInfo: the legacy stream would join "
+                                 "a capture of a blocking stream")
         capture = self.captures.get(stream)
         if capture is None:
             return 0, 0, None, []

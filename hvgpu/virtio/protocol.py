@@ -268,12 +268,15 @@ OPS: tuple[Op, ...] = (
            "capture's id and the handle of the graph it builds (the one END_CAPTURE gives)."),
     Op(0xA1, "STREAM_END_CAPTURE", SYNC, _f("u64 stream"), _f("u64 graph"),
        doc="cuStreamEndCapture: the graph's handle. A capture that failed replies its "
-           "error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same."),
-    Op(0xA2, "STREAM_CAPTURE_INFO", SYNC, _f("u64 stream"),
+           "error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. "
+           "Carried out even where an earlier one-way frame's error is owed (a later call "
+           "reports it); a one-way frame of the capture that failed invalidated it."),
+    Op(0xA2, "STREAM_CAPTURE_INFO", SYNC, _f("u64 stream, u32 nodes"),
        _f("u32 status, u32 reserved, u64 id, u64 graph, bytes nodes"),
        doc="cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while "
-           "active, the graph's handle and the node handles (u64 each) the stream's next "
-           "captured work will depend on."),
+           "active, the graph's handle and, where nodes is 1, the node handles (u64 each) "
+           "the stream's next captured work will depend on (each node named is given a "
+           "handle for as long as its graph: nodes 0 where they are not wanted)."),
     Op(0xA3, "GRAPH_INSTANTIATE", SYNC, _f("u64 graph, u64 flags"), _f("u64 exec"),
        doc="cuGraphInstantiateWithFlags; flags are CUgraphInstantiate_flags."),
     Op(0xA4, "GRAPH_LAUNCH", ONEWAY, _f("u64 exec, u64 stream"), doc="cuGraphLaunch."),

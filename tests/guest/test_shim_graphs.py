@@ -12,12 +12,15 @@ native and shim runs must print the same.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from bench import toolkit
+from hvgpu.guest.shim import library
+from tests.conftest import RunningAgent
 from tests.guest.test_shim_cache import shim_stats
 from tests.guest.test_shim_shared import _run
 
@@ -104,3 +107,74 @@ def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, g
     assert native.returncode == 0, native.stdout + native.stderr
     assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
     assert shimmed.stdout == native.stdout
+
+
+@pytest.fixture(scope="module")
+def edges(tmp_path_factory):
+    """cuda/capture_edges.c: captures that end where the program does not end them."""
+    exe = tmp_path_factory.mktemp("capture_edges") / "capture_edges"
+    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-o", str(exe),
+                    str(HERE / "cuda/capture_edges.c"), f"-L{library().parent}",
+                    "-l:libcuda.so.1", "-ldl"], check=True, timeout=120)
+    return exe
+
+
+def _edge(edges, address: str, mode: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HVGPU_AGENT=address, LD_LIBRARY_PATH=str(library().parent),
+               HVGPU_SHIM_STATS="1")
+    out = subprocess.run([str(edges), mode], capture_output=True, text=True, timeout=300,
+                         env=env)
+    assert out.returncode == 0, out.stdout + out.stderr[-4000:]
+    return out
+
+
+def test_a_capture_whose_one_way_frame_failed_ends_invalidated(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "failed")
+    assert "failed frame: the capture ended, invalidated" in out.stdout
+
+
+def test_a_copy_refused_in_a_capture_invalidates_it_though_an_earlier_error_is_owed(
+        edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "refused")
+    assert "refused copy: the earlier error reported, the capture invalidated" in out.stdout
+
+
+def test_destroying_the_capturing_stream_ends_the_capture_in_the_guest_too(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "destroyed")
+    assert "destroyed stream: the capture ended" in out.stdout
+
+
+def test_a_forked_child_has_no_capture_of_its_parent(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "fork")
+    assert "child: no capture of its own until it began one" in out.stdout
+    assert "parent: ended its capture" in out.stdout
+
+
+def test_a_capture_the_shim_cannot_keep_leaves_no_graph(edges, fake_agent):
+    out = _edge(edges, fake_agent.address, "full")
+    assert "full: 256 captures at once, one more refused" in out.stdout
+    stats = shim_stats(out.stderr)
+    assert stats["STREAM_BEGIN_CAPTURE"] == (257, 0)
+    assert stats["STREAM_END_CAPTURE"] == (257, 0)
+    assert stats["GRAPH_DESTROY"] == (257, 0)  # the refused one's graph too
+
+
+def test_an_allocator_may_ask_about_the_capture_on_every_allocation(edges, fake_agent):
+    # PyTorch's caching allocator asks cudaStreamGetCaptureInfo(stream, &status, &id) on
+    # each allocation during a capture: more such queries than the executor gives node
+    # handles to a connection must all be answered.
+    out = _edge(edges, fake_agent.address, "queries")
+    assert "queries: 70000 during one capture" in out.stdout
+    assert shim_stats(out.stderr)["STREAM_CAPTURE_INFO"] == (70000, 0)
+
+
+def test_a_lying_parameter_layout_is_refused_not_followed(edges, tmp_path):
+    # The shim copies each kernel parameter where the agent's layout puts it; an end
+    # past 2**32 must not wrap into a small buffer size (a hostile agent overrunning
+    # the program's memory).
+    agent = RunningAgent(tmp_path, "tests.security.hostile_gpu:LyingLayoutDevice")
+    try:
+        out = _edge(edges, agent.address, "layout")
+    finally:
+        agent.stop()
+    assert "layout: refused" in out.stdout

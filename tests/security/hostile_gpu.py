@@ -5,6 +5,7 @@ what an attacker with code execution in it would: read host files, write
 outside its cache directory, open TCP connections, signal the agent, run a
 host program. What happened comes back to the guest in the error of that
 MODULE_LOAD (a JSON object after ``probe:``); the executor keeps serving.
+:class:`LyingLayoutDevice` answers what a compromised executor could, to the guest.
 Lives under tests/ only.
 """
 
@@ -111,3 +112,12 @@ class HostileDevice(FakeDevice):
             found = run_probes(json.loads(image[len(PROBE):]))
             raise CudaError(200, "probe:" + json.dumps(found))
         return super().module_load(image)
+
+
+class LyingLayoutDevice(FakeDevice):
+    """Says every kernel takes one parameter at offset 16 of 0xFFFFFFF8 bytes: an end
+    past 2**32 that wraps to 8 in 32-bit arithmetic. The guest copies each parameter
+    where the layout says, so it must not believe this one."""
+
+    def param_layout(self, function):
+        return [(16, 0xFFFFFFF8)]

@@ -12,6 +12,7 @@ import struct
 
 import pytest
 
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import graphs
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -91,9 +92,11 @@ def test_a_pageable_copy_with_bytes_is_refused_and_its_bytes_skipped(guest):
     status, why = guest.call("PING")
     assert status == 900 and "pageable" in why  # the deferred refusal
     assert guest.session.counts["h2d_bytes"] == 0
-    status, got = guest.call("STREAM_END_CAPTURE", s)
-    assert status == 0
-    assert guest.call("GRAPH_DESTROY", got[0])[0] == 0
+    # the capture lost the copy, so it ends as no graph (as the driver invalidates a
+    # capture on what it cannot capture)
+    status, why = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 901, why
+    assert guest.device.graphs_alive == 0
 
 
 def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(guest):
@@ -193,17 +196,17 @@ def test_graphs_per_connection_are_bounded(guest, monkeypatch):
 def test_a_capture_query_names_a_joined_stream_and_its_dependencies(guest):
     s, s2 = _stream(guest), _stream(guest)
     status, (event,) = guest.call("EVENT_CREATE", 0)
-    assert guest.call("STREAM_CAPTURE_INFO", s) == (0, (0, 0, 0, 0, b""))
+    assert guest.call("STREAM_CAPTURE_INFO", s, 1) == (0, (0, 0, 0, 0, b""))
     status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
     guest.post("MEMSET", guest.alloc(4096), 64, 1, 1, s)
     guest.post("EVENT_RECORD", event, s)
     guest.post("STREAM_WAIT_EVENT", s2, event, 0)
-    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s2)
+    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s2, 1)
     assert status == 0 and (st, cid2, graph2) == (1, cid, graph)
     (node,) = struct.unpack("<Q", nodes)
     assert node >= 16
     assert guest.call("STREAM_END_CAPTURE", s)[0] == 0
-    assert guest.call("STREAM_CAPTURE_INFO", s2)[1][0] == 0
+    assert guest.call("STREAM_CAPTURE_INFO", s2, 1)[1][0] == 0
 
 
 def test_a_session_closing_mid_capture_leaves_nothing_behind():
@@ -317,3 +320,180 @@ def test_a_kernel_node_takes_the_kernels_parameter_size(guest):
     assert status == 1
     assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, node, function,
                       1, 1, 1, 32, 1, 1, 0, params)[0] == 0
+
+
+def test_a_one_way_frame_that_fails_in_a_capture_invalidates_it(guest):
+    # The guest hears of the failure only at its next synchronising call: the capture
+    # must not end as a graph it believes holds that frame's work.
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, s)  # past the allocation: refused
+    assert guest.call("SHM_DETACH", region)[0] == 0  # parked: the capture may copy to it
+    assert guest.device.registered
+    # the end is carried out, whatever is owed: the capture is over, with no graph
+    status, why = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 901, why
+    assert not guest.session.graphs.origins and guest.device.graphs_alive == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    # the earlier frame's error is still reported, once
+    status, why = guest.call("PING")
+    assert status == 1 and "allocation" in why
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 400
+    assert guest.call("STREAM_CAPTURE_INFO", s, 1) == (0, (0, 0, 0, 0, b""))
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0
+    view.close()
+    os.close(fd)
+
+
+def test_an_earlier_error_does_not_keep_a_capture_from_ending(guest):
+    s, other = _stream(guest), _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMSET", dptr, 64, 1, 1, s)
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, other)  # fails on a stream not capturing
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0 and not guest.session.graphs.origins
+    assert guest.call("GRAPH_GET_NODES", graph, 0)[0] == 1  # the deferred error, now
+    assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (1, b""))
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_events_no_graph_can_reach_are_destroyed_at_once_while_graphs_exist(guest):
+    # A framework holds its graphs for the life of the process and makes and drops
+    # events every step: those must not pile up on the executor.
+    kept = _node(guest, "GRAPH_CREATE", 0)
+    s = _stream(guest)
+    for step in range(3):
+        status, (event,) = guest.call("EVENT_CREATE", 0)
+        guest.post("EVENT_RECORD", event, s)
+        guest.post("STREAM_WAIT_EVENT", s, event, 0)
+        assert guest.call("EVENT_DESTROY", event)[0] == 0
+        assert guest.device.events_destroyed == step + 1
+    assert not guest.session.graphs.parked
+    # an event a node names, or that a stream records or waits for during a capture
+    # (of any stream), is kept until the last graph goes
+    named, recorded, waited = (guest.call("EVENT_CREATE", 0)[1][0] for _ in range(3))
+    _node(guest, "GRAPH_ADD_EVENT_NODE", kept, 1, 0, named, b"")
+    other = _stream(guest)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("EVENT_RECORD", recorded, other)
+    guest.post("STREAM_WAIT_EVENT", other, waited, 0)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    for event in (named, recorded, waited):
+        assert guest.call("EVENT_DESTROY", event)[0] == 0
+    assert guest.device.events_destroyed == 3
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.device.events_destroyed == 3
+    assert guest.call("GRAPH_DESTROY", kept)[0] == 0
+    assert guest.device.events_destroyed == 6
+
+
+def test_regions_no_graph_can_reach_are_unmapped_at_once_while_graphs_exist(guest):
+    # With memfd regions each pinned allocation is a region of its own: a program
+    # holding a graph for good must not run the budget dry by freeing pinned memory.
+    kept = _node(guest, "GRAPH_CREATE", 0)
+    s, other = _stream(guest), _stream(guest)
+    dptr = guest.alloc(MiB)
+    region, view, fd = _region(guest)
+    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 64, s)
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+    # one a node names, one a copy names while a capture is under way (on any stream)
+    (named, v1, f1), (copied, v2, f2) = _region(guest), _region(guest)
+    _node(guest, "GRAPH_ADD_MEMCPY_NODE", kept, 1, named, dptr, 0, 64, b"")
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMCPY_DTOH_SHM", copied, 0, 0, dptr, 64, other)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("SHM_DETACH", named)[0] == 0
+    assert guest.call("SHM_DETACH", copied)[0] == 0
+    assert guest.shared.budget.used == 8 * MiB
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.shared.budget.used == 8 * MiB
+    assert guest.call("GRAPH_DESTROY", kept)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    for v, f in ((v1, f1), (v2, f2)):
+        v.close()
+        os.close(f)
+
+
+def test_a_failed_frame_on_the_legacy_stream_during_a_capture_keeps_the_session(guest):
+    # A capture on a blocking stream makes the driver refuse capture queries on the
+    # legacy stream (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT): judging which capture a failed
+    # frame belonged to must not end the session over it.
+    status, (blocking,) = guest.call("STREAM_CREATE", 0)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", blocking, GLOBAL)[0] == 0
+    guest.post("MEMSET", dptr + MiB, 64, 1, 1, 1)  # refused, on the legacy stream
+    status, why = guest.call("PING")
+    assert status == 1 and "allocation" in why
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", blocking)
+    assert status == 0 and guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_capture_queries_that_ask_no_nodes_give_no_node_handles(guest, monkeypatch):
+    # A framework's allocator asks whether the stream captures on every allocation
+    # during a capture, with no use for its dependencies: those queries must not use up
+    # the connection's node handles (which stay as long as their graph).
+    monkeypatch.setattr(graphs, "MAX_NODES", 8)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    for i in range(20):
+        guest.post("MEMSET", dptr + 64 * i, 64, i, 1, s)
+        assert guest.call("STREAM_CAPTURE_INFO", s, 0) == (0, (1, 0, cid, graph, b""))
+    assert not guest.session.graphs.nodes.objects
+    status, (st, _, cid2, graph2, nodes) = guest.call("STREAM_CAPTURE_INFO", s, 1)
+    assert status == 0 and (st, cid2, graph2) == (1, cid, graph) and len(nodes) == 8
+    assert len(guest.session.graphs.nodes.objects) == 1
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+
+
+def test_a_capture_the_driver_did_not_end_stays_tracked(guest, monkeypatch):
+    # What a capture may copy to is kept mapped only while the executor knows the
+    # capture is under way: an end the driver refuses without ending it (another
+    # thread's, say) must not let that go.
+    region, view, fd = _region(guest)
+    s = _stream(guest)
+    dptr = guest.alloc(MiB)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    ends = guest.device.stream_end_capture
+
+    def refused_once(stream):
+        monkeypatch.setattr(guest.device, "stream_end_capture", ends)
+        raise CudaError(908, "fake cuStreamEndCapture: not the capturing thread")
+
+    monkeypatch.setattr(guest.device, "stream_end_capture", refused_once)
+    assert guest.call("STREAM_END_CAPTURE", s)[0] == 908
+    assert guest.call("STREAM_CAPTURE_INFO", s, 0)[1][0] == 1  # still capturing
+    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert guest.device.registered  # parked
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    assert status == 0
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", graph, 0)
+    guest.post("GRAPH_LAUNCH", exec_, s)  # writes the region, still mapped
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert not guest.device.registered and guest.shared.budget.used == 0
+    view.close()
+    os.close(fd)
+
+
+def test_a_capture_begun_but_not_confirmed_is_ended(guest, monkeypatch):
+    s = _stream(guest)
+    monkeypatch.setattr(guest.device, "stream_capture_info",
+                        lambda stream: (0, 0, None, []))  # the driver says: none
+    status, why = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    assert status == 901, why
+    assert not guest.device.captures and guest.device.graphs_alive == 0
+    assert not guest.session.graphs.graphs.objects

@@ -59,10 +59,37 @@ static int active; /* captures[] in use */
 
 int hv_capture_active(void) { return __atomic_load_n(&active, __ATOMIC_ACQUIRE) > 0; }
 
+/* A forked child has connections, so captures, of its own: the parent's are its
+   executor's (and a thread of the parent may have held the lock). */
+static void child_after_fork(void) {
+    pthread_mutex_init(&lock, NULL);
+    memset(captures, 0, sizeof captures);
+    active = 0;
+}
+
+static void watch_fork(void) { pthread_atfork(NULL, NULL, child_after_fork); }
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+
 static struct capture *find(CUstream stream) {
     for (int i = 0; i < MAX_CAPTURES; i++)
         if (captures[i].stream == stream && stream) return &captures[i];
     return NULL;
+}
+
+/* The capture of key (if this process began one) is over: what the guest kept of it
+   (pageable copies, parts before host functions), for the caller to finish or drop. */
+static struct hv_captured *forget(CUstream key) {
+    struct hv_captured *got = NULL;
+    pthread_mutex_lock(&lock);
+    struct capture *c = find(key);
+    if (c) {
+        got = c->got;
+        c->got = NULL;
+        c->stream = NULL;
+        __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lock);
+    return got;
 }
 
 /* The stream's vGPU: a created stream's own, else (a special stream) the routed one. */
@@ -76,6 +103,11 @@ static CUstream key_of(CUstream stream) {
 
 static CUresult about_device(int device, uint16_t op, uint64_t handle);
 
+/* The executor ends the capture a stream began when it destroys the stream. */
+void hv_capture_stream_destroyed(CUstream stream) {
+    hv_captured_drop(forget(key_of(stream)), device_of(stream));
+}
+
 /* -- capture ---------------------------------------------------------------------- */
 
 HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
@@ -87,6 +119,7 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
                                        &v, sizeof v, NULL, NULL, 0));
     if (r) return r;
     CUstream key = key_of(stream);
+    pthread_once(&fork_once, watch_fork); /* before the table has an entry to inherit */
     pthread_mutex_lock(&lock);
     struct capture *c = find(key);
     for (int i = 0; !c && i < MAX_CAPTURES; i++)
@@ -105,8 +138,14 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
     if (!c) { /* more captures at once than kept: queries would lie, so refuse */
         hvgpu_stream_end_capture_req_t e = { hv_untag(stream) };
         hvgpu_stream_end_capture_rep_t g;
-        HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, &g, sizeof g,
-                              NULL, NULL, 0));
+        if (!HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &e, sizeof e, NULL, 0, &g,
+                                   sizeof g, NULL, NULL, 0))) {
+            /* the executor holds the graph until told: while it does, what a graph could
+               reach (regions, events, modules the program lets go of) stays held too */
+            hvgpu_graph_destroy_req_t d = { g.graph };
+            HV_ON(device, hv_call(HVGPU_OP_GRAPH_DESTROY, &d, sizeof d, NULL, 0, NULL, 0, NULL,
+                                  NULL, 0));
+        }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
@@ -126,37 +165,19 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     if (wrong) return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD; /* the capture goes on */
     int device = device_of(stream);
     if (c && c->lost) { /* a host function's split failed; the executor has nothing left */
-        pthread_mutex_lock(&lock);
-        struct hv_captured *got = c->got;
-        c->stream = NULL;
-        c->got = NULL;
-        __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
-        pthread_mutex_unlock(&lock);
-        hv_captured_drop(got, device);
+        hv_captured_drop(forget(key), device);
         *graph = NULL;
         return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
     }
-    unsigned before = HV_ON(device, hv_oneway_failures());
     hvgpu_stream_end_capture_req_t q = { hv_untag(stream) };
     hvgpu_stream_end_capture_rep_t v;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_END_CAPTURE, &q, sizeof q, NULL, 0, &v,
                                        sizeof v, NULL, NULL, 0));
-    /* An earlier one-way frame's error answered instead: the end was not carried out. */
-    int deferred = r && (unsigned)HV_ON(device, hv_oneway_failures()) != before;
-    struct hv_captured *got = NULL;
-    if (!deferred) {
-        pthread_mutex_lock(&lock);
-        c = find(key);
-        if (c) {
-            got = c->got;
-            c->got = NULL;
-            c->stream = NULL;
-            __atomic_sub_fetch(&active, 1, __ATOMIC_RELEASE);
-        }
-        pthread_mutex_unlock(&lock);
-    }
+    /* Failed or not, the capture is over: the executor carries the end out even where an
+       earlier one-way frame's error is owed (that one comes with a later call). */
+    struct hv_captured *got = forget(key);
     if (r) {
-        if (!deferred) hv_captured_drop(got, device);
+        hv_captured_drop(got, device);
         *graph = NULL;
         return r;
     }
@@ -170,8 +191,8 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
 
 /* -- what a graph cannot hold on the host ---------------------------------------------- */
 
-static CUresult query(CUstream stream, int *status, unsigned long long *id, void **graph,
-                      size_t *ndeps);
+static CUresult query(CUstream stream, int nodes, int *status, unsigned long long *id,
+                      void **graph, size_t *ndeps);
 
 /* The capture `stream` is in (status and entry), asked of the executor. */
 static CUresult capture_of(CUstream stream, int *status, struct capture **c) {
@@ -179,7 +200,7 @@ static CUresult capture_of(CUstream stream, int *status, struct capture **c) {
     void *graph;
     size_t n;
     *c = NULL;
-    CUresult r = query(stream, status, &id, &graph, &n);
+    CUresult r = query(stream, 0, status, &id, &graph, &n);
     if (r || *status == STATUS_NONE) return r;
     pthread_mutex_lock(&lock);
     for (int i = 0; i < MAX_CAPTURES && !*c; i++)
@@ -190,13 +211,23 @@ static CUresult capture_of(CUstream stream, int *status, struct capture **c) {
     return CUDA_SUCCESS;
 }
 
+/* The executor answered a query with an earlier frame's error: that is this call's
+   answer, and the call is not carried out, so a capture it was meant for is
+   invalidated (as an operation the driver refuses during a capture invalidates it). */
+static int owed(CUstream stream, CUresult *r) {
+    CUresult earlier = *r;
+    hv_capture_refuse(stream, "an operation refused for an earlier error");
+    *r = earlier;
+    return 1;
+}
+
 int hv_capture_copy(CUdeviceptr dptr, void *user, size_t n, int to_host, CUstream stream,
                     CUresult *r) {
     int status;
     struct capture *c;
     if (!hv_capture_active()) return 0;
     *r = capture_of(stream, &status, &c);
-    if (*r) return 1;
+    if (*r) return owed(stream, r);
     if (status == STATUS_NONE) return 0;
     if (c && !c->lost && status == 1 && hv_captured_copy(&c->got, dptr, user, n, to_host, stream, r))
         return 1;
@@ -213,7 +244,7 @@ int hv_capture_host(CUstream stream, void (*fn)(void *), void (*cb)(CUstream, CU
     struct capture *c;
     if (!hv_capture_active()) return 0;
     *r = capture_of(stream, &status, &c);
-    if (*r) return 1;
+    if (*r) return owed(stream, r);
     if (status == STATUS_NONE) return 0;
     int device = device_of(stream);
     if (!c || c->stream != key_of(stream) || status != 1 || c->lost) {
@@ -251,18 +282,21 @@ int hv_capture_host(CUstream stream, void (*fn)(void *), void (*cb)(CUstream, CU
     return 1;
 }
 
-/* What the executor says of a stream's capture; nodes (tagged) into a thread's array. */
+/* What the executor says of a stream's capture; where `nodes`, its dependency nodes
+   (tagged) into a thread's array. The executor gives each node it names a handle that
+   lasts as long as the graph, so they are asked for only where the program wants them
+   (the frameworks' allocators ask on every allocation during a capture, without). */
 static __thread void *query_nodes[MAX_QUERY_NODES];
 
-static CUresult query(CUstream stream, int *status, unsigned long long *id, void **graph,
-                      size_t *ndeps) {
+static CUresult query(CUstream stream, int nodes, int *status, unsigned long long *id,
+                      void **graph, size_t *ndeps) {
     *status = STATUS_NONE;
     *id = 0;
     *graph = NULL;
     *ndeps = 0;
     if (!hv_capture_active()) return CUDA_SUCCESS;
     int device = device_of(stream);
-    hvgpu_stream_capture_info_req_t q = { hv_untag(stream) };
+    hvgpu_stream_capture_info_req_t q = { hv_untag(stream), nodes ? 1u : 0u };
     static __thread unsigned char rep[sizeof(hvgpu_stream_capture_info_rep_t) + 8 * MAX_QUERY_NODES];
     uint32_t n = 0;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_CAPTURE_INFO, &q, sizeof q, NULL, 0, rep,
@@ -290,7 +324,7 @@ HV_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int *status) {
     unsigned long long id;
     void *graph;
     size_t n;
-    return query(stream, status, &id, &graph, &n);
+    return query(stream, 0, status, &id, &graph, &n);
 }
 
 HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
@@ -300,7 +334,7 @@ HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsig
     unsigned long long i;
     void *g;
     size_t n;
-    CUresult r = query(stream, status, &i, &g, &n);
+    CUresult r = query(stream, deps || ndeps, status, &i, &g, &n);
     if (r) return r;
     if (id) *id = i;
     if (graph) *graph = g;
@@ -330,22 +364,47 @@ HV_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 
+static CUresult is_capturing(CUstream stream, int *status) {
+    return cuStreamIsCapturing(stream, status);
+}
+
+static CUresult synchronize(CUstream stream, int *unused) {
+    (void)unused;
+    return cuStreamSynchronize(stream);
+}
+
+/* call(stream, status), carried out: the executor answers an earlier one-way frame's
+   error instead of making a synchronous call, and then it is made once more (that error
+   kept in *earlier, the first one, for the program). */
+static CUresult carried_out(int device, CUresult *earlier, CUresult (*call)(CUstream, int *),
+                            CUstream stream, int *status) {
+    unsigned before = HV_ON(device, hv_oneway_failures());
+    CUresult r = call(stream, status);
+    if (r && (unsigned)HV_ON(device, hv_oneway_failures()) != before) {
+        if (!*earlier) *earlier = r;
+        r = call(stream, status);
+    }
+    return r;
+}
+
 CUresult hv_capture_refuse(CUstream stream, const char *what) {
     if (!hv_capture_active()) return CUDA_SUCCESS;
-    int status;
-    CUresult r = cuStreamIsCapturing(stream, &status);
-    if (r) return r;
-    if (status == STATUS_NONE) return CUDA_SUCCESS;
+    int device = device_of(stream), status = STATUS_NONE;
+    CUresult earlier = CUDA_SUCCESS;
+    CUresult r = carried_out(device, &earlier, is_capturing, stream, &status);
+    if (r || status == STATUS_NONE) /* the earlier error is the program's answer here */
+        return earlier ? earlier : r;
     /* As the driver does with an operation it cannot capture, the capture is
        invalidated: a synchronisation of the capturing stream is what invalidates it on
-       the executor (and is itself refused). */
-    r = cuStreamSynchronize(stream);
+       the executor (and is itself refused). It must be carried out: a capture left valid
+       would end as a graph without this operation. */
+    r = carried_out(device, &earlier, synchronize, stream, NULL);
     static int once;
     if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
         hv_log("%s on a capturing stream cannot be replayed by a graph through hvgpu: refused "
                "with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (use pinned memory, cudaMallocHost, "
                "for copies in a graph)", what);
-    return r ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return earlier ? earlier : r ? r : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
 /* -- graphs --------------------------------------------------------------------------- */

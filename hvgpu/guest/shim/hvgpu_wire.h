@@ -120,8 +120,8 @@ enum hvgpu_op {
     HVGPU_OP_MEMCPY_DTOH_SHM = 0x95,  /* cuMemcpyDtoHAsync into the region: the bytes are there once a later synchronising op on the stream (or the context) has answered. */
     HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
     HVGPU_OP_STREAM_BEGIN_CAPTURE = 0xa0,  /* cuStreamBeginCapture; mode is CUstreamCaptureMode's number. Replies the capture's id and the handle of the graph it builds (the one END_CAPTURE gives). */
-    HVGPU_OP_STREAM_END_CAPTURE = 0xa1,  /* cuStreamEndCapture: the graph's handle. A capture that failed replies its error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. */
-    HVGPU_OP_STREAM_CAPTURE_INFO = 0xa2,  /* cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while active, the graph's handle and the node handles (u64 each) the stream's next captured work will depend on. */
+    HVGPU_OP_STREAM_END_CAPTURE = 0xa1,  /* cuStreamEndCapture: the graph's handle. A capture that failed replies its error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. Carried out even where an earlier one-way frame's error is owed (a later call reports it); a one-way frame of the capture that failed invalidated it. */
+    HVGPU_OP_STREAM_CAPTURE_INFO = 0xa2,  /* cuStreamGetCaptureInfo: status is CUstreamCaptureStatus's number; while active, the graph's handle and, where nodes is 1, the node handles (u64 each) the stream's next captured work will depend on (each node named is given a handle for as long as its graph: nodes 0 where they are not wanted). */
     HVGPU_OP_GRAPH_INSTANTIATE = 0xa3,  /* cuGraphInstantiateWithFlags; flags are CUgraphInstantiate_flags. */
     HVGPU_OP_GRAPH_LAUNCH = 0xa4,  /* cuGraphLaunch. */
     HVGPU_OP_GRAPH_UPLOAD = 0xa5,  /* cuGraphUpload. */
@@ -842,6 +842,7 @@ typedef struct __attribute__((packed)) hvgpu_stream_end_capture_rep {
 
 typedef struct __attribute__((packed)) hvgpu_stream_capture_info_req {
     uint64_t stream;
+    uint32_t nodes;
 } hvgpu_stream_capture_info_req_t;
 
 typedef struct __attribute__((packed)) hvgpu_stream_capture_info_rep {

@@ -638,23 +638,40 @@ static CUresult layout(struct hv_func *f) {
         r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_GET_PARAM_INFO, &q, sizeof q, NULL, 0, rep,
                                          sizeof rep, &n, NULL, 0));
         if (!r) {
-            uint32_t len;
-            memcpy(&len, rep, 4);
-            if (len > n - 4) len = n - 4;
+            uint32_t len = 0;
+            if (n >= 4) memcpy(&len, rep, 4);
+            if (len > (n >= 4 ? n - 4 : 0)) len = n >= 4 ? n - 4 : 0;
             int count = (int)(len / 8);
+            free(f->offsets);
+            free(f->sizes);
             f->offsets = calloc((size_t)count + 1, sizeof *f->offsets);
             f->sizes = calloc((size_t)count + 1, sizeof *f->sizes);
             if (!f->offsets || !f->sizes) {
                 r = CUDA_ERROR_OUT_OF_MEMORY;
             } else {
                 uint32_t end = 0;
-                for (int i = 0; i < count; i++) {
+                for (int i = 0; i < count && !r; i++) {
                     memcpy(&f->offsets[i], rep + 4 + 8 * i, 4);
                     memcpy(&f->sizes[i], rep + 8 + 8 * i, 4);
-                    if (f->offsets[i] + f->sizes[i] > end) end = f->offsets[i] + f->sizes[i];
+                    /* Each parameter is copied where this says, into a buffer of MAX_PARAMS:
+                       the agent's word is checked (in 64 bits: an end past 2^32 must not
+                       wrap into a small one). */
+                    uint64_t at = (uint64_t)f->offsets[i] + f->sizes[i];
+                    if (at > MAX_PARAMS) r = CUDA_ERROR_INVALID_VALUE;
+                    else if (at > end) end = (uint32_t)at;
                 }
-                f->params_size = end;
-                __atomic_store_n(&f->nparams, count, __ATOMIC_RELEASE);
+                if (!r) {
+                    f->params_size = end;
+                    __atomic_store_n(&f->nparams, count, __ATOMIC_RELEASE);
+                }
+            }
+            if (r) {
+                if (hv_trace_enabled())
+                    hv_log("the agent's parameter layout of %s runs past %d bytes: refused",
+                           f->name ? f->name : "a kernel", MAX_PARAMS);
+                free(f->offsets);
+                free(f->sizes);
+                f->offsets = f->sizes = NULL;
             }
         }
     }

@@ -165,6 +165,8 @@ void hv_graph_event_done(CUevent event);
 CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
                         uint32_t *size, int *device, uint64_t *handle);
 CUresult hv_capture_refuse(CUstream stream, const char *what);
+/* stream.c: a stream was destroyed, which ends the capture it began on the executor. */
+void hv_capture_stream_destroyed(CUstream stream);
 
 /* pcopy.c: memcpy, on a few threads when n is large (the staged copies' guest side). */
 void hv_copy(void *dst, const void *src, size_t n);

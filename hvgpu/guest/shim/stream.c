@@ -76,7 +76,9 @@ _Static_assert(sizeof(hvgpu_stream_synchronize_req_t) == 8 &&
 HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
     /* Pool blocks kept for reuse on it are freed on it first, while it exists. */
     if (hv_created(stream)) hv_pool_release_stream(stream);
-    return about(stream, HVGPU_OP_STREAM_DESTROY);
+    CUresult r = about(stream, HVGPU_OP_STREAM_DESTROY);
+    if (!r) hv_capture_stream_destroyed(stream);
+    return r;
 }
 
 HV_EXPORT CUresult cuStreamSynchronize(CUstream stream) {

@@ -10,10 +10,16 @@ let go of it:
   its events, and its kernels are its modules' code; so while the connection holds
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
-  never reaches memory the executor has unmapped or code it has unloaded;
+  never reaches memory the executor has unmapped or code it has unloaded. Events and
+  regions are parked only where a graph may reach them (``events``, ``regions``): a
+  framework holds its graphs for good and makes and drops events every step, and with
+  memfd regions each pinned allocation is a region;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
   captured: the graph would replay from a staging buffer that has been reused since.
-  ``capturing(stream)`` says when to refuse one.
+  ``capturing(stream)`` says when to refuse one;
+- a one-way frame meant for a capture that fails (its error waits for a later call)
+  invalidates that capture (``invalidate``), so it never ends as a graph the guest
+  believes holds that frame's work.
 
 The serving thread's capture mode is relaxed (``CudaDevice.bind_thread``): several
 guest threads, and the executor's own calls, share that one thread, so the driver's
@@ -53,6 +59,12 @@ class Graphs:
         self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
         self._exec_graph: dict[int, int] = {}  # instantiation -> the graph it was made from
         self.parked: list[tuple[str, Callable[[], None]]] = []
+        # Event handles a graph may record or wait for: named by a node, or recorded or
+        # waited for while a capture is under way (the C loop serves neither then).
+        self.events: set[int] = set()
+        # Region ids a graph may copy to or from: named by a node, or by a copy while a
+        # capture is under way (the C loop serves none).
+        self.regions: set[int] = set()
 
     # -- state the session asks about ------------------------------------------
 
@@ -74,6 +86,28 @@ class Graphs:
                             f"{what} on a capturing stream: a graph cannot replay it "
                             "(copy from or to pinned memory, cudaMallocHost, instead)")
 
+    def invalidate(self, stream: Any) -> None:
+        """Fail the capture ``stream`` is in, if any: a synchronisation of a capturing
+        stream is refused and invalidates its capture, whose end then fails
+        (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) and makes no graph."""
+        try:
+            if self.capturing(stream):
+                self.device.stream_synchronize(stream)
+        except CudaError:
+            # Refused, as meant; or the query was (the legacy stream while a blocking
+            # stream captures: it is in no capture then).
+            pass
+
+    def event_used(self, event: int) -> None:
+        """A stream records or waits for ``event``: a capture under way may take it in."""
+        if self.origins:
+            self.events.add(event)
+
+    def region_used(self, region: int) -> None:
+        """A copy names ``region``: a capture under way may take it in."""
+        if self.origins:
+            self.regions.add(region)
+
     def park(self, what: str, release: Callable[[], None]) -> bool:
         """Run ``release`` now (False) or once no graph can reach what it gives back
         (True)."""
@@ -89,10 +123,19 @@ class Graphs:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"capture mode {mode}")
         self._room()
         self.device.stream_begin_capture(stream, mode)
-        status, cid, graph, _ = self.device.stream_capture_info(stream)
-        if status != STATUS_ACTIVE or graph is None:  # the driver would not say why
-            raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-                            "cuStreamBeginCapture: the capture did not start")
+        try:
+            status, cid, graph, _ = self.device.stream_capture_info(stream)
+            if status != STATUS_ACTIVE or graph is None:  # the driver would not say why
+                raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                                "cuStreamBeginCapture: the capture did not start")
+        except CudaError:
+            # Not left under way untracked: what it captured could reach memory the
+            # executor lets go of meanwhile (and the C loop would serve its stream).
+            try:
+                _quietly(self.device.graph_destroy, self.device.stream_end_capture(stream))
+            except CudaError:
+                pass
+            raise
         gh = self._add_graph(graph)
         self.origins[handle] = gh
         log.debug("capture %d begun on stream %d (mode %d) as graph %d", cid, handle, mode, gh)
@@ -103,7 +146,9 @@ class Graphs:
         try:
             graph = self.device.stream_end_capture(stream)
         except CudaError:
-            if gh is not None:  # the driver destroyed what it had captured
+            if gh is not None and self._still_capturing(stream):
+                self.origins[handle] = gh  # not ended: still tracked as under way
+            elif gh is not None:  # the driver destroyed what it had captured
                 self._forget_graph(gh)
                 self._unpark()
             raise
@@ -116,18 +161,29 @@ class Graphs:
             self._graph_of_value[self.device.handle_value(graph)] = gh
         return gh
 
-    def info(self, stream: Any) -> tuple[int, int, int, int, bytes]:
-        status, cid, graph, nodes = self.device.stream_capture_info(stream)
+    def _still_capturing(self, stream: Any) -> bool:
+        try:
+            return self.device.stream_capture_info(stream)[0] != STATUS_NONE
+        except CudaError:
+            return False
+
+    def info(self, stream: Any, nodes: bool = True) -> tuple[int, int, int, int, bytes]:
+        """The capture ``stream`` is in; its dependency nodes (each given a handle, which
+        lasts as long as its graph) only where ``nodes``: a framework's allocator asks on
+        every allocation during a capture, with no use for them."""
+        status, cid, graph, deps = self.device.stream_capture_info(stream)
         if status != STATUS_ACTIVE:
             return status, 0, cid, 0, b""
         gh = self._graph_of_value.get(self.device.handle_value(graph))
         if gh is None:  # a capture this connection did not begin cannot be on its stream
             raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, "the stream captures into a graph "
                             "this connection does not hold")
-        if len(nodes) > MAX_QUERY_NODES:
-            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{len(nodes)} dependencies in one "
+        if not nodes:
+            return status, 0, cid, gh, b""
+        if len(deps) > MAX_QUERY_NODES:
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{len(deps)} dependencies in one "
                             f"capture query (the agent answers up to {MAX_QUERY_NODES})")
-        handles = [self._node_handle(gh, n) for n in nodes]
+        handles = [self._node_handle(gh, n) for n in deps]
         return status, 0, cid, gh, struct.pack(f"<{len(handles)}Q", *handles)
 
     # -- graphs --------------------------------------------------------------------
@@ -242,6 +298,9 @@ class Graphs:
                 self.end(handle, stream_of(handle))
             except CudaError:
                 pass
+        # Any left, the driver would not end: such a capture never becomes a graph, so
+        # nothing can replay what it took in.
+        self.origins.clear()
         for table, destroy in ((self.execs, self.device.graph_exec_destroy),
                                (self.graphs, self.device.graph_destroy)):
             for obj in table.objects.values():
@@ -252,6 +311,8 @@ class Graphs:
         self._graph_nodes.clear()
         self._exec_graph.clear()
         self.nodes.objects.clear()
+        self.events.clear()
+        self.regions.clear()
         self._unpark()
 
     # -- helpers ---------------------------------------------------------------------
@@ -289,7 +350,11 @@ class Graphs:
         return nh
 
     def _unpark(self) -> None:
-        if self.holding or not self.parked:
+        if self.holding:
+            return
+        self.events.clear()  # no graph is left to reach them
+        self.regions.clear()
+        if not self.parked:
             return
         parked, self.parked = self.parked, []
         log.debug("the last graph is gone: releasing %d parked objects", len(parked))

@@ -4,7 +4,8 @@ The session reads frames from the guest's socket, checks every handle and
 device address against what this guest owns, and drives a ``GpuDevice``.
 One-way ops are never answered; their first error is kept and reported by
 the next synchronising op instead of running it (CUDA's asynchronous-error
-model). Runs of them are served by a C loop (``launch_burst``) that makes the
+model); STREAM_END_CAPTURE is run all the same, and a failed one-way frame
+invalidates the capture its stream is in. Runs of them are served by a C loop (``launch_burst``) that makes the
 same checks against tables the session keeps in step with its own (handles,
 device ranges); a frame the loop does not serve comes to the Python path. A malformed frame whose length is known gets an error and the
 session goes on; a frame that breaks the framing (bad magic, oversize)
@@ -62,6 +63,12 @@ _SHM_ATTACH = P.OP["SHM_ATTACH"]
 _SHM_SETUP = frozenset(P.OP[name] for name in ("SHM_ATTACH", "SHM_DETACH", "SHM_ALLOC",
                                                "SHM_FREE"))
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
+# Ending a capture is never skipped for an earlier one-way frame's error (which waits for
+# the next call): the capture would go on here while the guest believes it over.
+_END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
+# Where each op that names a stream has it, among its fixed fields.
+_STREAM_FIELD = {code: c.names.index("stream") for code, c in codec.REQUEST.items()
+                 if "stream" in c.names}
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
 _OP_SEQ = struct.Struct("<4xH2xI")  # a header's op and seq, read in place
@@ -228,7 +235,7 @@ class Session:
             if hdr.payload_len:
                 refused = self._refuse_payload(hdr)
                 if refused is not None:
-                    self._failed(hdr, oneway, refused)  # answered before the bytes are skipped
+                    self._failed(hdr, oneway, refused, body)  # before the bytes are skipped
                     self.reader.skip_payload()
                     continue
             if hdr.op in _SHM_SETUP:
@@ -240,7 +247,7 @@ class Session:
                         os.close(self.frame_fd)
                         self.frame_fd = None
                 continue
-            if not oneway and self.deferred is not None:
+            if not oneway and self.deferred is not None and hdr.op != _END_CAPTURE:
                 self.reader.skip_payload()
                 err, op, seq = self.deferred
                 self.deferred = None
@@ -262,7 +269,7 @@ class Session:
                 self.reader.skip_payload()
             if isinstance(exc, ProtocolError):
                 exc = CudaError(P.HV_BAD_FRAME, str(exc))
-            self._failed(hdr, oneway, exc)
+            self._failed(hdr, oneway, exc, body)
             return
         if self.reader.payload_left:
             self.reader.skip_payload()
@@ -317,6 +324,20 @@ class Session:
                 self.busy = None
                 return
 
+    def _spoil_capture(self, op: int, body) -> None:
+        """A one-way frame failed while a capture is under way: the capture its stream is
+        in is invalidated, so that it never ends as a graph the guest believes holds that
+        frame's work (the guest hears of the failure only at a later call)."""
+        at = _STREAM_FIELD.get(op)
+        fixed = codec.REQUEST[op].fixed if at is not None else None
+        if fixed is None or len(body) < fixed.size:
+            return  # not work on a stream; or malformed, which no capture holds either
+        try:
+            stream = self._stream(fixed.unpack_from(body)[at])
+        except CudaError:
+            return  # no stream of this guest: not in any capture
+        self.graphs.invalidate(stream)
+
     def _burst_failed(self, status: int, op: int, seq: int) -> None:
         if status in P.STICKY_STATUSES:
             self.on_poisoned(status)
@@ -368,11 +389,13 @@ class Session:
         self.progress = bool(caps & P.CAP_PROGRESS)
         return True
 
-    def _failed(self, hdr, oneway: bool, err: CudaError) -> None:
+    def _failed(self, hdr, oneway: bool, err: CudaError, body=None) -> None:
         if err.status in P.STICKY_STATUSES:
             self.on_poisoned(err.status)
         log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(hdr.op), hdr.seq, err)
         if oneway:
+            if self.graphs.origins and body is not None:
+                self._spoil_capture(hdr.op, body)
             if self.deferred is None:
                 self.deferred = (err, hdr.op, hdr.seq)
         else:
@@ -955,6 +978,7 @@ class Session:
             raise CudaError(P.CUDA_ERROR_NOT_READY)
 
     def op_stream_wait_event(self, hdr, stream, event, flags):
+        self.graphs.event_used(event)
         self.device.stream_wait_event(self._stream(stream), self.events.get(event), flags)
 
     def op_event_create(self, hdr, flags):
@@ -966,13 +990,16 @@ class Session:
 
     def op_event_destroy(self, hdr, event):
         obj = self.events.get(event)
-        if not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
+        if event not in self.graphs.events or \
+                not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
             self.device.event_destroy(obj)
+        self.graphs.events.discard(event)
         self.events.pop(event)
         if self.burst is not None:
             self.burst.drop_event(event)
 
     def op_event_record(self, hdr, event, stream):
+        self.graphs.event_used(event)
         self.device.event_record(self.events.get(event), self._stream(stream))
 
     def op_event_query(self, hdr, event):
@@ -991,8 +1018,10 @@ class Session:
     def op_stream_end_capture(self, hdr, stream):
         return (self.graphs.end(stream, self._stream(stream)),)
 
-    def op_stream_capture_info(self, hdr, stream):
-        return self.graphs.info(self._stream(stream))
+    def op_stream_capture_info(self, hdr, stream, nodes):
+        if nodes not in (0, 1):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"STREAM_CAPTURE_INFO nodes {nodes}")
+        return self.graphs.info(self._stream(stream), nodes=bool(nodes))
 
     def op_graph_instantiate(self, hdr, graph, flags):
         return (self.graphs.instantiate(graph, flags),)
@@ -1041,6 +1070,8 @@ class Session:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
         if not size:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
+        if kind:
+            self.graphs.regions.add(region)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memcpy(
             g, d, kind, dst, src, size)),)
 
@@ -1051,6 +1082,7 @@ class Session:
         obj = self.events.get(event)
         if wait not in (0, 1):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"event node kind {wait}")
+        self.graphs.events.add(event)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_event(
             g, d, wait, obj)),)
 
@@ -1212,8 +1244,10 @@ class Session:
     def op_shm_detach(self, hdr, region):
         attached = self._region(region)
         # A graph may copy from or to it: unmapped only once no graph is left.
-        if not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
+        if region not in self.graphs.regions or \
+                not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
             self._drop_region(attached)
+        self.graphs.regions.discard(region)
         del self.regions[region]
 
     def op_shm_alloc(self, hdr, region, reserved, size):
@@ -1228,6 +1262,7 @@ class Session:
         attached.give(offset)
 
     def op_memcpy_htod_shm(self, hdr, dst, region, reserved, offset, size, stream):
+        self.graphs.region_used(region)
         src = self._region(region).address(offset, size, "source")
         self._check_range(dst, size, "destination")
         if size:
@@ -1235,6 +1270,7 @@ class Session:
         self.counts["h2d_bytes"] += size
 
     def op_memcpy_dtoh_shm(self, hdr, region, reserved, offset, src, size, stream):
+        self.graphs.region_used(region)
         dst = self._region(region).address(offset, size, "destination")
         self._check_range(src, size, "source")
         if size:
