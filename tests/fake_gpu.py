@@ -29,6 +29,7 @@ BASE = 0x7F00_0000_0000
 TOTAL = 1 << 30
 GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity, as on current GPUs
 POOL_STEP = 512  # a pool hands out its chunks in steps of this
+GRAPH_EXEC_BYTES = 2 << 20  # what the driver takes of device memory per instantiation
 
 
 class _Pool:
@@ -217,6 +218,7 @@ class FakeDevice:
         self.capture_ids = 0
         self.graph_launches = 0
         self.graphs_alive = 0  # graphs and instantiations not destroyed
+        self.graph_bytes = 0  # device memory instantiations took (GRAPH_EXEC_BYTES each)
         self.events_destroyed = 0
         self.modules_unloaded = 0
 
@@ -318,6 +320,7 @@ class FakeDevice:
 
     def _used(self):
         return (sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+                + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
                 + sum(p.reserved for p in self.pools.values()))
 
@@ -855,7 +858,10 @@ class FakeDevice:
     def graph_instantiate(self, graph, flags):
         if graph.destroyed:
             raise CudaError(400, "fake cuGraphInstantiate: destroyed graph")
+        if self._used() + GRAPH_EXEC_BYTES > TOTAL:
+            raise CudaError(2, "fake cuGraphInstantiate: out of memory")
         self.graphs_alive += 1
+        self.graph_bytes += GRAPH_EXEC_BYTES
         return GraphExec(graph)
 
     def graph_launch(self, exec_, stream):
@@ -885,6 +891,7 @@ class FakeDevice:
             raise CudaError(400, "fake cuGraphExecDestroy: destroyed twice")
         exec_.destroyed = True
         self.graphs_alive -= 1
+        self.graph_bytes -= GRAPH_EXEC_BYTES
 
     def event_query(self, event):
         return True

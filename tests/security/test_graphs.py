@@ -13,6 +13,7 @@ import struct
 import pytest
 
 from hvgpu.errors import CudaError
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import graphs
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -497,3 +498,46 @@ def test_a_capture_begun_but_not_confirmed_is_ended(guest, monkeypatch):
     assert status == 901, why
     assert not guest.device.captures and guest.device.graphs_alive == 0
     assert not guest.session.graphs.graphs.objects
+
+
+def test_an_instantiated_graph_is_charged_what_it_takes_of_device_memory():
+    from tests.fake_gpu import GRAPH_EXEC_BYTES
+
+    class Quota:
+        def __init__(self, limit):
+            self.limit, self.used = limit, 0
+
+        def reserve(self, n):
+            if self.used + n > self.limit:
+                raise CudaError(2, f"the slice's {self.limit} bytes are in use")
+            self.used += n
+
+        def release(self, n):
+            self.used -= n
+
+        def usage(self):
+            return self.used
+
+    quota = Quota(3 * GRAPH_EXEC_BYTES)
+    g = Guest()
+    g.session.quota = quota
+    s = _stream(g)
+    assert g.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    g.post("MEMSET", g.alloc(4096), 64, 1, 1, s)
+    status, (graph,) = g.call("STREAM_END_CAPTURE", s)
+    used = quota.used  # the allocation's charge
+    execs = []
+    while True:
+        status, got = g.call("GRAPH_INSTANTIATE", graph, 0)
+        if status:
+            break
+        execs.append(got[0])
+    assert status == 2 and "instantiated graph takes" in got
+    assert quota.used == used + len(execs) * GRAPH_EXEC_BYTES <= quota.limit
+    assert g.device.graph_bytes == len(execs) * GRAPH_EXEC_BYTES  # the refused one is gone
+    for e in execs:
+        assert g.call("GRAPH_EXEC_DESTROY", e)[0] == 0
+    assert quota.used == used
+    execs = [g.call("GRAPH_INSTANTIATE", graph, 0)[1][0] for _ in range(2)]
+    g.close()
+    assert quota.used == 0 and g.device.graph_bytes == 0

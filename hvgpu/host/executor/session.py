@@ -128,6 +128,8 @@ class Session:
         self.charged = 0  # bytes of the slice's quota this guest holds
         self.alloc_charges: dict[int, int] = {}  # allocation -> bytes charged for it
         self.module_charges: dict[int, int] = {}  # module handle -> bytes its load took
+        self.exec_charges: dict[int, int] = {}  # instantiated graph -> bytes it took
+        self.upload_stream = None  # the executor's own, for uploads at instantiation
         self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
         self.modules = Handles("module")
         self.functions = Handles("function")
@@ -498,6 +500,10 @@ class Session:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
         # Captures end and graphs go first: what they held back is released with them.
         self.graphs.release_all(self._stream)
+        self.exec_charges.clear()  # with the rest of the charge, below
+        if self.upload_stream is not None:
+            _quietly(self.device.stream_destroy, self.upload_stream)
+            self.upload_stream = None
         for attached in self.regions.values():
             _quietly(self._drop_region, attached)
         self.regions.clear()
@@ -1024,7 +1030,39 @@ class Session:
         return self.graphs.info(self._stream(stream), nodes=bool(nodes))
 
     def op_graph_instantiate(self, hdr, graph, flags):
-        return (self.graphs.instantiate(graph, flags),)
+        """Instantiated and uploaded at once, and charged what that took of device memory
+        (an instantiation's own memory, which no cuMemAlloc shows), as module loads are."""
+        if self.quota is None:
+            return (self.graphs.instantiate(graph, flags),)
+        failed = None
+        with DEVICE_MEMORY:
+            free_before = self.device.mem_info()[0]
+            handle = self.graphs.instantiate(graph, flags)
+            try:
+                stream = self._upload_stream()
+                self.device.graph_upload(self.graphs.execs.get(handle), stream)
+                self.device.stream_synchronize(stream)
+            except CudaError as exc:
+                failed = exc
+            taken = max(0, free_before - self.device.mem_info()[0])
+        if failed is None:
+            try:
+                self._charge(taken)
+            except CudaError as exc:
+                failed = CudaError(exc.status, f"the instantiated graph takes {taken} bytes of "
+                                   f"device memory: {exc.detail}")
+        if failed is not None:  # (destroying it may release what was parked: not locked)
+            _quietly(self.graphs.destroy_exec, handle)
+            raise failed
+        self.exec_charges[handle] = taken
+        return (handle,)
+
+    def _upload_stream(self):
+        """A stream of the executor's own for uploads: no capture or wait of the guest's
+        is on it."""
+        if self.upload_stream is None:
+            self.upload_stream = self.device.stream_create(1)  # CU_STREAM_NON_BLOCKING
+        return self.upload_stream
 
     def op_graph_get_nodes(self, hdr, graph, most):
         return self.graphs.list_nodes(graph, most)
@@ -1109,6 +1147,7 @@ class Session:
 
     def op_graph_exec_destroy(self, hdr, exec_):
         self.graphs.destroy_exec(exec_)
+        self._uncharge(self.exec_charges.pop(exec_, 0))
 
     # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
 
