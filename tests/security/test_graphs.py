@@ -541,3 +541,35 @@ def test_an_instantiated_graph_is_charged_what_it_takes_of_device_memory():
     execs = [g.call("GRAPH_INSTANTIATE", graph, 0)[1][0] for _ in range(2)]
     g.close()
     assert quota.used == 0 and g.device.graph_bytes == 0
+
+
+def test_captures_hold_a_bounded_number_of_operations(guest, monkeypatch):
+    monkeypatch.setattr(graphs, "MAX_CAPTURED_FRAMES", 50)
+    s = _stream(guest)
+    dptr = guest.alloc(4096)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    for i in range(60):
+        guest.post("MEMSET", dptr, 64, i, 1, s)
+    status, why = guest.call("PING")  # the 51st memset's refusal, owed
+    assert status == 2 and "operations in captures" in why
+    assert guest.call("STREAM_END_CAPTURE", s)[0] == 901  # no graph short of its work
+    # a new capture starts counting again
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    for i in range(10):
+        guest.post("MEMSET", dptr, 64, i, 1, s)
+    assert guest.call("STREAM_END_CAPTURE", s)[0] == 0
+
+
+def test_a_graph_launched_into_a_capture_is_refused(guest):
+    s, s2 = _stream(guest), _stream(guest)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+    guest.post("MEMSET", guest.alloc(4096), 64, 1, 1, s)
+    status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", graph, 0)
+    assert guest.call("STREAM_BEGIN_CAPTURE", s2, GLOBAL)[0] == 0
+    guest.post("GRAPH_LAUNCH", exec_, s2)
+    status, why = guest.call("PING")
+    assert status == 900 and "child graph" in why
+    assert guest.call("STREAM_END_CAPTURE", s2)[0] == 901
+    guest.post("GRAPH_LAUNCH", exec_, s)  # outside a capture it runs
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 MAX_GRAPHS = 4096  # graphs and instantiations a connection may hold at once
 MAX_NODES = 65536  # node handles a connection may have been given
 MAX_QUERY_NODES = 4096  # dependencies one capture query answers
+# One-way frames a connection may send while its captures are under way: each becomes a
+# node the driver keeps in the executor's memory (a training step's graph has thousands).
+MAX_CAPTURED_FRAMES = 1 << 20
 CAPTURE_MODES = (0, 1, 2)  # global, thread-local, relaxed
 STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED = 0, 1, 2
 
@@ -57,6 +60,7 @@ class Graphs:
         self._node_of_value: dict[int, int] = {}
         self._graph_nodes: dict[int, set[int]] = {}  # graph handle -> its node handles
         self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
+        self.captured_frames = 0  # one-way frames since no capture was under way
         self._exec_graph: dict[int, int] = {}  # instantiation -> the graph it was made from
         self.parked: list[tuple[str, Callable[[], None]]] = []
         # Event handles a graph may record or wait for: named by a node, or recorded or
@@ -79,6 +83,14 @@ class Graphs:
         if not self.origins:
             return False
         return self.device.stream_capture_info(stream)[0] != STATUS_NONE
+
+    def count_frame(self) -> None:
+        """A one-way frame while a capture is under way; refused past the bound, which
+        invalidates the capture its stream is in (the session's rule for failed frames)."""
+        self.captured_frames += 1
+        if self.captured_frames > MAX_CAPTURED_FRAMES:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"more than {MAX_CAPTURED_FRAMES} "
+                            "operations in captures under way at once")
 
     def refuse_if_capturing(self, stream: Any, what: str) -> None:
         if self.capturing(stream):
@@ -122,6 +134,8 @@ class Graphs:
         if mode not in CAPTURE_MODES:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"capture mode {mode}")
         self._room()
+        if not self.origins:
+            self.captured_frames = 0
         self.device.stream_begin_capture(stream, mode)
         try:
             status, cid, graph, _ = self.device.stream_capture_info(stream)

@@ -262,6 +262,8 @@ class Session:
         try:
             if self.device is None and hdr.op != _PING:
                 raise self.device_error
+            if oneway and self.graphs.origins:  # each a node the driver keeps
+                self.graphs.count_frame()
             if hdr.op == _LAUNCH:  # the hot path: no generic decode
                 result = self.launch(body)
             else:
@@ -1137,7 +1139,11 @@ class Session:
         return self.graphs.update(exec_, graph)
 
     def op_graph_launch(self, hdr, exec_, stream):
-        self.graphs.launch(exec_, self._stream(stream))
+        s = self._stream(stream)
+        if self.graphs.capturing(s):  # a graph in a graph: copies of it, without bound
+            raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a graph launched on a "
+                            "capturing stream (a child graph node) is not built by hvgpu")
+        self.graphs.launch(exec_, s)
 
     def op_graph_upload(self, hdr, exec_, stream):
         self.graphs.upload(exec_, self._stream(stream))
