@@ -573,3 +573,27 @@ def test_a_graph_launched_into_a_capture_is_refused(guest):
     assert guest.call("STREAM_END_CAPTURE", s2)[0] == 901
     guest.post("GRAPH_LAUNCH", exec_, s)  # outside a capture it runs
     assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+
+
+def test_after_an_update_nodes_of_both_graphs_name_the_instantiations(guest):
+    source = b'extern "C" __global__ void saxpy(float a, float* x, float* y, int n) {}\0'
+    guest.seq += 1
+    guest.sock.sendall(frame("MODULE_LOAD_DATA", seq=guest.seq, payload=source))
+    _, _, _, status, body = read_reply(guest.sock)
+    (module,) = codec.REPLY[P.OP["MODULE_LOAD_DATA"]].decode(body)
+    function = _node(guest, "MODULE_GET_FUNCTION", module, "saxpy")
+    x, y = guest.alloc(4096), guest.alloc(4096)
+    params = struct.pack("<f4xQQi", 2.0, x, y, 16)
+    made = []
+    for _ in range(3):
+        graph = _node(guest, "GRAPH_CREATE", 0)
+        node = _node(guest, "GRAPH_ADD_KERNEL_NODE", graph, function, 1, 1, 1, 32, 1, 1, 0,
+                     b"", params)
+        made.append((graph, node))
+    exec_ = _node(guest, "GRAPH_INSTANTIATE", made[0][0], 0)
+    assert guest.call("GRAPH_EXEC_UPDATE", exec_, made[1][0])[0] == 0
+    for graph, node in made[:2]:  # the graph it was made from, and the update's
+        assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, node, function,
+                          1, 1, 1, 32, 1, 1, 0, params)[0] == 0
+    assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, made[2][1], function,
+                      1, 1, 1, 32, 1, 1, 0, params)[0] == 1  # an unrelated graph's

@@ -61,7 +61,9 @@ class Graphs:
         self._graph_nodes: dict[int, set[int]] = {}  # graph handle -> its node handles
         self.origins: dict[int, int] = {}  # stream handle capturing -> its graph's handle
         self.captured_frames = 0  # one-way frames since no capture was under way
-        self._exec_graph: dict[int, int] = {}  # instantiation -> the graph it was made from
+        # instantiation -> the graph it was made from, and those it was updated from: a
+        # node of any names one of its nodes (the driver judges which it accepts)
+        self._exec_graph: dict[int, set[int]] = {}
         self.parked: list[tuple[str, Callable[[], None]]] = []
         # Event handles a graph may record or wait for: named by a node, or recorded or
         # waited for while a capture is under way (the C loop serves neither then).
@@ -209,7 +211,7 @@ class Graphs:
                             "captured")
         self._room()
         handle = self.execs.add(self.device.graph_instantiate(g, flags))
-        self._exec_graph[handle] = graph
+        self._exec_graph[handle] = {graph}
         return handle
 
     def list_nodes(self, graph: int, most: int) -> tuple[int, bytes]:
@@ -265,8 +267,7 @@ class Graphs:
     def exec_node(self, exec_: int, node: int) -> tuple[Any, Any]:
         """An instantiation and a node of the graph it was made from."""
         ex = self.execs.get(exec_)
-        graph = self._exec_graph.get(exec_)
-        if node not in self._graph_nodes.get(graph, ()):
+        if not any(node in self._graph_nodes.get(g, ()) for g in self._exec_graph.get(exec_, ())):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"node {node} is not a node of the "
                             "graph this instantiation was made from")
         return ex, self.nodes.objects[node]
@@ -280,7 +281,7 @@ class Graphs:
         if result:
             raise CudaError(P.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
                             f"cuGraphExecUpdate: result {result} (node {nh})")
-        self._exec_graph[exec_] = graph  # its nodes now name the instantiation's
+        self._exec_graph.setdefault(exec_, set()).add(graph)
         return result, 0, nh
 
     def launch(self, exec_: int, stream: Any) -> None:
