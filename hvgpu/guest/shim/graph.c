@@ -101,8 +101,6 @@ static CUstream key_of(CUstream stream) {
     return hv_created(stream) ? stream : hv_tag(device_of(stream), hv_untag(stream));
 }
 
-static CUresult about_device(int device, uint16_t op, uint64_t handle);
-
 /* The executor ends the capture a stream began when it destroys the stream. */
 void hv_capture_stream_destroyed(CUstream stream) {
     hv_captured_drop(forget(key_of(stream)), device_of(stream));
@@ -142,9 +140,7 @@ HV_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
                                    sizeof g, NULL, NULL, 0))) {
             /* the executor holds the graph until told: while it does, what a graph could
                reach (regions, events, modules the program lets go of) stays held too */
-            hvgpu_graph_destroy_req_t d = { g.graph };
-            HV_ON(device, hv_call(HVGPU_OP_GRAPH_DESTROY, &d, sizeof d, NULL, 0, NULL, 0, NULL,
-                                  NULL, 0));
+            hv_call_handle(device, HVGPU_OP_GRAPH_DESTROY, g.graph);
         }
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -183,7 +179,7 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     }
     *graph = hv_captured_finish(got, device, v.graph); /* the first part's, where split */
     if (!*graph) {
-        about_device(device, HVGPU_OP_GRAPH_DESTROY, v.graph);
+        hv_call_handle(device, HVGPU_OP_GRAPH_DESTROY, v.graph);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return CUDA_SUCCESS;
@@ -262,7 +258,7 @@ int hv_capture_host(CUstream stream, void (*fn)(void *), void (*cb)(CUstream, CU
         return 1;
     }
     if (!hv_captured_split(&c->got, part.graph, fn, cb, data, stream)) {
-        about_device(device, HVGPU_OP_GRAPH_DESTROY, part.graph);
+        hv_call_handle(device, HVGPU_OP_GRAPH_DESTROY, part.graph);
         c->lost = 1;
         *r = CUDA_ERROR_OUT_OF_MEMORY;
         return 1;
@@ -412,15 +408,10 @@ CUresult hv_capture_refuse(CUstream stream, const char *what) {
 HV_EXPORT CUresult cuGraphUpload(void *exec, CUstream stream);
 
 static CUresult about(const void *object, uint16_t op) {
-    uint64_t q = hv_untag(object);
-    return HV_ON(hv_tag_device(object), hv_call(op, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
+    return hv_call_handle(hv_tag_device(object), op, hv_untag(object));
 }
 _Static_assert(sizeof(hvgpu_graph_destroy_req_t) == 8 && sizeof(hvgpu_graph_exec_destroy_req_t) == 8,
                "one-handle requests");
-
-static CUresult about_device(int device, uint16_t op, uint64_t handle) {
-    return HV_ON(device, hv_call(op, &handle, sizeof handle, NULL, 0, NULL, 0, NULL, NULL, 0));
-}
 
 /* Parts, or rooms for pageable copies: what node-level calls cannot carry. */
 static CUresult split_refused(void *object, int is_exec, const char *api) {

@@ -150,9 +150,7 @@ int hv_captured_split(struct hv_captured **c, uint64_t part, void (*fn)(void *),
 void hv_captured_drop(struct hv_captured *c, int device) {
     if (!c) return;
     for (int i = 0; i < c->n; i++) {
-        uint64_t q = c->steps[i].handle;
-        HV_ON(device, hv_call(HVGPU_OP_GRAPH_DESTROY, &q, sizeof q, NULL, 0, NULL, 0, NULL,
-                              NULL, 0));
+        hv_call_handle(device, HVGPU_OP_GRAPH_DESTROY, c->steps[i].handle);
     }
     rooms_drop(c->rooms);
     free(c->steps);
@@ -211,17 +209,13 @@ int hv_graph_recorded(void *key, int is_exec, int *parts) {
     return rec != NULL;
 }
 
-static CUresult about(int device, uint16_t op, uint64_t handle) {
-    return HV_ON(device, hv_call(op, &handle, sizeof handle, NULL, 0, NULL, 0, NULL, NULL, 0));
-}
-
 int hv_graph_destroy(void *key, int is_exec, CUresult *r) {
     struct record *rec = take(key, is_exec, 1);
     if (!rec) return 0;
     *r = CUDA_SUCCESS;
     for (int i = 0; i < rec->n; i++) {
         if (!rec->steps[i].handle) continue; /* a host node's step */
-        CUresult e = about(rec->device, is_exec ? HVGPU_OP_GRAPH_EXEC_DESTROY
+        CUresult e = hv_call_handle(rec->device, is_exec ? HVGPU_OP_GRAPH_EXEC_DESTROY
                                                 : HVGPU_OP_GRAPH_DESTROY, rec->steps[i].handle);
         if (!*r) *r = e;
     }
@@ -259,7 +253,7 @@ int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUr
         rooms_drop(g->rooms);
         *r = CUDA_ERROR_OUT_OF_MEMORY;
     }
-    for (int i = 0; i < made; i++) about(g->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+    for (int i = 0; i < made; i++) hv_call_handle(g->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
     free(steps);
     *exec = NULL;
     return 1;
@@ -471,7 +465,7 @@ int hv_shadow_hosts(void *graph) {
 }
 
 static int index_of(struct shadow *s, const void *node) {
-    for (int i = 0; i < s->n; i++)
+    for (int i = s->n - 1; i >= 0; i--) /* latest first: a node mostly depends on recent ones */
         if (s->nodes[i].handle == node) return i;
     return -1;
 }
@@ -603,10 +597,14 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     uint64_t *made = calloc((size_t)n, sizeof(uint64_t));
     for (int k = 0; k < n; k++) total += s->nodes[k].ndeps;
     int *preds = calloc((size_t)(total + s->nedges + 1), sizeof(int));
+    int *succs = calloc((size_t)(total + s->nedges + 1), sizeof(int));
+    int *succ_at = calloc((size_t)n + 1, sizeof(int));
     struct step *steps = NULL;
     int nsteps = 0, cap_steps = 0, maxd = 0;
     *r = CUDA_ERROR_OUT_OF_MEMORY;
-    if (!npreds || !pred_at || !depth || !order || !left || !made || !preds) goto out;
+    if (!npreds || !pred_at || !depth || !order || !left || !made || !preds || !succs ||
+        !succ_at)
+        goto out;
     for (int k = 0; k < n; k++) npreds[k] = s->nodes[k].ndeps;
     for (int e = 0; e < s->nedges; e++) npreds[s->edges[2 * e + 1]]++;
     for (int k = 0; k < n; k++) pred_at[k + 1] = pred_at[k] + npreds[k];
@@ -618,16 +616,24 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
         int to = s->edges[2 * e + 1];
         preds[pred_at[to] + left[to]++] = s->edges[2 * e];
     }
-    /* Kahn's order: a node after all it depends on */
+    /* Kahn's order, a node after all it depends on, through each node's dependents */
+    memset(left, 0, sizeof(int) * (size_t)n);
+    for (int q = 0; q < pred_at[n]; q++) left[preds[q]]++;
+    for (int k = 0; k < n; k++) succ_at[k + 1] = succ_at[k] + left[k];
+    memset(left, 0, sizeof(int) * (size_t)n);
+    for (int j = 0; j < n; j++)
+        for (int q = 0; q < npreds[j]; q++) {
+            int p = preds[pred_at[j] + q];
+            succs[succ_at[p] + left[p]++] = j;
+        }
     for (int k = 0; k < n; k++) left[k] = npreds[k];
     int head = 0, tail = 0;
     for (int k = 0; k < n; k++)
         if (!left[k]) order[tail++] = k;
     while (head < tail) {
         int k = order[head++];
-        for (int j = 0; j < n; j++)
-            for (int q = 0; q < npreds[j]; q++)
-                if (preds[pred_at[j] + q] == k && --left[j] == 0) order[tail++] = j;
+        for (int q = succ_at[k]; q < succ_at[k + 1]; q++)
+            if (--left[succs[q]] == 0) order[tail++] = succs[q];
     }
     if (tail != n) { /* a cycle: the executor's graph would have refused it */
         *r = CUDA_ERROR_INVALID_VALUE;
@@ -659,10 +665,10 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
         hvgpu_graph_instantiate_rep_t iv;
         if (!*r) *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &iq, sizeof iq, NULL,
                                                0, &iv, sizeof iv, NULL, NULL, 0));
-        about(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph); /* the instantiation stays */
+        hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph); /* the instantiation stays */
         if (*r) break;
         if (!grow((void **)&steps, &cap_steps, nsteps + 1, sizeof *steps)) {
-            about(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
+            hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
             *r = CUDA_ERROR_OUT_OF_MEMORY;
             break;
         }
@@ -684,7 +690,7 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     }
     if (*r) {
         for (int i = 0; steps && i < nsteps; i++)
-            if (steps[i].handle) about(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+            if (steps[i].handle) hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
         *exec = NULL;
     }
 out:
@@ -695,6 +701,8 @@ out:
     free(left);
     free(made);
     free(preds);
+    free(succs);
+    free(succ_at);
     free(steps);
     return 1;
 }

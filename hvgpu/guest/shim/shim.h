@@ -251,6 +251,12 @@ int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_
 #define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \
                                hv_route(hv_prev_); hv_r_; })
 
+/* A call whose request is one u64 handle and whose reply has no fields, on `device`'s
+   connection (destroys, synchronisations, queries). */
+static inline CUresult hv_call_handle(int device, uint16_t op, uint64_t handle) {
+    return HV_ON(device, hv_call(op, &handle, sizeof handle, NULL, 0, NULL, 0, NULL, NULL, 0));
+}
+
 /* Streams, events and modules handed to the program carry their vGPU in bits 48+
    (device 0's are the executor's handles unchanged); handles below 16 are CUDA's
    special streams, which mean the current context's. */

@@ -67,8 +67,7 @@ HV_EXPORT CUresult cuStreamCreateWithPriority(CUstream *stream, unsigned flags, 
 
 /* A call about one stream or event, on its vGPU's connection. */
 static CUresult about(const void *object, uint16_t op) {
-    uint64_t q = hv_untag(object); /* every such request is one u64 handle */
-    return HV_ON(hv_tag_device(object), hv_call(op, &q, sizeof q, NULL, 0, NULL, 0, NULL, NULL, 0));
+    return hv_call_handle(hv_tag_device(object), op, hv_untag(object));
 }
 _Static_assert(sizeof(hvgpu_stream_synchronize_req_t) == 8 &&
                sizeof(hvgpu_event_synchronize_req_t) == 8, "one-handle requests");
