@@ -597,3 +597,14 @@ def test_after_an_update_nodes_of_both_graphs_name_the_instantiations(guest):
                           1, 1, 1, 32, 1, 1, 0, params)[0] == 0
     assert guest.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, made[2][1], function,
                       1, 1, 1, 32, 1, 1, 0, params)[0] == 1  # an unrelated graph's
+
+
+def test_a_flood_of_dependencies_is_refused_whole(guest):
+    graph = _node(guest, "GRAPH_CREATE", 0)
+    node = _node(guest, "GRAPH_ADD_EMPTY_NODE", graph, b"")
+    flood = struct.pack("<Q", node) * (graphs.MAX_QUERY_NODES + 1)
+    status, why = guest.call("GRAPH_ADD_EMPTY_NODE", graph, flood)
+    assert status == 1 and "dependencies" in why
+    status, why = guest.call("GRAPH_ADD_DEPENDENCIES", graph, flood, flood)
+    assert status == 1
+    assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (1, b""))  # nothing was added
