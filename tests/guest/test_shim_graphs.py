@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,65 @@ def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, g
     assert native.returncode == 0, native.stdout + native.stderr
     assert shimmed.returncode == 0, shimmed.stdout + shimmed.stderr
     assert shimmed.stdout == native.stdout
+
+
+def _graphs_on_a_slice(tmp_path, program, mode, device, gpus, base_env):
+    """Runs the program on vm1's 2 GiB slice, with its shared-memory device (a file
+    standing for QEMU's, found through a sysfs as in a guest); returns its output once
+    nothing is charged to the slice any more."""
+    from hvgpu.host.names import VgpuKey, shm_name
+    from tests.guest.fake_sysfs import add_device
+
+    shm_dir = tmp_path / "shm"
+    shm_dir.mkdir()
+    kw = {"gpus": gpus} if gpus else {}
+    agent = RunningAgent(tmp_path, device, slices=True, vms=("vm1",), **kw)
+    try:
+        agent.agent.config.shm_dir = str(shm_dir)
+        agent.api.attach("vm1", "512M", "100%", shm="256M")
+        region = shm_dir / shm_name(VgpuKey("vm1", 0))
+        with open(region, "wb") as f:  # as QEMU makes it for the device
+            f.truncate(256 << 20)
+        bar = add_device(tmp_path / "sysfs", "0000:00:06.0", size=256 << 20)
+        os.unlink(bar.resolve())
+        os.link(region, bar.resolve())  # the guest's BAR 2 is the host's file
+        env = dict(base_env, HVGPU_AGENT=agent.vm_address("vm1"),
+                   LD_LIBRARY_PATH=os.pathsep.join(
+                       [str(library().parent), base_env.get("LD_LIBRARY_PATH", "")]),
+                   HVGPU_SYSFS_ROOT=str(tmp_path / "sysfs"))
+        out = subprocess.run([str(program), mode], capture_output=True, text=True,
+                             timeout=600, env=env)
+        print(f"graphs on a slice (rc {out.returncode}):\n{out.stdout}{out.stderr[-2000:]}")
+        assert out.returncode == 0, out.stdout + out.stderr
+        for _ in range(100):  # the executor sees the disconnect a moment after the exit
+            (vm1,) = agent.api.status()
+            if vm1["mem_used"] == 0:
+                break
+            time.sleep(0.1)
+        assert vm1["mem_used"] == 0, "memory is still charged to the slice"
+        return out.stdout
+    finally:
+        agent.stop()
+
+
+def test_graphs_on_a_slice_are_charged_to_it_and_given_back(programs, tmp_path):
+    """With a quota, each instantiation is uploaded and what it took of device memory is
+    charged to the slice (the double charges a fixed size); all is given back at exit."""
+    from tests.conftest import FAKE_DEVICE
+
+    out = _graphs_on_a_slice(tmp_path, programs["static"], "nokernel", FAKE_DEVICE, None,
+                             dict(os.environ))
+    assert out == EXPECTED
+
+
+@pytest.mark.gpu
+def test_graphs_on_a_slice_print_what_they_print_natively(programs, tmp_path):
+    from hvgpu.host.inventory import read_gpus
+    from tests.guest.test_shim_gpu import _native_env
+
+    out = _graphs_on_a_slice(tmp_path, programs["static"], "kernel", None, read_gpus,
+                             _native_env())
+    assert out == EXPECTED
 
 
 @pytest.fixture(scope="module")
