@@ -211,7 +211,7 @@ def test_a_domain_served_by_a_bound_hybrid_listener_gets_metadata_and_no_hot_plu
 def test_the_cli_says_no_vsock_device_was_hot_plugged(hybrid_agent):
     from click.testing import CliRunner
 
-    from hvgpu.cli import cli
+    from hvgpu.host.cli import cli
 
     define(hybrid_agent, WITHOUT_VSOCK.format(name="lv-h"))
     out = CliRunner().invoke(cli, ["--control", hybrid_agent.control, "attach", "lv-h",
@@ -251,7 +251,7 @@ def test_a_shared_memory_device_that_cannot_be_added_undoes_the_attach(agent):
 def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
     from click.testing import CliRunner
 
-    from hvgpu.cli import cli
+    from hvgpu.host.cli import cli
 
     dom = define(agent, shmem_domain("lv-s2"))  # its device is there: nothing to hot-plug
     out = CliRunner().invoke(cli, ["--control", agent.control, "attach", "lv-s2", "--mem",

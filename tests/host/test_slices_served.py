@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from hvgpu.cli import cli
+from hvgpu.host.cli import cli
 from hvgpu.errors import ConnectionLost, CudaError, HvgpuError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch, runtime
 from hvgpu.host.control_lane import ControlClient

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hvgpu.cli import cli
+from hvgpu.host.cli import cli
 from hvgpu.errors import HvgpuError
 from hvgpu.guest import Connection
 from hvgpu.host.agent import split_binding

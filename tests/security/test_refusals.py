@@ -167,7 +167,7 @@ def test_the_limit_is_an_agent_option_with_a_sensible_default(monkeypatch, tmp_p
         raise Stop("stop here")
 
     monkeypatch.setattr(agent_module, "Agent", capture)
-    from hvgpu.cli import cli
+    from hvgpu.host.cli import cli
 
     out = CliRunner().invoke(cli, ["agent", "--no-vsock", "--state-dir", str(tmp_path),
                                    "--max-connections-per-vm", "5"])

@@ -15,7 +15,7 @@ import stat
 import pytest
 from click.testing import CliRunner
 
-from hvgpu.cli import cli
+from hvgpu.host.cli import cli
 from hvgpu.errors import HvgpuError, TransportError
 from hvgpu.guest import Connection, Device
 from hvgpu.host.agent import Agent, AgentConfig

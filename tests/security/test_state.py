@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from hvgpu.cli import cli
+from hvgpu.host.cli import cli
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
 from hvgpu.host.slices import SliceManager

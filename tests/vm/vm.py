@@ -211,7 +211,7 @@ class Host:
 
     def hvgpu(self, *args: str) -> subprocess.CompletedProcess:
         """The product's CLI against this agent's control socket."""
-        return subprocess.run([sys.executable, "-m", "hvgpu.cli", "--control", str(self.control),
+        return subprocess.run([sys.executable, "-m", "hvgpu.host.cli", "--control", str(self.control),
                                *args], cwd=REPO, capture_output=True, text=True, timeout=60)
 
     def tell_guest(self, port: int, line: str, timeout: float = 60) -> None:

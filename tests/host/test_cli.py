@@ -2,7 +2,7 @@
 
 from click.testing import CliRunner
 
-from hvgpu.cli import cli
+from hvgpu.host.cli import cli
 from hvgpu.demo import run_demo
 from tests.conftest import REPO
 
