@@ -149,7 +149,7 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     from hvgpu.host.control import ControlAPI
     from hvgpu.host.render import vsock_xml
 
-    api = ControlAPI(agent, gpus_fn)
+    api = agent.commands(ControlAPI(agent, gpus_fn), who="hvgpu demo")
     ok = True
     gpu = gpus_fn()[0]
     echo(f"gpu:       {gpu.name} (GPU {gpu.index})" if not gpu_note else

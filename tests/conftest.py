@@ -99,7 +99,7 @@ class RunningAgent:
             from hvgpu.host.control import ControlAPI
             from hvgpu.host.control_lane import serve
 
-            self.api = ControlAPI(self.agent, self.gpus)
+            self.api = self.agent.commands(ControlAPI(self.agent, self.gpus))
             self.server = serve(self.api, self.control)
         self.thread = threading.Thread(target=self.agent.serve_forever, daemon=True)
         self.thread.start()

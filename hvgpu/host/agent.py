@@ -1,34 +1,37 @@
-"""The host agent: accept guests, route each to its slice's executor.
+"""The host agent: one loop that owns every vGPU and routes each guest to its executor.
 
-The agent listens on vsock and any configured unix / hybrid-vsock / tcp
-address and learns each peer's identity from the transport. A connection that
-belongs to a slice (a vsock CID attached with ``--cid``, or a listener bound to
-a VM with ``ADDR=VM``) is handed, socket and all, to that slice's executor
-process: one MPS client per slice, started with the slice's limits, whose
-memory reservations the agent keeps in the slice's ledger. A connection on a
-listener bound to no VM gets an executor of its own with the whole GPU
-(host-local use). A vsock peer with no slice, or a VM past its limit of open
-connections, is refused with a clear error: from the agent's loop, which reads
-at most the first frame of such a peer, for at most two seconds, and never
-starts a thread for it. Otherwise the agent never reads guest traffic, so one
-guest's copy or crash cannot stall another; a process's exit frees everything
-it held on the GPU. Every message from an executor is checked against the
-executor lane's table (executor/lane.py): a bad one ends that executor, never
-the agent.
+The agent is a single thread running one selector loop. It owns the registry
+(registry.py: every vGPU's slice, quota ledger, current and retiring
+executors), and it alone changes it. Everything from outside enters the loop
+as a typed record and waits on a future if it needs an answer: control
+operations (the gRPC control lane, the CLI in-process, tests: :class:`Command`,
+run by :meth:`Agent.call`), libvirt's lifecycle events and the news that
+libvirtd went away (posted from libvirt's thread). Each command is written to
+the audit log (logger ``hvgpu.audit``): who, what, and the result.
 
-Must not import CUDA (executors do) or NVML (the inventory does).
+The loop accepts guests (router.py decides the vGPU from the transport's
+identity: a vsock CID, a listener bound to ``ADDR=VM``) and hands each
+connection, socket and all, to its vGPU's executor (supervisor.py starts
+them: one MPS client per vGPU with the slice's limits), and answers the
+executors' messages on the executor lane (executor/lane.py's table; a bad
+message ends that executor, never the agent). It never reads guest traffic,
+except the first frame of a refused peer, so one guest's copy or crash cannot
+stall another; a process's exit frees everything it held on the GPU.
+
+Must not import CUDA (executors do) or NVML (the inventory does), and must
+not block on a guest or an executor.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import selectors
-import signal
-import subprocess
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -39,20 +42,22 @@ from hvgpu.host.executor import sandbox
 from hvgpu.host import regions as regions_host
 from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
-from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.names import MAX_VGPUS, SHM_DIR, VgpuKey
+from hvgpu.host.names import SHM_DIR, VgpuKey
+from hvgpu.host.registry import Registry, SliceExecutor, VgpuRecord
+from hvgpu.host.router import Router, split_binding  # noqa: F401  (split_binding: public)
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import StateStore, lock_state_dir
-from hvgpu.virtio import codec
+from hvgpu.host.supervisor import Supervisor
 from hvgpu.virtio import protocol as P
-from hvgpu.virtio.address import VMADDR_CID_ANY, Address
-from hvgpu.virtio.framing import pack_header
-from hvgpu.virtio.transport import (Listener, control_pair, listen, receive_message, send_message,
-                                    vsock_available)
+from hvgpu.virtio.transport import Listener, receive_message, send_message
 
 log = logging.getLogger(__name__)
+audit = logging.getLogger("hvgpu.audit")
 
 DEFAULT_CACHE_DIR = "/var/cache/hvgpu"
+
+# Control operations that change nothing: audited at DEBUG (monitoring polls them).
+QUERIES = frozenset({"gpus", "list", "status"})
 
 
 @dataclass
@@ -84,80 +89,42 @@ class AgentConfig:
     shm_dir: str = SHM_DIR  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
 
 
-@dataclass
-class Executor:
-    process: subprocess.Popen
-    peer: str
-    started: float
-
-
 @dataclass(eq=False)
-class SliceExecutor:
-    """One executor process of a vGPU (a VM's slice of one GPU); a resize may start a
-    newer generation."""
+class Command:
+    """A control operation for the loop: ``run()`` there, its result or error set on
+    ``future`` for the caller waiting in another thread."""
 
-    key: VgpuKey  # the vGPU: Slice.key
-    process: subprocess.Popen
-    ctrl: object  # the agent's end of the control channel
-    generation: int
-    mem: int
-    compute: int
-    mps: bool
-    connections: int = 0
-    retiring: bool = False
-    regions_refused: int = 0  # REGION requests answered with an error (logged once)
-    region_given: bool = False  # it was sent the VM's region file (and may have it mapped)
-    started: float = field(default_factory=time.monotonic)
-    gone: float | None = None  # when its channel ended
+    name: str
+    args: dict
+    who: str
+    run: Callable[[], object]
+    future: Future = field(default_factory=Future)
 
 
-ENDING_GRACE = 30.0  # an executor whose channel ended exits by itself well within this
+@dataclass(frozen=True)
+class VmEvent:
+    """A libvirt lifecycle event, as posted from libvirt's thread."""
 
-# A refused peer is answered from the selector loop, never by a thread of its own:
-# it may hold this many bytes of the agent's for this long, and no more than this
-# many refused peers wait at once (the oldest is closed first).
-REFUSAL_DEADLINE = 2.0
-REFUSAL_BUDGET = 4096
-MAX_REFUSALS = 64
-REFUSAL_LOG_EVERY = 10.0
+    vm: str
+    what: str  # started, resumed, stopped, undefined, migrating
 
 
-@dataclass(eq=False)
-class Refusal:
-    """A refused connection waiting for the header of its first frame (to answer it)."""
-
-    conn: object
-    peer: str
-    status: int
-    message: str
-    deadline: float
-    got: bytearray = field(default_factory=bytearray)
+class AgentStopped(HvgpuError):
+    code = "agent-stopped"
 
 
-def split_binding(text: str) -> tuple[str, VgpuKey | None]:
-    """'unix:///run/vm1.sock=vm1' -> ('unix:///run/vm1.sock', VgpuKey('vm1', 0)); a
-    binding to 'vm1#1' serves that VM's vGPU 1. The VM name is checked
-    (names.check_vm_name): a bad one raises BadVmName."""
-    address, eq, vm = text.rpartition("=")
-    if eq and vm and "/" not in vm and ":" not in vm:
-        return address, VgpuKey.parse(vm)
-    return text, None
+class AgentBusy(HvgpuError):
+    """A change of slices from outside the agent's loop (a bug of the caller)."""
+
+    code = "not-on-agent-loop"
+    expected = False
 
 
 class Agent:
     def __init__(self, config: AgentConfig, gpus: Callable | None = None):
         self.config = config
-        self.listeners: list[Listener] = []
-        self.bindings: dict[Listener, VgpuKey] = {}  # -> the vGPU it serves
-        self.device_ports: dict[Listener, int] = {}  # vsock listener -> the vGPU it reaches
-        self.executors: dict[int, Executor] = {}
-        self.slice_executors: list[SliceExecutor] = []
-        self.current: dict[VgpuKey, SliceExecutor] = {}
-        self.ledgers: dict[VgpuKey, QuotaLedger] = {}
-        self.ending: list[SliceExecutor] = []  # channel closed, process not yet reaped
-        self.refusals: deque[Refusal] = deque()  # oldest first
-        self._refusal_log: dict[str, tuple[float, int]] = {}
-        self.lock = threading.RLock()
+        self._selector = selectors.DefaultSelector()
+        self.router = Router(self._selector)
         self.slices: SliceManager | None = None
         self._state_lock = None
         if config.state_dir:
@@ -172,62 +139,43 @@ class Agent:
                 raise
             for problem in self.slices.store.problems:
                 log.warning("slice state: %s", problem)
-            for s in self.slices.list():
-                self.ledgers[s.key] = QuotaLedger(s.mem)
+        self.registry = Registry(self.slices)
+        if self.slices is not None:
+            self.slices.guard = self._check_on_loop
         self.vms = None  # VmDirectory once libvirt answers
         self._qemu_uid: int | None = None  # libvirt's QEMU user; -1: libvirt did not say
         self.libvirt_reason = "no libvirt URI configured"
         self.launcher = Launcher(config.executor_user, config.run_dir, config.cache_dir)
         self.mps = MpsDaemon(self.launcher.run_dir / "mps")
         self._mps_started = False
-        self._selector = selectors.DefaultSelector()
+        self.supervisor = Supervisor(config, self.launcher, self.mps, self._watch_lane,
+                                     self._unwatch)
+        self._inbox: deque = deque()  # Commands and VmEvents, from other threads
+        self._inbox_lock = threading.Lock()
+        self._loop_thread: int | None = None
+        self._stopped = False  # no command is taken any more
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
+
+    @property
+    def bindings(self) -> dict[Listener, VgpuKey]:
+        return self.router.bindings
 
     # -- lifecycle -------------------------------------------------------------
 
     def start(self) -> None:
         """Open every listener; raise if none could be opened, or if a binding names
-        a VM by a name hvgpu refuses (before anything is opened)."""
+        a VM by a name hvgpu refuses (before anything is opened). On a raise nothing
+        stays open: no listener, socket file or state-directory lock."""
         try:
             self._start()
         except BaseException:
-            self._shutdown()  # what was opened, and the state directory's lock
+            self._shutdown()
             raise
 
     def _start(self) -> None:
-        bound = {text: split_binding(text) for text in self.config.listen}
-        addresses = list(self.config.listen)
-        devices = {}
-        if self.config.vsock_port is not None:
-            if vsock_available():
-                # vGPU N of a VM is reached at the port + N (see hvgpu.guest.client)
-                vsock = [str(Address("vsock", cid=VMADDR_CID_ANY, port=self.config.vsock_port + d))
-                         for d in range(MAX_VGPUS if self.slices is not None else 1)]
-                devices = {a: d for d, a in enumerate(vsock)}
-                addresses[:0] = vsock
-            else:
-                log.warning("vsock is not available on this host (load the vhost_vsock "
-                            "module); guests in VMs cannot reach this agent")
-        failures = []
-        for text in addresses:
-            address, vm = bound.get(text) or (text, None)
-            try:
-                listener = listen(address)
-            except HvgpuError as exc:
-                failures.append(str(exc))
-                log.error("%s", exc)
-                continue
-            self.listeners.append(listener)
-            if vm:
-                self.bindings[listener] = vm
-            if text in devices:
-                self.device_ports[listener] = devices[text]
-            self._selector.register(listener, selectors.EVENT_READ, ("listen", listener))
-            log.info("listening on %s%s", listener.address, f" for VM {vm}" if vm else "")
-        if not self.listeners:
-            raise TransportError("the agent has nowhere to listen: "
-                                 + ("; ".join(failures) or "no address configured"))
+        self.router.open(self.config, slices=self.slices is not None)
         self.launcher.prepare(self.config.env)  # on failure, start() closes what was opened
         if self.launcher.user.switch:
             self.mps.group = self.launcher.user.gid
@@ -256,10 +204,8 @@ class Agent:
             self.vms = VmDirectory(hypervisor)
             for change in self.vms.reconcile(self.slices):
                 log.info("reconciled with libvirt: %s", change)
-            with self.lock:
-                self.ledgers = {s.key: self.ledgers.get(s.key) or QuotaLedger(s.mem)
-                                for s in self.slices.list()}
-            hypervisor.watch(self._on_vm_event)
+            self._apply(self.registry.sync())
+            hypervisor.watch(lambda vm, what: self.post(VmEvent(vm, what)))
         except HvgpuError as exc:
             self.vms = None
             self.libvirt_reason = str(exc)
@@ -267,11 +213,120 @@ class Agent:
             return
         log.info("libvirt at %s: watching domain lifecycle events", uri)
 
-    def _on_vm_event(self, vm: str, what: str) -> None:
-        """Lifecycle events, from libvirt's event loop thread."""
+    def serve_forever(self) -> None:
+        self._loop_thread = threading.get_ident()
+        try:
+            while not self._stop.is_set():
+                timeout = 0.5
+                deadline = self.router.next_deadline()
+                if deadline is not None:
+                    timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+                for key, _ in self._selector.select(timeout=timeout):
+                    kind, obj = key.data
+                    if kind == "wake":
+                        os.read(self._wake_r, 4096)
+                    elif kind == "listen":
+                        self._accept(obj)
+                    elif kind == "refusal":
+                        self.router.on_refusal(obj)
+                    else:
+                        self._on_lane(obj)
+                self._run_inbox()
+                self.router.expire_refusals()
+                self.supervisor.reap()
+        finally:
+            self._shutdown()
+
+    def stop(self) -> None:
+        """From any thread (or a signal handler): the loop ends and closes everything."""
+        self._stop.set()
+        self._wake()
+
+    def _check_on_loop(self) -> None:
+        """Slices change on the loop only (before it runs: at start, in one thread)."""
+        owner = self._loop_thread
+        if owner is not None and owner != threading.get_ident() and not self._stopped:
+            raise AgentBusy("slices change only on the agent's loop: call the control API "
+                            "through Agent.commands (or the control socket)")
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # full (a wake is pending anyway) or closed (stopped)
+            pass
+
+    # -- what enters the loop from other threads --------------------------------------
+
+    def call(self, name: str, run: Callable[[], object], args: dict | None = None,
+             who: str = "in-process"):
+        """Run ``run`` on the loop as the control operation ``name`` and return what it
+        returns (or raise what it raised). From the loop's own thread it runs at once."""
+        command = Command(name, args or {}, who, run)
+        if self._stopped:
+            raise AgentStopped(f"the agent has stopped; {name} was not run")
+        if threading.get_ident() == self._loop_thread:
+            self._execute(command)
+        else:
+            with self._inbox_lock:
+                if self._stopped:
+                    raise AgentStopped("the agent is stopping; nothing was changed")
+                self._inbox.append(command)
+            self._wake()
+        return command.future.result()
+
+    def post(self, record) -> None:
+        """An event for the loop (libvirt's thread posts them); nobody waits for it."""
+        with self._inbox_lock:
+            if self._stopped:
+                return
+            self._inbox.append(record)
+        self._wake()
+
+    def commands(self, api, who: str = "in-process") -> "Commands":
+        """``api`` (a ControlAPI) as seen from outside the loop: each method call is a
+        Command run on the loop."""
+        return Commands(self, api, who)
+
+    def _run_inbox(self) -> None:
+        while True:
+            with self._inbox_lock:
+                if not self._inbox:
+                    return
+                item = self._inbox.popleft()
+            if isinstance(item, Command):
+                self._execute(item)
+            elif isinstance(item, VmEvent):
+                self._on_vm_event(item)
+
+    def _execute(self, command: Command) -> None:
+        if not command.future.set_running_or_notify_cancel():
+            return
+        args = " ".join(f"{k}={v!r}" for k, v in command.args.items() if v not in (None, False))
+        level = logging.DEBUG if command.name in QUERIES else logging.INFO
+        try:
+            result = command.run()
+        except HvgpuError as exc:
+            audit.log(level, "control %s by %s: %s -> refused (%s): %s", command.name,
+                      command.who, args, exc.code, exc)
+            command.future.set_exception(exc)
+            return
+        except BaseException as exc:  # a bug: the caller hears of it, the agent goes on
+            log.exception("control %s failed", command.name)
+            audit.log(level, "control %s by %s: %s -> failed: %r", command.name, command.who,
+                      args, exc)
+            command.future.set_exception(exc)
+            return
+        audit.log(level, "control %s by %s: %s -> ok%s", command.name, command.who, args,
+                  _summary(result))
+        command.future.set_result(result)
+
+    # -- libvirt ---------------------------------------------------------------------
+
+    def _on_vm_event(self, event: VmEvent) -> None:
+        vm, what = event.vm, event.what
         if self.vms is not None:
             self.vms.forget_cids()
-        keys = self._keys_of(vm)
+        keys = self.registry.keys_of(vm)
         if not keys:
             return
         if what == "stopped":
@@ -279,54 +334,25 @@ class Agent:
                      "(the reservation stays until hvgpu detach)", vm)
             self.release_vm(vm)
         elif what in ("started", "resumed"):
-            with self.lock:
-                for key in keys:
-                    if key not in self.current and self.slices is not None:
-                        log.info("%s started: restoring the executor of %s", vm, key)
-                        self._spawn_slice(key)
+            for key in keys:
+                record = self.registry.get(key)
+                if record.current is None:
+                    log.info("%s started: restoring the executor of %s", vm, key)
+                    self._start_slice(record)
         elif what == "undefined":
             log.info("%s was undefined: its slice is removed", vm)
             try:
                 self.slices.detach(vm)
             except HvgpuError:
                 pass
-            for key in keys:
-                self.slice_detached(key)
+            self._apply(self.registry.sync())
         elif what == "migrating":
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
                       "slice; its slice stays on this host and its CUDA connections will end. "
                       "hvgpu-libvirt-hook, installed as /etc/libvirt/hooks/qemu on the "
                       "destination, refuses such migrations", vm)
 
-    def serve_forever(self) -> None:
-        try:
-            while not self._stop.is_set():
-                timeout = 0.5
-                if self.refusals:
-                    timeout = min(timeout, max(0.0, self.refusals[0].deadline - time.monotonic()))
-                for key, _ in self._selector.select(timeout=timeout):
-                    kind, obj = key.data
-                    if kind == "wake":
-                        os.read(self._wake_r, 64)
-                    elif kind == "listen":
-                        self._accept(obj)
-                    elif kind == "refusal":
-                        self._on_refusal(obj)
-                    else:
-                        self._on_control(obj)
-                self._expire_refusals()
-                self._reap()
-        finally:
-            self._shutdown()
-
-    def stop(self) -> None:
-        self._stop.set()
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
-
-    # -- work ----------------------------------------------------------------
+    # -- guests ------------------------------------------------------------------------
 
     def _accept(self, listener: Listener) -> None:
         try:
@@ -336,196 +362,79 @@ class Agent:
             return
         status = P.HV_NO_SLICE
         try:
-            with self.lock:
-                route, detail = self._route(listener, peer)
-                if route == "slice":
-                    open_now = self._connections_of(detail.vm)
-                    if open_now < self.config.max_connections_per_vm:
-                        self._to_slice(detail, conn, peer)
-                        return
-                    route, status = "refuse", P.HV_TOO_MANY_CONNECTIONS
-                    detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
-                              "the host agent allows (hvgpu agent --max-connections-per-vm); "
-                              "close one and connect again")
+            route, detail = self.router.route(
+                listener, peer, self.registry,
+                self.vms.vm_for_cid if self.vms is not None else None)
+            if route == "slice":
+                open_now = self.registry.connections_of(detail.vm)
+                if open_now < self.config.max_connections_per_vm:
+                    self._to_slice(self.registry.get(detail), conn, peer)
+                    return
+                route, status = "refuse", P.HV_TOO_MANY_CONNECTIONS
+                detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
+                          "the host agent allows (hvgpu agent --max-connections-per-vm); "
+                          "close one and connect again")
         except (HvgpuError, OSError) as exc:  # one guest's failure never stops the agent
             log.error("cannot serve %s: %s", peer, exc)
             route, detail = "refuse", f"the agent could not serve this connection: {exc}"
         if route == "refuse":
-            self._log_refusal(peer, detail)
-            self._refuse(conn, peer, status, detail)
+            self.router.log_refusal(peer, detail)
+            self.router.refuse(conn, peer, status, detail)
             return
         try:
-            proc = self._spawn(conn.fileno(), peer)
+            ex = self.supervisor.start_whole(conn.fileno(), peer)
         except OSError as exc:
             log.error("cannot start an executor for %s: %s", peer, exc)
             conn.close()
             return
         conn.close()  # the executor holds its own copy
-        self.executors[proc.pid] = Executor(proc, peer, time.monotonic())
-        log.info("%s connected on %s: executor pid %d", peer, listener.address, proc.pid)
+        log.info("%s connected on %s: executor pid %d", peer, listener.address, ex.process.pid)
 
-    def _connections_of(self, vm: str) -> int:
-        with self.lock:
-            return sum(e.connections for e in self.slice_executors if e.key.vm == vm)
-
-    # -- refusals: answered from the loop ---------------------------------------------
-
-    def _log_refusal(self, peer: str, why: str) -> None:
-        """One line per reason every REFUSAL_LOG_EVERY seconds: a peer that connects
-        in a loop must not flood the log."""
-        now = time.monotonic()
-        last, quiet = self._refusal_log.get(why, (None, 0))
-        if last is not None and now - last < REFUSAL_LOG_EVERY:
-            self._refusal_log[why] = (last, quiet + 1)
-            return
-        if len(self._refusal_log) > 256:
-            self._refusal_log.clear()
-        self._refusal_log[why] = (now, 0)
-        more = f" ({quiet} more refused for this since the last such line)" if quiet else ""
-        log.warning("refused %s: %s%s", peer, why, more)
-
-    def _refuse(self, conn, peer: str, status: int, message: str) -> None:
-        """Answer the peer's first frame with ``status`` and ``message``, then close;
-        close at once if it sends none within REFUSAL_DEADLINE."""
-        while len(self.refusals) >= MAX_REFUSALS:
-            self._end_refusal(self.refusals[0])
+    def _to_slice(self, record: VgpuRecord, conn, peer: str) -> None:
         try:
-            conn.setblocking(False)
-            r = Refusal(conn, peer, status, message, time.monotonic() + REFUSAL_DEADLINE)
-            self._selector.register(conn, selectors.EVENT_READ, ("refusal", r))
-        except (OSError, ValueError):
+            for attempt in (1, 2):
+                ex = record.current
+                if ex is None or ex.process.poll() is not None:
+                    ex = self._start_slice(record)
+                try:
+                    send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
+                except OSError as exc:
+                    log.warning("slice %s: executor pid %d did not take %s (%s)", record.key,
+                                ex.process.pid, peer, exc)
+                    if record.current is ex:
+                        record.current = None
+                    continue
+                ex.connections += 1
+                log.info("%s connected: slice %s, executor pid %d", peer, record.key,
+                         ex.process.pid)
+                break
+        finally:
             conn.close()
-            return
-        self.refusals.append(r)
 
-    def _on_refusal(self, r: Refusal) -> None:
-        want = P.HEADER.size
-        if len(r.got) >= want:
-            want = _first_frame(r.got)
-        try:
-            chunk = r.conn.recv(want - len(r.got))
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        if not chunk:
-            self._end_refusal(r)
-            return
-        r.got += chunk
-        if len(r.got) < P.HEADER.size:
-            return
-        magic, _, _, op, _, seq, _, _, _, _ = P.HEADER.unpack_from(r.got)
-        if magic != P.MAGIC:  # not this protocol: nothing to answer
-            self._end_refusal(r)
-            return
-        if len(r.got) < _first_frame(r.got):
-            return
-        body = codec.encode_error(op, seq, r.message)
-        try:
-            r.conn.send(pack_header(op, P.FLAG_REPLY, seq, r.status, len(body)) + body)
-        except OSError:
-            pass
-        self._end_refusal(r)
+    def _start_slice(self, record: VgpuRecord) -> SliceExecutor:
+        old = record.current
+        if old is not None:  # exited on its own: its lane ends in the loop soon
+            record.current = None
+            record.retiring.append(old)
+        return self.supervisor.start_slice(record)
 
-    def _end_refusal(self, r: Refusal) -> None:
+    # -- the executor lane ------------------------------------------------------------
+
+    def _watch_lane(self, sock, ex: SliceExecutor) -> None:
+        self._selector.register(sock, selectors.EVENT_READ, ("lane", ex))
+
+    def _unwatch(self, sock) -> None:
         try:
-            self.refusals.remove(r)
-        except ValueError:
-            pass
-        try:
-            self._selector.unregister(r.conn)
+            self._selector.unregister(sock)
         except (KeyError, ValueError):
             pass
-        r.conn.close()
 
-    def _expire_refusals(self) -> None:
-        now = time.monotonic()
-        while self.refusals and self.refusals[0].deadline <= now:
-            self._end_refusal(self.refusals[0])
+    def _record_of(self, ex: SliceExecutor) -> VgpuRecord | None:
+        """The vGPU it serves, while that vGPU is in the registry."""
+        record = self.registry.get(ex.key)
+        return record if record is not None and record is ex.record else None
 
-    def _keys_of(self, vm: str) -> list[VgpuKey]:
-        with self.lock:
-            return sorted(k for k in self.ledgers if k.vm == vm)
-
-    def _route(self, listener: Listener, peer: str) -> tuple[str, str]:
-        """("slice", vGPU key), ("whole", "") or ("refuse", why)."""
-        if self.slices is None:
-            return "whole", ""
-        key = self.bindings.get(listener)
-        if key is not None:
-            if key not in self.ledgers:
-                return "refuse", self._no_vgpu(*key)
-            return "slice", key
-        if listener.address.scheme == "vsock":
-            device = self.device_ports.get(listener, 0)
-            cid = int(peer.split(":")[1])
-            s = self.slices.by_cid(cid)
-            vm = s.vm if s is not None else (
-                self.vms.vm_for_cid(cid) if self.vms is not None else None)
-            if vm is not None and self._keys_of(vm):
-                key = VgpuKey(vm, device)
-                if key not in self.ledgers:
-                    return "refuse", self._no_vgpu(vm, device)
-                return "slice", key
-            named = f"VM {vm!r}" if vm else f"the VM with CID {cid}"
-            fix = f"hvgpu attach {vm} --mem SIZE" if vm else \
-                f"hvgpu attach VM --mem SIZE --cid {cid}"
-            return "refuse", f"no GPU slice is attached to {named}; on the host: {fix}"
-        if listener.address.scheme == "hvsock":
-            return "refuse", ("this hybrid-vsock socket is bound to no VM; start the agent "
-                              f"with --listen {listener.address}=VM")
-        return "whole", ""
-
-    def _no_vgpu(self, vm: str, device: int) -> str:
-        if device == 0 or not self._keys_of(vm):
-            return (f"no GPU slice is attached to VM {vm!r}; on the host: "
-                    f"hvgpu attach {vm} --mem SIZE")
-        return (f"VM {vm!r} has {len(self._keys_of(vm))} vGPU(s), not a device {device}; on "
-                f"the host: hvgpu attach {vm} --mem SIZE --add")
-
-    def _to_slice(self, key: VgpuKey, conn, peer: str) -> None:
-        for attempt in (1, 2):
-            ex = self.current.get(key)
-            if ex is None or ex.process.poll() is not None:
-                ex = self._spawn_slice(key)
-            try:
-                send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
-            except OSError as exc:
-                log.warning("slice %s: executor pid %d did not take %s (%s)", key,
-                            ex.process.pid, peer, exc)
-                self.current.pop(key, None)
-                continue
-            ex.connections += 1
-            log.info("%s connected: slice %s, executor pid %d", peer, key, ex.process.pid)
-            break
-        conn.close()
-
-    def _spawn_slice(self, key: VgpuKey) -> SliceExecutor:
-        s = self.slices.by_key(key)
-        ours, theirs = control_pair()
-        # The agent never waits on an executor: one that asks and reads none of the
-        # answers fills its channel, and is then killed instead of stopping every VM.
-        ours.setblocking(False)
-        env = {"CUDA_VISIBLE_DEVICES": s.gpu_uuid}
-        if self.mps.running:
-            env.update(self.mps.client_env(s.mem, s.compute))
-        proc = self._start_executor(theirs.fileno(), ["--control-fd", str(theirs.fileno()),
-                                                      "--vm", key.vm, "--vgpu", str(key.device), "--compute", str(s.compute),
-                                                      "--shm", str(s.shm),
-                                                      "--gpu", "0"], env, vm=key.vm)
-        theirs.close()
-        generation = 1 + max((e.generation for e in self.slice_executors if e.key == key),
-                             default=0)
-        ex = SliceExecutor(key, proc, ours, generation, s.mem, s.compute, self.mps.running)
-        self.slice_executors.append(ex)
-        self.current[key] = ex
-        self._selector.register(ours, selectors.EVENT_READ, ("ctrl", ex))
-        log.info("slice %s: executor pid %d (generation %d) on %s, %d MiB%s", key, proc.pid,
-                 generation, s.gpu_uuid, s.mem >> 20,
-                 f", {s.compute}% of the SMs (MPS)" if self.mps.running and s.compute else "")
-        return ex
-
-    def _on_control(self, ex: SliceExecutor) -> None:
+    def _on_lane(self, ex: SliceExecutor) -> None:
         """One message from a slice's executor. Whatever it sends, the agent goes on:
         a message the lane does not allow is that executor's failure."""
         data, fds = receive_message(ex.ctrl)
@@ -559,7 +468,8 @@ class Agent:
 
     def _answer(self, ex: SliceExecutor, message: lane.Message, msg: dict) -> dict | None:
         """The reply's fields for a request; None for a message that has none."""
-        ledger = self.ledgers.get(ex.key)
+        record = self._record_of(ex)
+        ledger = record.ledger if record is not None else None
         if message is lane.RESERVE:
             try:
                 if ledger is None:
@@ -572,9 +482,9 @@ class Agent:
         if message is lane.USAGE:
             return {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
         if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
-            return {"count": len(self._keys_of(ex.key.vm))}
+            return {"count": len(self.registry.keys_of(ex.key.vm))}
         if message is lane.REGION:
-            self._send_region(ex, msg["id"])
+            self._send_region(ex, record, msg["id"])
             return None
         if message is lane.RELEASE:
             if ledger is not None:
@@ -587,8 +497,7 @@ class Agent:
                         "of its process; the VM's next connections get a new executor, its %d "
                         "open ones keep the error until they close", ex.key, ex.process.pid,
                         P.status_name(msg["status"]), ex.connections)
-            with self.lock:
-                self._retire(ex)
+            self.supervisor.retire(record, ex)
         return None
 
     def _region_owners(self) -> frozenset[int]:
@@ -597,22 +506,19 @@ class Agent:
             self._qemu_uid = self.vms.hv.qemu_uid() or -1
         return frozenset({self._qemu_uid} if self._qemu_uid not in (None, -1) else ())
 
-    def _send_region(self, ex: SliceExecutor, rid: int) -> None:
+    def _send_region(self, ex: SliceExecutor, record: VgpuRecord | None, rid: int) -> None:
         """The VM's shared-memory device file, opened here (executors open no host
         file): the one its slice names, a regular file of the slice's size, never a
         link."""
         try:
-            try:
-                slice_ = self.slices.by_key(ex.key) if self.slices is not None else None
-            except HvgpuError:  # detached meanwhile
-                slice_ = None
+            slice_ = self.slices.by_key(ex.key) if record is not None else None
             # Each executor keeps its own book of the region's rooms: two of one vGPU
             # (a newer generation after a resize or a fault) would give two programs
             # the same bytes. The newer one has it once the older one has ended.
-            with self.lock:
-                older = [e for e in (*self.slice_executors, *self.ending)
-                         if e is not ex and e.key == ex.key and e.region_given
-                         and e.process.poll() is None]
+            others = [*(record.executors() if record else ()), *self.supervisor.released,
+                      *self.supervisor.ending]
+            older = [e for e in others if e is not ex and e.key == ex.key and e.region_given
+                     and e.process.poll() is None]
             if older:
                 raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
                                 f"the VM's shared-memory region is in use by an older "
@@ -641,179 +547,87 @@ class Agent:
         log.error("slice %s: executor pid %d sent a bad message on the executor lane (%s): "
                   "killed; its guests' connections end, its reservations are released and "
                   "the VM's next connection gets a new executor", ex.key, ex.process.pid, why)
-        try:
-            ex.process.kill()
-        except OSError:
-            pass
+        self.supervisor.kill(ex)
         self._executor_gone(ex)
 
     def _executor_gone(self, ex: SliceExecutor) -> None:
-        """Its control channel ended: forget it now, collect its exit in _reap."""
-        with self.lock:
-            try:
-                self._selector.unregister(ex.ctrl)
-            except (KeyError, ValueError):
-                pass
-            ex.ctrl.close()
-            if ex in self.slice_executors:
-                self.slice_executors.remove(ex)
-            if self.current.get(ex.key) is ex:
-                del self.current[ex.key]
-            ledger = self.ledgers.get(ex.key)
-            freed = ledger.drop(ex) if ledger else 0
-            ex.gone = time.monotonic()
-            self.ending.append(ex)
+        """Its lane ended: forget it now; the supervisor collects its exit."""
+        freed = self.supervisor.gone(self._record_of(ex), ex)
         log.info("slice %s: executor pid %d left; %d MiB of its reservations released",
                  ex.key, ex.process.pid, freed >> 20)
 
-    # -- slice changes (called by the control API) ---------------------------------
+    # -- slice changes (the control API, on the loop) --------------------------------
+
+    def _apply(self, changes) -> set[VgpuKey]:
+        """Act on what changed in the registry: a dropped vGPU's guests are disconnected
+        and its executors end; a vGPU whose limits changed keeps serving under the new
+        memory limit at once, and under MPS (whose limits are fixed per process) its
+        executor retires so new connections get the new limits. Returns the vGPUs whose
+        open connections keep older MPS limits for now."""
+        pending = set()
+        for record in changes.removed:
+            self.supervisor.end(record)
+        for record, old in changes.changed:
+            ex = record.current
+            s = record.slice
+            if ex is None or not ex.mps or (ex.mem, ex.compute) == (s.mem, s.compute):
+                continue
+            self.supervisor.retire(record, ex)
+            if ex.connections > 0:
+                pending.add(record.key)
+        return pending
+
+    def slices_changed(self) -> set[VgpuKey]:
+        """After the slice manager changed: bring the registry and executors in step;
+        returns the vGPUs whose open connections keep older MPS limits for now."""
+        return self._apply(self.registry.sync())
 
     def slice_attached(self, key: VgpuKey, mem: int) -> None:
-        with self.lock:
-            self.ledgers[key] = QuotaLedger(mem)
+        self.slices_changed()
 
     def slice_detached(self, key: VgpuKey) -> None:
-        """Disconnect the vGPU's guests and end its executors."""
-        with self.lock:
-            self.ledgers.pop(key, None)
-            self._release(lambda k: k == key)
-
-    def release_vm(self, vm: str) -> None:
-        """End the executors of every vGPU of a VM; the slices and ledgers stay."""
-        self._release(lambda k: k.vm == vm)
-
-    def _release(self, which) -> None:
-        with self.lock:
-            for key in [k for k in self.current if which(k)]:
-                del self.current[key]
-            for ex in [e for e in self.slice_executors if which(e.key)]:
-                try:
-                    ex.ctrl.shutdown(2)  # the executor sees the end of its channel
-                except OSError:
-                    pass
+        self.slices_changed()
 
     def slice_resized(self, key: VgpuKey, mem: int, compute: int) -> bool:
-        """Apply new limits; True when running guests keep older MPS limits for now."""
-        with self.lock:
-            ledger = self.ledgers.get(key)
-            if ledger is not None:
-                ledger.limit = mem  # accounting: at once, for every connection
-            ex = self.current.get(key)
-            if ex is None or not ex.mps or (ex.mem, ex.compute) == (mem, compute):
-                return False
-            # MPS limits are fixed per client process: new connections get a new
-            # executor with the new limits; this one ends with its last connection.
-            self._retire(ex)
-            return ex.connections > 0
+        return key in self.slices_changed()
 
-    def _retire(self, ex: SliceExecutor) -> None:
-        """New connections of its vGPU go to a new executor; this one ends with its last."""
-        if ex.retiring:
-            return
-        ex.retiring = True
-        if self.current.get(ex.key) is ex:
-            del self.current[ex.key]
-        try:
-            send_message(ex.ctrl, lane.encode(lane.RETIRE))
-        except OSError:
-            pass
+    def release_vm(self, vm: str) -> None:
+        """End the executors of every vGPU of a VM; its slices and ledgers stay."""
+        for key in self.registry.keys_of(vm):
+            self.supervisor.end(self.registry.get(key))
 
     def slice_usage(self, key: VgpuKey) -> tuple[int, list[SliceExecutor]]:
-        with self.lock:
-            ledger = self.ledgers.get(key)
-            return (ledger.used if ledger else 0,
-                    [e for e in self.slice_executors if e.key == key])
+        record = self.registry.get(key)
+        if record is None:
+            return 0, []
+        return record.ledger.used, record.executors()
 
-    def _spawn(self, fd: int, peer: str) -> subprocess.Popen:
-        return self._start_executor(fd, ["--fd", str(fd), "--peer", peer,
-                                         "--gpu", str(self.config.gpu),
-                                         "--shm", str(self.config.local_shm)], {})
-
-    def _start_executor(self, fd: int, args: list[str], env: dict,
-                        vm: str | None = None) -> subprocess.Popen:
-        """An executor process inheriting ``fd``, with the agent's common options; ``vm``:
-        whose cache directory it gets (None: a host-local one)."""
-        args = [*args, "--log-level", self.config.log_level, "--confine", self.config.confine]
-        cache = self.launcher.cache_for(vm)
-        if cache:
-            args += ["--cache-dir", cache]
-        if self.config.device:
-            args += ["--device", self.config.device]
-        for flag, paths in (("--allow-read", self.config.executor_read),
-                            ("--allow-write", self.config.executor_write)):
-            for path in paths:
-                args += [flag, path]
-        return self.launcher.popen(args, fd, self.launcher.environment(self.config.env, env))
-
-    def _reap(self) -> None:
-        for sx in list(self.ending):
-            code = sx.process.poll()
-            if code is None:
-                # its reservations are released already: it must not keep serving
-                if time.monotonic() - sx.gone > ENDING_GRACE:
-                    log.warning("slice %s: executor pid %d did not exit after its channel "
-                                "ended; killed", sx.key, sx.process.pid)
-                    sx.process.kill()
-                continue
-            self.ending.remove(sx)
-            log.log(logging.INFO if code == 0 else logging.WARNING,
-                    "slice %s: executor pid %d ended with %s", sx.key, sx.process.pid,
-                    _describe(code))
-        for pid, ex in list(self.executors.items()):
-            code = ex.process.poll()
-            if code is None:
-                continue
-            del self.executors[pid]
-            took = time.monotonic() - ex.started
-            if code == 0:
-                log.info("executor pid %d for %s finished after %.1fs", pid, ex.peer, took)
-            else:
-                log.warning("executor pid %d for %s exited with %s after %.1fs; its GPU "
-                            "resources went with it", pid, ex.peer, _describe(code), took)
+    # -- the end -----------------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        while self.refusals:
-            self._end_refusal(self.refusals[0])
-        for ex in list(self.slice_executors) + self.ending:
-            try:
-                self._selector.unregister(ex.ctrl)
-            except (KeyError, ValueError):
-                pass
-            ex.ctrl.close()
-            try:
-                ex.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                ex.process.kill()
-                ex.process.wait()
-        self.slice_executors.clear()
-        self.ending.clear()
-        self.current.clear()
+        with self._inbox_lock:
+            self._stopped = True
+            waiting, self._inbox = list(self._inbox), deque()
+        for item in waiting:
+            if isinstance(item, Command) and item.future.set_running_or_notify_cancel():
+                item.future.set_exception(AgentStopped("the agent stopped before running "
+                                                       f"{item.name}; nothing was changed"))
+        self.router.close()
+        self.supervisor.shutdown(self.registry.executors())
+        for record in self.registry.records.values():
+            record.current, record.retiring = None, []
         if self._mps_started:
             self.mps.stop()
-        for listener in self.listeners:
-            try:
-                self._selector.unregister(listener)
-            except (KeyError, ValueError):
-                pass
-            listener.close()
-        self.listeners = []
-        for ex in self.executors.values():
-            if ex.process.poll() is None:
-                ex.process.terminate()
-        deadline = time.monotonic() + 5
-        for ex in self.executors.values():
-            try:
-                ex.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                ex.process.kill()
-                ex.process.wait()
-        self.executors.clear()
+            self._mps_started = False
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._selector.close()
+        try:
+            self._selector.close()
+        except (OSError, ValueError):
+            pass
         if self._state_lock is not None:
             self._state_lock.close()
             self._state_lock = None
@@ -821,21 +635,44 @@ class Agent:
         log.info("agent stopped")
 
 
-def _first_frame(got: bytes) -> int:
-    """How many bytes of a refused peer to read before answering: its whole first
-    frame when that is small (unread bytes can make the close reset the reply),
-    else its header alone."""
-    size = P.HEADER.size + P.HEADER.unpack_from(got)[7]  # + body_len
-    return size if size <= REFUSAL_BUDGET else P.HEADER.size
+class Commands:
+    """A ControlAPI seen from outside the agent's loop: calling one of its methods
+    posts a Command and waits for its result. ``who`` names the caller in the audit
+    log."""
+
+    def __init__(self, agent: Agent, api, who: str = "in-process"):
+        self._agent, self._api, self._who = agent, api, who
+
+    def as_caller(self, who: str) -> "Commands":
+        return Commands(self._agent, self._api, who)
+
+    def __getattr__(self, name: str):
+        method = getattr(self._api, name)
+        if name.startswith("_") or not callable(method):
+            raise AttributeError(name)
+
+        def call(*args, **kwargs):
+            try:
+                named = dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+            except TypeError as exc:  # as the method itself would say
+                raise TypeError(f"{name}: {exc}") from None
+            return self._agent.call(name, lambda: method(*args, **kwargs), named, self._who)
+        return call
 
 
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"status {code}"
+def _summary(result) -> str:
+    """A few words of a command's result for the audit line."""
+    if isinstance(result, dict):
+        several = result.get("vgpus")
+        if several:
+            return ": " + ", ".join(f"{v['vm']}#{v['device']} on GPU {v['gpu_index']} "
+                                    f"({v['mem']} bytes, {v['compute']}%)" for v in several)
+        if "vm" in result and "mem" in result:
+            return (f": {result['vm']}#{result.get('device', 0)} {result['mem']} bytes, "
+                    f"{result.get('compute', 0)}%")
+    if isinstance(result, list):
+        return f": {len(result)} entries"
+    return ""
 
 
 def default_state_dir() -> str:

@@ -190,11 +190,13 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
         _fail(exc)
     path = ctx.obj["control"] or default_socket()
     try:
-        server = serve(ControlAPI(runner, read_gpus), path, control_group)
-    except HvgpuError as exc:
+        server = serve(runner.commands(ControlAPI(runner, read_gpus)), path, control_group)
+    except BaseException as exc:
         runner.stop()
-        runner.serve_forever()  # returns at once: closes what start opened
-        _fail(exc)
+        runner.serve_forever()  # returns at once: closes what start opened, socket files too
+        if isinstance(exc, HvgpuError):
+            _fail(exc)
+        raise
     logging.getLogger("hvgpu").info("control lane on unix://%s", path)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: runner.stop())

@@ -5,15 +5,20 @@ API's own dicts), so there is no generated code to keep in step. The socket
 is born mode 0600 (bound under a private umask, whatever the agent's umask),
 then opened to a configured group as 0660. A socket that another agent still
 listens on is never removed. Must not add behaviour: every call is one
-ControlAPI method.
+ControlAPI method, run on the agent's loop (``Agent.commands``) when the server
+is given that; the caller's identity as its client states it (user, uid, pid:
+the socket's mode and group decide who may call at all) goes with the call to
+the audit log.
 """
 
 from __future__ import annotations
 
-import grpc
+import grp
 import json
 import os
-import grp
+import pwd
+
+import grpc
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,11 +40,22 @@ def _encode(doc) -> bytes:
     return json.dumps(doc).encode()
 
 
+CALLER_KEY = "hvgpu-caller"
+
+
+def _caller(context) -> str:
+    stated = dict(context.invocation_metadata() or ()).get(CALLER_KEY, "")
+    return f"{stated[:120] or 'an unnamed client'} (stated) on the control socket"
+
+
 def serve(api, path: str, group: str | None = None) -> grpc.Server:
+    """``api``: a ControlAPI, or Agent.commands' view of one (then each call runs on
+    the agent's loop and is audited with its caller)."""
     def make(name):
         def handler(request, context):
+            target = api.as_caller(_caller(context)) if hasattr(api, "as_caller") else api
             try:
-                return {"ok": True, "result": getattr(api, name)(**request)}
+                return {"ok": True, "result": getattr(target, name)(**request)}
             except HvgpuError as exc:
                 return {"ok": False, "code": exc.code, "message": str(exc)}
             except TypeError as exc:  # an argument the method does not take
@@ -52,6 +68,9 @@ def serve(api, path: str, group: str | None = None) -> grpc.Server:
         old = os.umask(0o022)  # the directory: others may pass through, never write
         try:
             sock.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        except OSError as exc:
+            raise TransportError(f"cannot make the control socket's directory "
+                                 f"{sock.parent}: {exc.strerror}") from None
         finally:
             os.umask(old)
     claim_unix_path(path)  # removes a stale socket; refuses a live agent's
@@ -59,8 +78,14 @@ def serve(api, path: str, group: str | None = None) -> grpc.Server:
                          handlers=[grpc.method_handlers_generic_handler(
                              SERVICE, {name: make(name) for name in METHODS})])
     with private_umask():
-        if not server.add_insecure_port(f"unix://{path}"):
-            raise TransportError(f"cannot open the control socket {path}")
+        try:
+            bound = server.add_insecure_port(f"unix://{path}")
+        except RuntimeError:  # newer gRPC raises where older ones returned 0
+            bound = 0
+        if not bound:
+            server.stop(0)
+            raise TransportError(f"cannot open the control socket {path}: its directory "
+                                 "must exist and be writable (--control PATH)")
         server.start()
     if group:
         try:
@@ -84,7 +109,8 @@ class ControlClient:
         stub = self.channel.unary_unary(f"/{SERVICE}/{name}", request_serializer=_encode,
                                         response_deserializer=json.loads)
         try:
-            reply = stub({k: v for k, v in kwargs.items() if v is not None}, timeout=self.timeout)
+            reply = stub({k: v for k, v in kwargs.items() if v is not None}, timeout=self.timeout,
+                         metadata=((CALLER_KEY, _me()),))
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise TransportError(f"no agent answers on {self.path}: is `hvgpu agent` "
@@ -97,3 +123,12 @@ class ControlClient:
 
     def close(self) -> None:
         self.channel.close()
+
+
+def _me() -> str:
+    uid = os.getuid()
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        name = "?"
+    return f"{name} (uid {uid}, pid {os.getpid()})"

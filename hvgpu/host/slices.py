@@ -86,6 +86,8 @@ class SliceManager:
         self._gpus = gpus
         self._lock = threading.RLock()
         self._slices = {s.key: s for s in store.all()}
+        # Called before every change: the agent makes it refuse any thread but its loop's.
+        self.guard: Callable[[], None] = lambda: None
 
     # -- queries -------------------------------------------------------------
 
@@ -142,6 +144,7 @@ class SliceManager:
         The region is host RAM, not GPU memory: its size, set here, is its limit, and
         is not counted against the GPU."""
         check_shm_size(shm)
+        self.guard()
         with self._lock:
             mine = self.of_vm(vm)  # checks the name
             if mine and not add:
@@ -172,6 +175,7 @@ class SliceManager:
 
     def adopt(self, s: Slice) -> Slice:
         """Take a vGPU recorded elsewhere (a domain's metadata) as it is."""
+        self.guard()
         VgpuKey.of(s.vm, s.device)
         check_shm_size(s.shm)
         with self._lock:
@@ -211,6 +215,7 @@ class SliceManager:
                in_use: int = 0, device: int = 0, shm: int | None = None) -> Slice:
         """New limits for one vGPU (None: unchanged). Whether its shared-memory region
         may change now is the caller's question (a running VM's cannot)."""
+        self.guard()
         if shm is not None:
             check_shm_size(shm)
         with self._lock:
@@ -258,6 +263,7 @@ class SliceManager:
     def detach(self, vm: str, device: int | None = None) -> list[Slice]:
         """All of the VM's vGPUs, or its last one (``device``): CUDA numbers a VM's
         devices 0..N-1 without gaps."""
+        self.guard()
         with self._lock:
             gone = self.removable(vm, device)
             self.store.delete(vm, device)

@@ -239,7 +239,7 @@ def test_a_busy_guest_does_not_hold_up_another(fake_agent):
 def test_a_killed_executor_loses_its_guest_only(fake_agent):
     victim = Connection(fake_agent.address)
     victim.call("PING")
-    pid = next(iter(fake_agent.agent.executors))
+    pid = next(iter(fake_agent.agent.supervisor.whole))
     os.kill(pid, signal.SIGKILL)
     with pytest.raises(ConnectionLost):
         victim.call("PING")
@@ -279,7 +279,7 @@ def test_agent_stop_ends_executors_and_removes_its_socket(tmp_path):
     conn.call("PING")
     agent.stop()
     assert not agent.socket.exists()
-    assert not agent.agent.executors
+    assert not agent.agent.supervisor.whole
     with pytest.raises(ConnectionLost):
         conn.call("PING")
 

@@ -141,12 +141,22 @@ def test_a_restarted_agent_reconciles_with_the_domains(tmp_path):
         keep.undefine()
 
 
+def forget(agent, vm):
+    """The agent drops the VM's slices (on its loop, where slices change)."""
+    agent.agent.call("forget", lambda: (agent.agent.slices.detach(vm),
+                                        agent.agent.slices_changed()))
+
+
+def reconcile(agent) -> list[str]:
+    return agent.agent.call("reconcile", lambda: agent.agent.vms.reconcile(agent.agent.slices))
+
+
 def test_every_vgpu_of_a_domain_is_recorded_and_restored_from_its_metadata(agent):
     dom = define(agent, vsock_domain("lv-v"))
     agent.api.attach("lv-v", "64M", gpu=0, count=2)  # the test double has one GPU: named
     assert '<vgpu device="1">' in dom.XMLDesc(0).replace("hvgpu:", "")
-    agent.agent.slices.detach("lv-v")  # the agent forgets; the domain remembers
-    assert agent.agent.vms.reconcile(agent.agent.slices) == [
+    forget(agent, "lv-v")  # the agent forgets; the domain remembers
+    assert reconcile(agent) == [
         "lv-v: slice restored from the domain's metadata (2 vGPUs)"]
     assert [(x["vm"], x["device"]) for x in agent.api.list()] == [("lv-v", 0), ("lv-v", 1)]
     with pytest.raises(HvgpuError, match="detach vGPU 1 of 'lv-v' first"):
@@ -282,8 +292,8 @@ def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
 def test_the_region_is_restored_from_the_domains_metadata(agent):
     dom = define(agent, shmem_domain("lv-s3", mib=2))
     agent.api.attach("lv-s3", "64M", shm="2M")
-    agent.agent.slices.detach("lv-s3")  # the agent forgets; the domain remembers
-    agent.agent.vms.reconcile(agent.agent.slices)
+    forget(agent, "lv-s3")  # the agent forgets; the domain remembers
+    reconcile(agent)
     assert [(x["vm"], x["shm"]) for x in agent.api.list()] == [("lv-s3", 2 << 20)]
     assert agent.agent.vms.hv.read_slice(dom).shm == 2 << 20
 

@@ -256,14 +256,17 @@ def test_vsock_port_plus_n_reaches_vgpu_n_of_the_connecting_vm(two_gpu_agent):
     agent = two_gpu_agent.agent
     ports = [VsockListener(P.DEFAULT_PORT + n) for n in range(3)]
     for n, listener in enumerate(ports):
-        agent.device_ports[listener] = n
+        agent.router.device_ports[listener] = n
     two_gpu_agent.api.attach("vm1", "8M", cid=7, count=2)
-    assert agent._route(ports[0], "vsock:7:1030") == ("slice", VgpuKey("vm1", 0))
-    assert agent._route(ports[1], "vsock:7:1031") == ("slice", VgpuKey("vm1", 1))
-    route, why = agent._route(ports[2], "vsock:7:1032")
-    assert route == "refuse" and "has 2 vGPU(s), not a device 2" in why
-    route, why = agent._route(ports[1], "vsock:8:1033")
-    assert route == "refuse" and "hvgpu attach VM --mem SIZE --cid 8" in why
+    def route(listener, peer):
+        return agent.router.route(listener, peer, agent.registry, None)
+
+    assert route(ports[0], "vsock:7:1030") == ("slice", VgpuKey("vm1", 0))
+    assert route(ports[1], "vsock:7:1031") == ("slice", VgpuKey("vm1", 1))
+    route_, why = route(ports[2], "vsock:7:1032")
+    assert route_ == "refuse" and "has 2 vGPU(s), not a device 2" in why
+    route_, why = route(ports[1], "vsock:8:1033")
+    assert route_ == "refuse" and "hvgpu attach VM --mem SIZE --cid 8" in why
 
 
 def test_guest_info_and_smi_list_every_vgpu_of_the_vm(two_gpu_agent, capsys):

@@ -28,7 +28,7 @@ from hvgpu.virtio.transport import connect, receive_message, send_message
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 
 M = 1 << 20
-SIDES = {"agent": [REPO / "hvgpu/host/agent.py"],
+SIDES = {"agent": [REPO / "hvgpu/host/agent.py", REPO / "hvgpu/host/supervisor.py"],
          "executor": [REPO / "hvgpu/host/executor/__main__.py",
                       REPO / "hvgpu/host/executor/control.py"]}
 
@@ -113,7 +113,7 @@ class FakeExecutors:
 
     def __init__(self, agent, vm: str, monkeypatch):
         self.ends: queue.Queue = queue.Queue()
-        real = agent._start_executor
+        real = agent.supervisor._start
 
         def start(fd, args, *rest, **kwargs):
             if "--vm" in args and args[args.index("--vm") + 1] == vm:
@@ -123,7 +123,7 @@ class FakeExecutors:
                 return proc
             return real(fd, args, *rest, **kwargs)
 
-        monkeypatch.setattr(agent, "_start_executor", start)
+        monkeypatch.setattr(agent.supervisor, "_start", start)
 
 
 def _receive(end) -> tuple:

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.guest import Connection, Device
 from hvgpu.host import agent as agent_module
+from hvgpu.host import router as router_module
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.framing import FrameReader, pack_header
@@ -99,7 +100,7 @@ def test_hundreds_of_silent_or_trickling_refused_peers_stay_bounded(running):
         ours = {_inode(p) for p in peers}
         agents = _socket_inodes() - ours - sockets_before
         assert threads <= threads_before + 4, threads - threads_before
-        assert len(agents) <= agent_module.MAX_REFUSALS + 8, len(agents)
+        assert len(agents) <= router_module.MAX_REFUSALS + 8, len(agents)
         assert running.thread.is_alive()
     finally:
         for peer in peers:

@@ -106,8 +106,9 @@ def test_two_executors_of_one_vgpu_never_hand_out_rooms_of_its_region_at_once(tm
         with Connection(running.vm_address("vm1")) as old:
             region = old.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[0]
             (room,) = old.call("SHM_ALLOC", region, 0, 8192)
-            with running.agent.lock:  # as a resize under MPS does
-                running.agent._retire(running.agent.current[VgpuKey("vm1", 0)])
+            record = running.agent.registry.get(VgpuKey("vm1", 0))
+            running.agent.call("retire", lambda: running.agent.supervisor.retire(
+                record, record.current))  # as a resize under MPS does
             with Connection(running.vm_address("vm1")) as new:  # on a newer executor
                 try:
                     region_new = new.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[0]
