@@ -19,7 +19,7 @@ from tests.guest.fake_sysfs import MiB, add_device
 @pytest.fixture
 def agent(tmp_path):
     running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
-    running.api.attach("vm1", "256M", "25%")
+    running.api.attach("vm1", "256M", "25%", allow_time_shared=True)
     yield running
     running.stop()
 

@@ -220,7 +220,7 @@ def test_a_lost_state_is_rebuilt_from_libvirt_metadata_saying_so(tmp_path, caplo
     first.defined = []
     try:
         dom = define(first, vsock_domain("lv-state"))
-        first.api.attach("lv-state", "32M", "50%")
+        first.api.attach("lv-state", "32M", "50%", allow_time_shared=True)
     finally:
         first.stop()
     for name in ("slices.db", "slices.json"):  # the whole state is gone
