@@ -161,7 +161,9 @@ def test_cli_talks_to_the_agent_with_json_and_tables(agent):
     out = runner.invoke(cli, base + ["gpus"])
     assert "hvgpu fake GPU" in out.output and "compute time-shared" in out.output
     out = runner.invoke(cli, base + ["attach", "vm3", "--mem", "4X", "--cid", "9"])
-    assert out.exit_code == 1 and "not a size" in out.output
+    assert out.exit_code == 2 and "not a size" in out.output  # refused before the agent
+    with pytest.raises(HvgpuError, match="'4' has no unit"):  # and by the agent itself
+        ControlClient(agent.control).call("attach", vm="vm3", mem="4", cid=9)
     out = runner.invoke(cli, base + ["attach", "vm9", "--mem", "1G"])
     assert out.exit_code == 1 and "pass --cid N" in out.output
     out = runner.invoke(cli, base + ["detach", "nope"])
