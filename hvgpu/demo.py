@@ -3,8 +3,10 @@
 Uses only public pieces (a private ``Agent``, ``ControlAPI``, the guest API)
 so it shows the path an operator and a VM's program take; the guest side runs
 in this process over a unix socket bound to the VM (vsock needs a real VM).
-Without a GPU or a libvirt daemon it uses stand-ins and says so. Must not
-reach into executor internals, and must say plainly what it could not do.
+Without a GPU or a libvirt daemon it uses stand-ins and says so; a domain the
+operator named (``--vm``) that cannot be reached is never stood in for silently:
+the libvirt steps are said to be skipped, and the demo fails. Must not reach
+into executor internals, and must say plainly what it could not do.
 """
 
 from __future__ import annotations
@@ -94,10 +96,9 @@ def run_demo(size: int, echo=print, device: str | None = None, env: dict | None 
     """
     logging.basicConfig(level=logging.WARNING)
     gpus_fn, gpu_note = _choose_gpus(gpus)
+    uri, libvirt_note, name = _choose_libvirt(vm, connect)
     with tempfile.TemporaryDirectory(prefix="hvgpu-demo-") as tmp:
-        name = vm or DEMO_VM
         guest_socket = f"unix://{Path(tmp) / 'guest.sock'}"
-        uri, libvirt_note = _choose_libvirt(vm, connect)
         agent = Agent(AgentConfig(listen=[f"{guest_socket}={name}"], vsock_port=None,
                                   cache_dir=default_cache_dir(), state_dir=str(Path(tmp) / "state"),
                                   mps=False, device=device, log_level="WARNING", env=env or {},
@@ -107,7 +108,7 @@ def run_demo(size: int, echo=print, device: str | None = None, env: dict | None 
         thread.start()
         try:
             return _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
-                        define=vm is None)
+                        define=vm is None, uri=connect)
         finally:
             agent.stop()
             thread.join(timeout=10)
@@ -131,21 +132,32 @@ def _choose_gpus(gpus):
 
 
 def _choose_libvirt(vm, connect):
+    """(the URI the agent uses or None, why none, the VM's name). A domain named by
+    name or UUID is looked up first, so one that does not exist stops the demo
+    (NoSuchVm) before anything is attached."""
     try:
         from hvgpu.host.hypervisor import Hypervisor, start_event_loop
     except ImportError:
-        return None, "libvirt-python is not installed"
+        return None, "libvirt-python is not installed", vm or DEMO_VM
     if vm is not None:
-        return connect, ""
+        try:
+            hv = Hypervisor(connect)
+        except HvgpuError as exc:
+            return None, str(exc), vm
+        try:
+            return connect, "", hv.domain(vm).name()
+        finally:
+            hv.close()
     start_event_loop()
     try:
         Hypervisor("test:///default").close()
     except HvgpuError as exc:
-        return None, str(exc)
-    return "test:///default", ""
+        return None, str(exc), DEMO_VM
+    return "test:///default", "", DEMO_VM
 
 
-def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note, define) -> int:
+def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note, define,
+         uri=None) -> int:
     from hvgpu.host.control import ControlAPI
     from hvgpu.host.render import vsock_xml
 
@@ -155,9 +167,16 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     echo(f"gpu:       {gpu.name} (GPU {gpu.index})" if not gpu_note else
          f"gpu:       none usable here ({gpu_note}); the slice goes on a placeholder so the "
          "slice and libvirt steps can be shown, and no CUDA will run")
+    skipped = None  # why the libvirt steps did not run, when they did not
     if agent.vms is None:
-        echo(f"libvirt:   not available ({libvirt_note or agent.libvirt_reason}); the slice is "
-             "bound to a local socket instead of a domain")
+        skipped = libvirt_note or agent.libvirt_reason
+        if not define:  # the operator named a domain: it is not stood in for quietly
+            echo(f"libvirt:   NOT reachable at {uri} ({skipped}); domain {name} was not "
+                 "looked up: the slice is bound to a local socket instead, and the libvirt "
+                 "steps are skipped")
+        else:
+            echo(f"libvirt:   not available ({skipped}); the slice is bound to a local "
+                 "socket instead of a domain")
     elif define:
         echo("libvirt:   test:///default, libvirt's built-in test host (hvgpu demo --vm NAME "
              "uses one of your domains instead)")
@@ -178,6 +197,9 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
         meta = [line.strip() for line in dom.XMLDesc(0).splitlines() if "slice" in line
                 or "memory unit=\"bytes\"" in line]
         echo("metadata:  " + " ".join(meta[:3]) + " ...  (what virsh dumpxml shows)")
+    else:
+        echo(f"metadata:  SKIPPED: no slice was written into a domain, because libvirt is "
+             f"not available ({skipped})")
     if gpu_note:
         echo("cuda:      NOT run: this host has no usable NVIDIA GPU")
     else:
@@ -201,7 +223,16 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
         dom = agent.vms.hv.domain(name)
         dom.destroy()
         dom.undefine()
+    ran = ("the agent, the slice manager, libvirt metadata and the control API ran"
+           if skipped is None else "the agent, the slice manager and the control API ran; "
+           "the libvirt steps did NOT run (libvirt is not available)")
     if gpu_note:
-        echo("result:    the agent, the slice manager, libvirt metadata and the control API "
-             "ran; CUDA did NOT run, because this host has no usable NVIDIA GPU and driver.")
-    return 0 if ok and gone else 1
+        echo(f"result:    {ran}; CUDA did NOT run, because this host has no usable NVIDIA "
+             "GPU and driver.")
+    elif skipped is not None:
+        echo(f"result:    {ran}.")
+    unreached = skipped is not None and not define
+    if unreached:
+        echo(f"result:    FAILED: libvirt at {uri} is not reachable, so domain {name} was not "
+             "used")
+    return 0 if ok and gone and not unreached else 1

@@ -5,28 +5,48 @@ from hvgpu.units import BadValue, format_size, parse_share, parse_shm_size, pars
 
 @pytest.mark.parametrize("text, value", [
     ("4G", 4 << 30), ("4096M", 4 << 30), ("4GiB", 4 << 30), ("0.5G", 512 << 20),
-    ("512MiB", 512 << 20), ("1024", 1024), ("2 g", 2 << 30), ("1T", 1 << 40), (".5G", 512 << 20),
+    ("512MiB", 512 << 20), ("1024B", 1024), ("2 g", 2 << 30), ("1T", 1 << 40), (".5G", 512 << 20),
+    ("1.5G", 1536 << 20), (4096, 4096),
 ])
 def test_sizes_operators_type(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "4X", "-1G", "0", "G", "four", "4GB5"])
+@pytest.mark.parametrize("text", ["", "4X", "-1G", "0G", "G", "four", "4GB5", True])
 def test_bad_sizes_say_how_to_write_one(text):
-    with pytest.raises(BadValue):
+    with pytest.raises(BadValue) as info:
         parse_size(text)
+    assert "512M, 4G, 4GiB or 1.5G" in str(info.value) or "more than zero" in str(info.value)
 
 
-@pytest.mark.parametrize("text, pct", [("25%", 25), ("0.25", 25), ("1", 100), ("100%", 100),
-                                       ("50", 50)])
+@pytest.mark.parametrize("text", ["4", "4096", "0", "1.5", " 4 "])
+def test_a_size_without_a_unit_is_refused_listing_the_forms_and_what_units_mean(text):
+    # "--mem 4" was a 4-byte slice
+    with pytest.raises(BadValue) as info:
+        parse_size(text)
+    said = str(info.value)
+    assert "has no unit" in said
+    assert "512M, 4G, 4GiB or 1.5G" in said and "powers of 1024: 1G = 1024M" in said
+
+
+@pytest.mark.parametrize("text, pct", [("25%", 25), ("0.25", 25), ("100%", 100), ("50%", 50),
+                                       ("0.5", 50), ("0.29", 29), ("1%", 1), (".75", 75)])
 def test_shares(text, pct):
     assert parse_share(text) == pct
 
 
-@pytest.mark.parametrize("text", ["0%", "101%", "abc", "12.5%", "-0.1"])
+@pytest.mark.parametrize("text", ["0%", "101%", "abc", "12.5%", "-0.1", "0.125", "0"])
 def test_bad_shares(text):
     with pytest.raises(BadValue):
         parse_share(text)
+
+
+@pytest.mark.parametrize("text", ["1", "2", "50", "1.0", "100"])
+def test_a_share_without_percent_must_be_a_fraction_below_one(text):
+    # "--compute 1" meant 100% while "--compute 2" meant 2%
+    with pytest.raises(BadValue) as info:
+        parse_share(text)
+    assert "25%" in str(info.value) and "fraction below 1" in str(info.value)
 
 
 def test_sizes_print_the_way_they_are_typed():
@@ -43,8 +63,8 @@ def test_shared_memory_sizes(text, value):
     assert parse_shm_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["3G", "1.5G", "512K", "1048575", "2T", 3 << 20, 1 << 19,
-                                  -(1 << 20), True])
+@pytest.mark.parametrize("text", ["3G", "1.5G", "512K", "1048575", "1048576", "2T", 3 << 20,
+                                  1 << 19, -(1 << 20), True])
 def test_a_shared_memory_size_that_is_no_ivshmem_bar_says_what_is_accepted(text):
     with pytest.raises(BadValue) as info:
         parse_shm_size(text)

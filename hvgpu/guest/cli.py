@@ -1,12 +1,14 @@
 """``hvgpu-guest``: what this VM's vGPU is, from inside the VM.
 
     hvgpu-guest info [--json]     the vGPU: name, memory (= quota), compute share
-    hvgpu-guest smi               an nvidia-smi-like view of the slice
+    hvgpu-guest smi [--json]      an nvidia-smi-like view of the slice
     hvgpu-guest run -- CMD ARGS   run an unmodified CUDA program on the vGPU (libcuda shim)
-    hvgpu-guest coverage          which CUDA driver entry points the shim implements
+    hvgpu-guest coverage [--json] which CUDA driver entry points the shim implements
     hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
     hvgpu-guest install           give group hvgpu the VM's shared-memory device (udev rule)
 
+Every listing takes --json. Output into a pipe that closes early
+(``hvgpu-guest coverage | head -2``) ends the command quietly, as it ends cat.
 Standard library only (argparse), so it runs in a VM where nothing but this
 package is installed. Must not import ``hvgpu.host``.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +221,22 @@ def install_command(root: str) -> int:
 
 
 def main(argv=None) -> int:
+    """The command; a reader that goes away (EPIPE) ends it quietly with 128 + SIGPIPE,
+    the status a shell reports for a program that SIGPIPE ended."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, where EPIPE is caught, not at exit, where it is not
+        return code
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and print that it could not: point
+        # stdout at /dev/null first
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         prog="hvgpu-guest", description="This VM's GPU slices, served by the host's hvgpu agent.",
         epilog=f"The agent is reached at ${ENV_ADDRESS}, else vsock://{P.HOST_CID}:"
@@ -228,7 +247,9 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="list this VM's vGPUs (memory = quota, compute share)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    sub.add_parser("smi", help="an nvidia-smi-like view of the slice")
+    p = sub.add_parser("smi", help="an nvidia-smi-like view of the slice")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable output (what info --json prints)")
     p = sub.add_parser(
         "run", help="run a command with the libcuda shim in place",
         description="Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, "
@@ -276,10 +297,10 @@ def main(argv=None) -> int:
     except HvgpuError as exc:
         print(f"hvgpu-guest: {exc}", file=sys.stderr)
         return 1
-    if args.command == "info":
-        print(json.dumps(d, indent=2) if args.json else info_text(d))
+    if args.json:
+        print(json.dumps(d, indent=2))
     else:
-        print(smi_text(d))
+        print(info_text(d) if args.command == "info" else smi_text(d))
     return 0
 
 

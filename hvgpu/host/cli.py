@@ -22,8 +22,14 @@ except ImportError:  # a guest-only install: no host dependencies at all
 
 from hvgpu import __version__
 from hvgpu.errors import HvgpuError
-from hvgpu.units import format_size, parse_size
+from hvgpu.host.names import MAX_VGPUS
+from hvgpu.host.state import MAX_CID
+from hvgpu.units import SHARE_FORMS, SIZE_FORMS, format_size, parse_size
 from hvgpu.virtio.protocol import DEFAULT_PORT
+
+MAX_VCPUS = 255  # x2APIC IDs above 254 need an IOMMU with interrupt remapping, which
+#                  the domain domain-xml prints does not have
+TEST_URI = "test:///default"
 
 
 def _fail(exc: HvgpuError):
@@ -37,7 +43,12 @@ def _fail(exc: HvgpuError):
               help="The agent's control socket [default: /run/hvgpu/control.sock as root].")
 @click.option("-c", "--connect", metavar="URI", envvar="LIBVIRT_DEFAULT_URI",
               default="qemu:///system", show_default=True,
-              help="libvirt URI the agent manages VMs through (as virsh has it).")
+              help="libvirt URI the agent manages VMs through (as virsh has it). `agent` "
+                   "manages that libvirt's VMs, `systemd-unit` writes it into the unit, "
+                   "`demo --vm` uses that libvirt's domain; given here, the commands that "
+                   "talk to a running agent (gpus, attach, detach, resize, list, status) "
+                   "are refused when that agent manages another libvirt's VMs; domain-xml "
+                   "and demo without --vm use no libvirt of yours and refuse it.")
 @click.pass_context
 def cli(ctx, control, connect):
     """GPU sharing for libvirt/KVM hosts.
@@ -53,7 +64,14 @@ def cli(ctx, control, connect):
       hvgpu attach vm1 --mem 4G --cid 3       give the VM with CID 3 a 4 GiB slice
       hvgpu status                            what each slice uses
     """
-    ctx.obj = {"control": control, "connect": connect}
+    given = ctx.get_parameter_source("connect") == click.core.ParameterSource.COMMANDLINE
+    ctx.obj = {"control": control, "connect": connect, "connect_given": given}
+
+
+def _refuse_connect(ctx, why: str) -> None:
+    """-c given for a command that uses no libvirt of the operator's: refused, not ignored."""
+    if ctx.obj["connect_given"]:
+        _fail(HvgpuError(f"-c/--connect does not apply to `{ctx.info_name}`: {why}"))
 
 
 def _client(ctx):
@@ -63,10 +81,16 @@ def _client(ctx):
 
 
 def _call(ctx, name, **kwargs):
+    """One call to the agent; with -c given, the agent must manage that libvirt's VMs."""
+    if ctx.obj["connect_given"]:
+        kwargs["connect"] = ctx.obj["connect"]
     try:
-        return _client(ctx).call(name, **kwargs)
+        result = _client(ctx).call(name, **kwargs)
     except HvgpuError as exc:
         _fail(exc)
+    if isinstance(result, dict) and result.get("warning"):
+        click.echo(f"hvgpu: WARNING: {result['warning']}", err=True)
+    return result
 
 
 def _emit(data, as_json: bool, text) -> None:
@@ -85,12 +109,18 @@ def _share(pct: int) -> str:
     return f"{pct}%" if pct else "shared"
 
 
+def _cid(s) -> str:
+    """The VM's vsock CID: the one it was attached with, else the one libvirt gave it."""
+    cid = s["cid"] if s.get("cid") is not None else s.get("vsock_cid")
+    return "-" if cid is None else str(cid)
+
+
 def _slice_rows(slices, extra=()):
     rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "SHM", "CID", *[h for h, _ in extra]]]
     for s in slices:
         rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
                      _share(s["compute"]), format_size(s["shm"]) if s.get("shm") else "-",
-                     "-" if s["cid"] is None else str(s["cid"]), *[f(s) for _, f in extra]])
+                     _cid(s), *[f(s) for _, f in extra]])
     return rows
 
 
@@ -102,6 +132,61 @@ _SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: C
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+_MEM_HELP = f"Memory quota: {SIZE_FORMS}."
+_COMPUTE_HELP = (f"Share of the GPU's SMs: {SHARE_FORMS}. Enforced by MPS; where MPS does "
+                 "not run, refused unless --allow-time-shared")
+_TIME_SHARED_HELP = ("Take a --compute share even where MPS does not run to enforce it (the "
+                     "share is recorded, and the VM's kernels time-share the GPU); a warning "
+                     "is printed and logged.")
+_VM_ARG_HELP = "VM is a libvirt domain's name or UUID, or the name a VM was attached by."
+
+
+def _checked(parse):
+    """An option callback: the value as typed, once ``parse`` accepts it (the agent parses
+    it again), so a bad one is refused here even without an agent."""
+    def callback(ctx, param, value):
+        if value in (None, ""):
+            return value
+        try:
+            parse(value)
+        except HvgpuError as exc:
+            raise click.BadParameter(str(exc)) from None
+        return value
+    return callback
+
+
+def _size(text):
+    return parse_size(text)
+
+
+def _shm(text):
+    from hvgpu.units import parse_shm_size
+
+    return parse_shm_size(text)
+
+
+def _compute(text):
+    from hvgpu.units import parse_share
+
+    return parse_share(text)
+
+
+def _vcpus_option(ctx, param, value):
+    if not 1 <= value <= MAX_VCPUS:
+        raise click.BadParameter(
+            f"{value}: a domain has 1 to {MAX_VCPUS} virtual CPUs (more need an IOMMU with "
+            "interrupt remapping, which this domain does not have)")
+    return value
+
+
+def _cid_option(ctx, param, value):
+    if value is None:
+        return None
+    if not 3 <= value <= MAX_CID:
+        raise click.BadParameter(
+            f"{value} is not a guest's CID: a VM's vsock CID is 3 to {MAX_CID} (0 is the "
+            f"hypervisor, 1 this host's loopback, 2 the host; {MAX_CID + 1} means any)")
+    return value
 
 
 def _local_shm(text: str) -> int:
@@ -119,8 +204,9 @@ def _local_shm(text: str) -> int:
                    "hvsock:///path/vm.vsock:PORT, tcp://HOST:PORT. With =VM, connections "
                    "there belong to VM's slice (=VM#N: its vGPU N); without, each gets the "
                    "whole GPU (host-local use).")
-@click.option("--vsock-port", type=int, default=DEFAULT_PORT, show_default=True,
-              help="vsock port guests connect to (host CID 2).")
+@click.option("--vsock-port", type=click.IntRange(1, 2 ** 32 - 1 - MAX_VGPUS),
+              default=DEFAULT_PORT, show_default=True,
+              help="vsock port guests connect to (host CID 2); vGPU N of a VM at PORT + N.")
 @click.option("--no-vsock", is_flag=True, help="Do not listen on vsock.")
 @click.option("--gpu", type=int, default=0, show_default=True,
               help="CUDA ordinal of the GPU that executors use.")
@@ -230,25 +316,29 @@ def gpus(ctx, as_json):
 
 @cli.command()
 @click.argument("vm")
-@click.option("--mem", required=True, metavar="SIZE", help="Memory quota: 4G, 4096M, 4GiB, 0.5G.")
-@click.option("--compute", default=None, metavar="SHARE",
-              help="Share of the GPU's SMs: 25% or 0.25 [default: none reserved, time-shared].")
+@click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_size))
+@click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
+              help=_COMPUTE_HELP + " [default: none reserved, time-shared].")
+@click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
 @click.option("--gpu", default=None, metavar="N|UUID",
               help="Place on this GPU [default: the agent's placement policy].")
 @click.option("--placement", default=None, type=click.Choice(["best-fit", "pack", "spread"]),
               help="Choose the GPU by this policy instead of the agent's (see hvgpu agent --help).")
-@click.option("--cid", type=int, default=None, metavar="N",
-              help="The VM's vsock CID, for VMs that libvirt does not manage "
-                   "(Firecracker, Cloud Hypervisor, plain QEMU).")
+@click.option("--cid", type=int, default=None, metavar="N", callback=_cid_option,
+              help=f"The VM's vsock CID, for VMs that libvirt does not manage "
+                   f"(Firecracker, Cloud Hypervisor, plain QEMU): 3 to {MAX_CID}, and no "
+                   "other VM's (another slice's, or one libvirt gave a running domain).")
 @click.option("--count", type=click.IntRange(1, 8), default=1, show_default=True,
               help="How many vGPUs, each with --mem and --compute, on distinct GPUs "
                    "(unless --gpu names one); the guest sees devices 0..COUNT-1.")
 @click.option("--add", is_flag=True,
               help="VM already has vGPUs: attach more after them (its next device numbers).")
-@click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]")
+@click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]",
+              callback=_checked(_shm))
 @_json_option
 @click.pass_context
-def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, shm, as_json):
+def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count, add, shm,
+           as_json):
     """Give VM a GPU slice (a vGPU); it applies to the VM's next CUDA connection.
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
@@ -276,10 +366,16 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, shm, as_json)
       hvgpu attach vm1 --mem 4G --add
       hvgpu attach vm4 --mem 4G --shm 1G
       hvgpu attach fc-vm --mem 2G --cid 3
+      hvgpu attach 5a0e33c4-7d2b-4f7e-9c1a-2b3c4d5e6f70 --mem 1.5G
+
+    Sizes need a unit (4 alone is refused): K, M, G, T and KiB, MiB, GiB,
+    TiB are powers of 1024 (1G = 1024M). A compute share is 25% or 0.25;
+    where MPS does not run it cannot be enforced, and is refused unless
+    --allow-time-shared is given.
     """
     s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid,
               placement=placement, count=count if count != 1 else None, add=add or None,
-              shm=shm)
+              shm=shm, allow_time_shared=allow_time_shared or None)
 
     def text(s):
         line = f"attached {s['vm']}: " + "; ".join(
@@ -308,6 +404,8 @@ def attach(ctx, vm, mem, compute, gpu, cid, placement, count, add, shm, as_json)
 def detach(ctx, vm, unplug, device, as_json):
     """Remove VM's slice (and its domain metadata); its CUDA connections are closed.
 
+    VM is a libvirt domain's name or UUID, or the name a VM was attached by.
+
     \b
     Examples:
       hvgpu detach vm1
@@ -322,17 +420,22 @@ def detach(ctx, vm, unplug, device, as_json):
 
 @cli.command()
 @click.argument("vm")
-@click.option("--mem", default=None, metavar="SIZE", help="New memory quota.")
-@click.option("--compute", default=None, metavar="SHARE", help="New compute share.")
-@click.option("--shm", default=None, metavar="SIZE",
+@click.option("--mem", default=None, metavar="SIZE", callback=_checked(_size),
+              help="New memory quota: " + SIZE_FORMS + ".")
+@click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
+              help="New compute share. " + _COMPUTE_HELP + ".")
+@click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
+@click.option("--shm", default=None, metavar="SIZE", callback=_checked(_shm),
               help="New shared-memory region (0: none). Only while the guest cannot use it: "
                    "a libvirt domain must be shut off (ivshmem cannot be resized live).")
 @click.option("--device", type=int, default=0, show_default=True, metavar="N",
               help="Which of the VM's vGPUs.")
 @_json_option
 @click.pass_context
-def resize(ctx, vm, mem, compute, shm, device, as_json):
+def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
     """Change a running VM's slice.
+
+    VM is a libvirt domain's name or UUID, or the name a VM was attached by.
 
     The memory quota changes at once for every connection of the VM; shrinking
     below what its guests use is refused with the figure. With MPS, the
@@ -350,7 +453,8 @@ def resize(ctx, vm, mem, compute, shm, device, as_json):
       hvgpu resize vm1 --compute 50%
       virsh shutdown vm4 && hvgpu resize vm4 --shm 2G
     """
-    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None, shm=shm)
+    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None, shm=shm,
+              allow_time_shared=allow_time_shared or None)
 
     def text(s):
         line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
@@ -405,8 +509,11 @@ def status(ctx, as_json):
 
 @cli.command(name="domain-xml")
 @click.argument("name")
-@click.option("--memory", default="8G", show_default=True, metavar="SIZE", help="Guest RAM.")
-@click.option("--vcpus", default=4, show_default=True, type=int)
+@click.option("--memory", default="8G", show_default=True, metavar="SIZE",
+              help=f"Guest RAM, at least 1M: {SIZE_FORMS}.")
+@click.option("--vcpus", default=4, show_default=True, type=int, callback=_vcpus_option,
+              help=f"Virtual CPUs, 1 to {MAX_VCPUS} (more need an IOMMU with interrupt "
+                   "remapping, which this domain does not have).")
 @click.option("--disk", required=True, metavar="PATH", help="The guest's disk image.")
 @click.option("--disk-format", default="qcow2", show_default=True,
               type=click.Choice(["qcow2", "raw"]))
@@ -424,8 +531,9 @@ def status(ctx, as_json):
               help="Also an ivshmem-plain device hvgpu-NAME of SIZE for the shared-memory "
                    "region of vGPU 0, as hvgpu attach --shm SIZE adds it (give attach the "
                    "same SIZE). A power of two from 1M to 1T.")
-def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, domain_type,
-                   vhost_user_vsock, shm):
+@click.pass_context
+def domain_xml_cmd(ctx, name, memory, vcpus, disk, disk_format, cloud_init, network,
+                   domain_type, vhost_user_vsock, shm):
     """Print a complete q35 domain for a GPU-sharing guest (with its vsock device).
 
     \b
@@ -438,7 +546,18 @@ def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, 
     """
     from hvgpu.host.names import VgpuKey, shm_name
     from hvgpu.host.render import domain_xml
-    from hvgpu.units import parse_shm_size, parse_size
+    from hvgpu.units import parse_shm_size
+
+    _refuse_connect(ctx, "it prints XML and talks to no libvirt; define the domain with "
+                         "virsh -c URI define FILE")
+    try:
+        ram = parse_size(memory)
+    except HvgpuError as exc:
+        raise click.BadParameter(str(exc), param_hint="--memory") from None
+    if ram < 1 << 20:
+        raise click.BadParameter(f"{memory!r} is {format_size(ram)}: a guest's RAM is at "
+                                 "least 1M (libvirt counts it in KiB; a guest needs far more "
+                                 "to boot)", param_hint="--memory")
 
     if vhost_user_vsock is not None and not vhost_user_vsock.startswith("/"):
         # QEMU resolves a relative path from its own working directory, not this one
@@ -447,7 +566,7 @@ def domain_xml_cmd(name, memory, vcpus, disk, disk_format, cloud_init, network, 
     try:
         region = parse_shm_size(shm) if shm not in (None, "") else 0
         shmem = (shm_name(VgpuKey.of(name)), region >> 20) if region else None
-        click.echo(domain_xml(name, parse_size(memory), vcpus, disk, disk_format=disk_format,
+        click.echo(domain_xml(name, ram, vcpus, disk, disk_format=disk_format,
                               cloud_init=cloud_init, network=network, domain_type=domain_type,
                               cpu_mode="host-passthrough" if domain_type == "kvm"
                               else "host-model", vhost_user_vsock=vhost_user_vsock,
@@ -503,6 +622,10 @@ def demo(ctx, size, vm):
     """
     from hvgpu.demo import run_demo
 
+    if vm is None and ctx.obj["connect"] != TEST_URI:
+        _refuse_connect(ctx, f"without --vm the demo defines its own domain on libvirt's "
+                             f"built-in {TEST_URI} host; name one of your domains with "
+                             "--vm NAME to use that libvirt")
     try:
         sys.exit(run_demo(size, echo=click.echo, vm=vm, connect=ctx.obj["connect"]))
     except HvgpuError as exc:

@@ -2,24 +2,43 @@
 
 Each method takes plain values, validates them, drives the slice manager and
 the agent, and returns plain dicts (what ``--json`` prints). Expected failures
-raise ``HvgpuError`` subclasses with stable codes. Must not format output or
-import gRPC: the adapters do.
+raise ``HvgpuError`` subclasses with stable codes. A VM is named by its name or,
+for a libvirt domain, its UUID: every method resolves it to libvirt's name
+first. ``connect``, where a caller gives it, is the libvirt URI the caller
+means; a call meant for another libvirt than the agent's is refused. Must not
+format output or import gRPC: the adapters do.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
+from hvgpu.host.hypervisor import NoSuchVm
 from hvgpu.host.inventory import Gpu
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, shm_name
+from hvgpu.host.slices import SliceError, UnknownVm, check_cid
 from hvgpu.host.transaction import Transaction
 from hvgpu.units import parse_share, parse_shm_size, parse_size
+
+log = logging.getLogger(__name__)
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 
 
 class NotBuilt(HvgpuError):
     code = "not-built"
+
+
+class OtherLibvirt(HvgpuError):
+    code = "other-libvirt"
+
+
+class NotEnforced(HvgpuError):
+    code = "compute-not-enforced"
 
 
 class ControlAPI:
@@ -30,7 +49,96 @@ class ControlAPI:
         self.slices = agent.slices
         self._gpus = gpus
 
-    def gpus(self) -> list[dict]:
+    def _check_connect(self, connect: str | None) -> None:
+        """One agent manages the VMs of one libvirt: a call meant for another (``hvgpu -c
+        URI``) is refused rather than answered about this agent's VMs."""
+        if connect in (None, ""):
+            return
+        ours = self.agent.config.connect
+        if connect == ours:
+            return
+        ours = ours or "no libvirt (VMs by --cid or a bound socket only)"
+        raise OtherLibvirt(
+            f"this agent manages VMs through {ours}, not {connect}: one agent serves one "
+            f"libvirt. Give the control socket of the agent started with -c {connect} "
+            "(hvgpu --control PATH), or leave out -c")
+
+    def _resolve(self, vm: str, new: bool = False) -> str:
+        """The VM ``vm`` names: a libvirt domain's name or UUID as libvirt's name; a VM
+        attached by CID or bound to a socket by its own name. ``new``: a name for a VM
+        of neither kind that has no slice yet may stand as it is."""
+        check_vm_name(vm)
+        if self.slices.of_vm(vm) or any(k.vm == vm for k in self.agent.bindings.values()):
+            return vm
+        vms = self.agent.vms
+        if vms is not None:
+            try:
+                return check_vm_name(vms.canonical(vm))
+            except NoSuchVm:
+                pass
+        if _UUID.match(vm) and not new:
+            if vms is None:
+                raise UnknownVm(
+                    f"{vm!r} looks like a domain UUID, but libvirt is not available to the "
+                    f"agent ({self.agent.libvirt_reason}) to say which domain has it, and no "
+                    "slice is named so: name the VM instead (hvgpu list shows them)")
+            raise UnknownVm(f"no libvirt domain has the UUID {vm} and no slice is named so "
+                            "(virsh list --all --uuid; hvgpu list)")
+        return vm
+
+    def _libvirt_cid(self, vm: str) -> int | None:
+        """The vsock CID libvirt gave the domain (None: none yet, or no such domain)."""
+        vms = self.agent.vms
+        try:
+            return vms.hv.vsock_cid(vms.hv.domain(vm))
+        except NoSuchVm:
+            return None
+
+    def _not_enforced(self, gpu_uuid: str | None) -> str | None:
+        """Why a compute share on this GPU (None: on any) would not be enforced; None when
+        MPS does (as far as can be said without the GPU)."""
+        if not self.agent.mps.running:
+            return self.agent.mps.reason or "MPS is not running"
+        if gpu_uuid is None:
+            return None
+        gpu = next((g for g in self._gpus() if g.uuid == gpu_uuid), None)
+        if gpu is not None and gpu.mps:
+            return None
+        return (gpu.mps_reason if gpu is not None else "") or "MPS cannot serve this GPU"
+
+    def _unenforced(self, vm: str, share: int, gpus: list[str | None],
+                    allow: bool) -> str | None:
+        """Where and why the compute share ``share`` of ``vm`` on these GPUs (by UUID;
+        None: any) would not be enforced (None: MPS enforces it). Refused unless
+        ``allow``."""
+        if not share:
+            return None
+        for uuid in gpus:
+            reason = self._not_enforced(uuid)
+            if reason is None:
+                continue
+            where = uuid or "this host"
+            if not allow:
+                raise NotEnforced(
+                    f"a compute share ({share}%) for {vm!r} cannot be enforced on {where}: "
+                    f"{reason}. Without MPS every slice's kernels time-share the GPU, so the "
+                    "share would be a number on paper. Run MPS (hvgpu gpus says why it is "
+                    "not running), leave out --compute, or pass --allow-time-shared to "
+                    "record the share unenforced")
+            return f"{where} ({reason})"
+        return None
+
+    @staticmethod
+    def _warn_time_shared(vm: str, share: int, where: str) -> str:
+        """The warning for a share taken with --allow-time-shared: logged, and returned for
+        the caller to print."""
+        warning = (f"{vm}: compute share {share}% is NOT enforced on {where}: its kernels "
+                   "time-share the GPU with every other slice's (--allow-time-shared)")
+        log.warning("%s", warning)
+        return warning
+
+    def gpus(self, connect: str | None = None) -> list[dict]:
+        self._check_connect(connect)
         rooms = {r.gpu.uuid: r for r in self.slices.rooms()}
         out = []
         for g in self._gpus():
@@ -50,15 +158,23 @@ class ControlAPI:
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
                placement: str | None = None, count: int = 1, add: bool = False,
-               shm=None) -> dict:
+               shm=None, allow_time_shared: bool = False, connect: str | None = None) -> dict:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has), each
         with a shared-memory region of ``shm`` (a size; none by default); a libvirt
         domain also gets a vsock device (hot-plugged, live and in its config, when
         missing and no hybrid-vsock listener is bound to it), an ivshmem-plain device per
         region (likewise, bound or not) and its vGPUs in its metadata. Every step is
         undone if a later one fails. Returns the first new vGPU, with all new ones under
-        "vgpus"."""
-        check_vm_name(vm)
+        "vgpus".
+
+        ``cid`` (a VM libvirt does not manage) must be a guest's CID that no other VM
+        has: neither another slice nor a running libvirt domain. A compute share that
+        MPS will not enforce is refused unless ``allow_time_shared``; then the result
+        carries the "warning" said."""
+        self._check_connect(connect)
+        if cid is not None:
+            check_cid(cid)
+        vm = self._resolve(vm, new=True)
         vms = self.agent.vms
         bound = any(k.vm == vm for k in self.agent.bindings.values())
         by_libvirt = cid is None and vms is not None and (not bound or vms.knows(vm))
@@ -70,10 +186,25 @@ class ControlAPI:
         size = parse_size(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
         region = parse_shm_size(shm) if shm not in (None, "") else 0
+        if share and not self.agent.mps.running:  # refused before anything changes
+            self._unenforced(vm, share, [None], allow_time_shared)
+        if cid is not None and vms is not None:
+            owner = vms.vm_for_cid(cid)
+            if owner is not None and owner != vm:
+                raise SliceError(f"CID {cid} is libvirt domain {owner!r}'s (libvirt gave it "
+                                 f"to the running domain): a CID names one VM; give {vm!r} "
+                                 "its own")
+        unenforced = None
         with Transaction() as tx:
             if by_libvirt:
                 vm, hybrid = vms.prepare(vm, tx, self._hybrid_listener)
                 vm = check_vm_name(vm)  # libvirt's canonical name
+                live = self._libvirt_cid(vm)
+                other = self.slices.by_cid(live) if live is not None else None
+                if other is not None and other.vm != vm:
+                    raise SliceError(f"{vm!r} has vsock CID {live}, which {other.vm!r} was "
+                                     "attached with (--cid): a CID names one VM; detach "
+                                     f"{other.vm!r} or give the domain another CID")
             if region:  # a name too long for a file in /dev/shm: refused before any change
                 last = len(self.slices.of_vm(vm)) + count - 1 if add else count - 1
                 shm_name(VgpuKey.of(vm, min(last, MAX_VGPUS - 1)))
@@ -81,6 +212,8 @@ class ControlAPI:
                                      shm=region)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
+            unenforced = self._unenforced(vm, share, [s.gpu_uuid for s in new],
+                                          allow_time_shared)
             if by_libvirt:
                 vms.plug_regions(new, tx)
                 vms.record(self.slices.of_vm(vm), tx)
@@ -91,7 +224,9 @@ class ControlAPI:
         if by_libvirt and hybrid is not None:
             d["hybrid_vsock"] = hybrid
         elif by_libvirt:
-            d["vsock_cid"] = vms.hv.vsock_cid(vms.hv.domain(vm))
+            d["vsock_cid"] = self._libvirt_cid(vm)
+        if unenforced:
+            d["warning"] = self._warn_time_shared(vm, share, unenforced)
         return d
 
     def _hybrid_listener(self, vm: str) -> str | None:
@@ -102,14 +237,16 @@ class ControlAPI:
                 return str(listener.address)
         return None
 
-    def detach(self, vm: str, unplug: bool = False, device: int | None = None) -> dict:
+    def detach(self, vm: str, unplug: bool = False, device: int | None = None,
+               connect: str | None = None) -> dict:
         """Remove the VM's vGPUs, or only its last one (``device``); with ``unplug``
         (all of them only), also the domain's vsock device.
 
         The domain is changed first, so a failure there leaves everything as it was.
         Returns the first removed vGPU, with all removed ones under "vgpus".
         """
-        check_vm_name(vm)
+        self._check_connect(connect)
+        vm = self._resolve(vm)
         gone = self.slices.removable(vm, device)  # refused here, before the domain changes
         s = gone[0]
         vms = self.agent.vms
@@ -138,11 +275,14 @@ class ControlAPI:
         d["vgpus"] = [g.as_dict() for g in gone]
         return d
 
-    def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None) -> dict:
+    def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None,
+               allow_time_shared: bool = False, connect: str | None = None) -> dict:
         """New limits for one vGPU. Its shared-memory region (``shm``) changes only while
         its guest cannot use it: a libvirt domain that is shut off (in its config), a
-        VM of another kind with no CUDA connection open."""
-        check_vm_name(vm)
+        VM of another kind with no CUDA connection open. A compute share that MPS will
+        not enforce is refused unless ``allow_time_shared`` (see attach)."""
+        self._check_connect(connect)
+        vm = self._resolve(vm)
         if all(v in (None, "") for v in (mem, compute, shm)):
             raise HvgpuError("nothing to change: give --mem, --compute and/or --shm")
         old = self.slices.get(vm, device)
@@ -150,6 +290,7 @@ class ControlAPI:
         size = parse_size(mem) if mem not in (None, "") else None
         share = parse_share(compute) if compute not in (None, "") else None
         region = parse_shm_size(shm) if shm not in (None, "") else None
+        unenforced = self._unenforced(vm, share, [old.gpu_uuid], allow_time_shared)
         vms = self.agent.vms
         by_libvirt = vms is not None and old.cid is None and vms.knows(vm)
         used, executors = self.agent.slice_usage(key)
@@ -174,21 +315,39 @@ class ControlAPI:
         pending = self.agent.slice_resized(key, s.mem, s.compute)
         d = s.as_dict()
         d["pending"] = pending
+        if unenforced:
+            d["warning"] = self._warn_time_shared(vm, s.compute, unenforced)
         return d
 
-    def list(self) -> list[dict]:
-        return [s.as_dict() for s in self.slices.list()]
+    def _described(self, slices) -> list[dict]:
+        """Each vGPU as a dict; a libvirt domain's with "vsock_cid", the CID libvirt gave
+        it (what attach printed; "cid" is the one a VM was attached with, by --cid)."""
+        cids: dict[str, int | None] = {}
+        out = []
+        for s in slices:
+            d = s.as_dict()
+            if s.cid is None and self.agent.vms is not None:
+                if s.vm not in cids:
+                    cids[s.vm] = self._libvirt_cid(s.vm)
+                d["vsock_cid"] = cids[s.vm]
+            out.append(d)
+        return out
 
-    def status(self) -> list[dict]:
+    def list(self, connect: str | None = None) -> list[dict]:
+        self._check_connect(connect)
+        return self._described(self.slices.list())
+
+    def status(self, connect: str | None = None) -> list[dict]:
         """Per slice; ``gpu_utilization`` is the whole GPU's (NVML), not the slice's own."""
+        self._check_connect(connect)
         try:
             util = {g.uuid: g.utilization for g in self._gpus()}
         except HvgpuError:
             util = {}
         out = []
-        for s in self.slices.list():
+        slices = self.slices.list()
+        for s, d in zip(slices, self._described(slices)):
             used, executors = self.agent.slice_usage(s.key)
-            d = s.as_dict()
             d.update(mem_used=used, connections=sum(e.connections for e in executors),
                      gpu_utilization=util.get(s.gpu_uuid),
                      executors=[{"pid": e.process.pid, "generation": e.generation,

@@ -16,7 +16,7 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_device, check_vm_name
-from hvgpu.host.state import Slice, StateStore
+from hvgpu.host.state import MAX_CID, Slice, StateStore
 from hvgpu.units import check_shm_size, format_size
 
 
@@ -72,6 +72,15 @@ def check_placement(placement: str) -> None:
     if placement not in PLACEMENTS:
         raise SliceError(f"no placement policy {placement!r}; choose one of: "
                          + ", ".join(PLACEMENTS))
+
+
+def check_cid(cid) -> int:
+    """``cid`` when it can be a guest's vsock CID, else SliceError saying which are."""
+    if isinstance(cid, bool) or not isinstance(cid, int) or not 3 <= cid <= MAX_CID:
+        raise SliceError(f"CID {cid!r} is not a guest's: a VM's vsock CID is 3 to {MAX_CID} "
+                         "(0 is the hypervisor, 1 this host's loopback, 2 the host; "
+                         f"{MAX_CID + 1} means any)")
+    return cid
 
 
 class SliceManager:
@@ -158,6 +167,7 @@ class SliceManager:
                     raise SliceError(f"{vm!r} is known by CID {mine[0].cid}, not {cid}")
                 cid = mine[0].cid
             elif cid is not None:
+                check_cid(cid)
                 other = self.by_cid(cid)
                 if other is not None:
                     raise SliceError(f"CID {cid} already belongs to {other.vm!r}")

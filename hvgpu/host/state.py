@@ -195,8 +195,7 @@ class StateStore:
         try:
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
             existed = self.path.exists() and self.path.stat().st_size > 0
-            if self.path.exists():
-                self._check_writable()
+            self._check_writable()
             copy = self._read_sidecar()
             self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -215,24 +214,50 @@ class StateStore:
         except OSError as exc:
             raise StateError(f"cannot use the state directory {self.directory}: {exc}") from None
 
+    def _read_only(self, what: Path, why: str) -> StateError:
+        """What to do about a slice state that this process may not write."""
+        try:
+            st = what.stat()
+            owner = f"it belongs to uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}"
+        except OSError:
+            owner = "its owner is unknown"
+        kind = ("the state directory" if what == self.directory else
+                "the slice state" if what == self.path else "SQLite's file")
+        holds = (" (it holds slices.db and SQLite's -wal and -shm files beside it)"
+                 if what == self.directory else "")
+        if why == os.strerror(errno.EROFS):
+            return StateError(f"{kind} {what} is on a read-only filesystem{holds}: remount it "
+                              "read-write, or give the agent a --state-dir on a writable one")
+        return StateError(f"{kind} {what} is read-only for this process (uid {os.geteuid()}; "
+                          f"{why}){holds}; {owner}: the agent must write it. Fix its "
+                          "permissions (chmod u+w, or chown it to the agent's user), or run "
+                          "the agent as its owner")
+
     def _check_writable(self) -> None:
         # sqlite opens a file it may not write read-only, quietly, and in WAL mode
         # would even take changes into the WAL that never reach the file: ask first
-        try:
-            os.close(os.open(self.path, os.O_RDWR))
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise StateError(f"the slice state {self.path} is read-only "
-                                 f"({exc.strerror}); the agent must write it: check its "
-                                 "mode, owner, attributes and filesystem") from None
-            raise
+        wal, shm = (self.path.with_name(self.path.name + x) for x in ("-wal", "-shm"))
+        for what, flags in ((self.directory, os.O_RDONLY | os.O_DIRECTORY),
+                            (self.path, os.O_RDWR), (wal, os.O_RDWR), (shm, os.O_RDWR)):
+            try:
+                if what == self.directory:
+                    if not os.access(what, os.W_OK | os.X_OK):
+                        # access() says EROFS and EACCES alike: tell them apart by statvfs
+                        ro = os.statvfs(what).f_flag & os.ST_RDONLY
+                        raise OSError(errno.EROFS if ro else errno.EACCES,
+                                      os.strerror(errno.EROFS if ro else errno.EACCES))
+                elif what.exists():
+                    os.close(os.open(what, flags))
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+                    raise self._read_only(what, exc.strerror) from None
+                raise
 
     def _error(self, exc: sqlite3.Error) -> StateError:
         name = _describe_sqlite(exc)
         if name.startswith("SQLITE_READONLY") or (
                 self.path.exists() and not os.access(self.path, os.W_OK)):
-            return StateError(f"the slice state {self.path} is read-only ({exc}); the agent "
-                              "must write it: check its mode, owner and filesystem")
+            return self._read_only(self.path, str(exc))
         return StateError(f"cannot read the slice state {self.path}: {exc}; it was left as "
                           "it is: restore a backup, or move it aside to start empty (libvirt "
                           "domains get their slices back from their metadata)")

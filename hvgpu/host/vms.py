@@ -52,6 +52,11 @@ class VmDirectory:
             return False
         return True
 
+    def canonical(self, name_or_uuid: str) -> str:
+        """libvirt's name of the domain named ``name_or_uuid`` or with that UUID, so that
+        every command may name a VM either way; NoSuchVm when libvirt has none."""
+        return self.hv.domain(name_or_uuid).name()
+
     def vm_for_cid(self, cid: int) -> str | None:
         with self._lock:
             vm = self._cids.get(cid)

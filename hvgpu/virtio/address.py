@@ -20,6 +20,9 @@ from hvgpu.errors import AddressError
 from hvgpu.virtio.protocol import DEFAULT_PORT, HOST_CID
 
 VMADDR_CID_ANY = 0xFFFFFFFF
+VMADDR_PORT_ANY = 0xFFFFFFFF  # bind's "any port": no one could connect to it
+# Ports by scheme: TCP's are 16 bits; vsock's (and Firecracker's hybrid vsock's) 32.
+MAX_PORT = {"tcp": 0xFFFF, "vsock": VMADDR_PORT_ANY - 1, "hvsock": VMADDR_PORT_ANY - 1}
 FORMS = ("vsock://CID:PORT", "unix:///path", "hvsock:///path:PORT", "tcp://HOST:PORT")
 
 
@@ -48,13 +51,16 @@ class Address:
         return f"{self.path}_{self.port}"
 
 
-def _port(text: str, original: str) -> int:
+def _port(text: str, original: str, scheme: str) -> int:
+    """A port of ``scheme``: 1..65535 for tcp, 1..2^32-2 for vsock and hvsock (0 and
+    the any-port would listen where no one knows to connect)."""
     try:
         port = int(text)
     except ValueError:
         raise AddressError(f"{original!r}: port {text!r} is not a number") from None
-    if not 0 < port < 2 ** 32:
-        raise AddressError(f"{original!r}: port {port} is out of range")
+    if not 0 < port <= MAX_PORT[scheme]:
+        raise AddressError(f"{original!r}: port {port} is out of range: a {scheme} port is "
+                           f"1 to {MAX_PORT[scheme]}")
     return port
 
 
@@ -74,7 +80,7 @@ def parse_address(text: str) -> Address:
         path, colon, port = rest.rpartition(":")
         if not colon or not path.startswith("/"):
             raise AddressError(f"{original!r}: expected hvsock:///path/to/vm.vsock:PORT")
-        return Address("hvsock", path=path, port=_port(port, original))
+        return Address("hvsock", path=path, port=_port(port, original, "hvsock"))
     if scheme == "vsock":
         cid_text, colon, port = rest.partition(":")
         cid_text = cid_text.lower()
@@ -89,8 +95,10 @@ def parse_address(text: str) -> Address:
                 raise AddressError(f"{original!r}: CID {cid_text!r} is not a number, "
                                    "'any' or 'host'") from None
         if not 0 <= cid <= VMADDR_CID_ANY:
-            raise AddressError(f"{original!r}: CID {cid} is out of range")
-        return Address("vsock", cid=cid, port=_port(port, original) if colon else DEFAULT_PORT)
+            raise AddressError(f"{original!r}: CID {cid} is out of range: a CID is 0 to "
+                               f"{VMADDR_CID_ANY} ('any'), 2 the host")
+        return Address("vsock", cid=cid,
+                       port=_port(port, original, "vsock") if colon else DEFAULT_PORT)
     if scheme == "tcp":
         if rest.startswith("["):
             host, bracket, tail = rest[1:].partition("]")
@@ -103,5 +111,5 @@ def parse_address(text: str) -> Address:
                 raise AddressError(f"{original!r}: expected tcp://HOST:PORT")
         if not host:
             raise AddressError(f"{original!r}: the host is missing")
-        return Address("tcp", host=host, port=_port(port, original))
+        return Address("tcp", host=host, port=_port(port, original, "tcp"))
     raise AddressError(f"{original!r}: unknown scheme {scheme!r}; use one of: {', '.join(FORMS)}")

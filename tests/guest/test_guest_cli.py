@@ -19,7 +19,7 @@ from tests.guest.fake_sysfs import MiB, add_device
 @pytest.fixture
 def agent(tmp_path):
     running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))
-    running.api.attach("vm1", "256M", "25%")
+    running.api.attach("vm1", "256M", "25%", allow_time_shared=True)
     yield running
     running.stop()
 
@@ -58,6 +58,27 @@ def test_smi_view(agent, capsys):
     assert main(["--agent", agent.vm_address("vm1"), "smi"]) == 0
     out = capsys.readouterr().out
     assert "vGPU of vm1" in out and "/ 256 MiB" in out and "compute     25%" in out
+
+
+def test_smi_takes_json_as_every_listing_does(agent, capsys):
+    assert main(["--agent", agent.vm_address("vm1"), "smi", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["vm"] == "vm1" and d["gpus"][0]["memory_total"] == 256 << 20
+
+
+@pytest.mark.parametrize("args", [["coverage"], ["coverage", "--json"],
+                                  ["coverage", "--missing"], ["ldconfig"]])
+def test_a_reader_that_goes_away_ends_the_command_quietly(args):
+    # `hvgpu-guest coverage | head -2` ended in a BrokenPipeError traceback
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: EPIPE every time
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hvgpu.guest.cli", *args], stdout=write,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120)
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 128 + 13  # as a shell reports a program SIGPIPE ended
 
 
 def test_no_slice_and_no_agent_are_said_plainly(agent, tmp_path, capsys):

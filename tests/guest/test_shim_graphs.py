@@ -123,7 +123,7 @@ def _graphs_on_a_slice(tmp_path, program, mode, device, gpus, base_env):
     agent = RunningAgent(tmp_path, device, slices=True, vms=("vm1",), **kw)
     try:
         agent.agent.config.shm_dir = str(shm_dir)
-        agent.api.attach("vm1", "512M", "100%", shm="256M")
+        agent.api.attach("vm1", "512M", "100%", shm="256M", allow_time_shared=True)
         region = shm_dir / shm_name(VgpuKey("vm1", 0))
         with open(region, "wb") as f:  # as QEMU makes it for the device
             f.truncate(256 << 20)

@@ -38,7 +38,8 @@ def test_kill_9_loses_no_slice_and_guests_reconnect(tmp_path):
     first = start(tmp_path)
     try:
         ControlClient(str(tmp_path / "control.sock")).call("attach", vm="vm1", mem="40M",
-                                                           compute="30%")
+                                                           compute="30%",
+                                                           allow_time_shared=True)
         guest = Connection(f"unix://{tmp_path}/vm1.sock")
         guest.call("PING")
     finally:

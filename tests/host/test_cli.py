@@ -119,3 +119,176 @@ def test_agent_local_shm_takes_a_size_or_zero():
     result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--local-shm", "3X"])
     assert result.exit_code == 2 and "--local-shm" in result.output, result.output
     assert "memfds" in CliRunner().invoke(cli, ["agent", "--help"]).output
+
+
+# -- what a new user types -------------------------------------------------------------
+
+import pytest  # noqa: E402
+
+from tests.conftest import FAKE_DEVICE, RunningAgent  # noqa: E402
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--mem", "4"], "'4' has no unit"),  # it was a 4-byte slice
+    (["--mem", "4096"], "'4096' has no unit"),
+    (["--mem", "4G", "--compute", "1"], "'1' is not a share"),  # it meant 100%
+    (["--mem", "4G", "--compute", "2"], "'2' is not a share"),  # and this 2%
+    (["--mem", "4G", "--cid", "-3"], "-3 is not a guest's CID"),
+    (["--mem", "4G", "--cid", "2"], "2 is not a guest's CID"),  # the host
+    (["--mem", "4G", "--cid", "4294967296"], "4294967296 is not a guest's CID"),
+    (["--mem", "4G", "--shm", "4"], "'4' has no unit"),
+])
+def test_attach_refuses_unitless_sizes_bare_shares_and_cids_no_guest_has(tmp_path, args, said):
+    result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), "attach", "vm1",
+                                      *args])
+    assert result.exit_code == 2, result.output
+    assert said in result.output
+    assert "is `hvgpu agent` running" not in result.output  # refused before asking it
+    if "unit" in said:
+        assert "512M, 4G, 4GiB or 1.5G" in result.output and "powers of 1024" in result.output
+    if "share" in said:
+        assert "25%" in result.output and "fraction below 1" in result.output
+    if "CID" in said:
+        assert "3 to 4294967294" in result.output
+
+
+@pytest.mark.parametrize("args", [["--mem", "4"], ["--compute", "1"], ["--shm", "4"]])
+def test_resize_refuses_them_too(tmp_path, args):
+    result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), "resize", "vm1",
+                                      *args])
+    assert result.exit_code == 2 and "Invalid value" in result.output
+
+
+def test_help_says_which_forms_sizes_shares_and_cids_take():
+    runner = CliRunner()
+    attach = runner.invoke(cli, ["attach", "--help"]).output
+    for words in ("512M, 4G, 4GiB or 1.5G", "powers of 1024", "25%", "fraction below 1",
+                  "--allow-time-shared", "3 to 4294967294", "UUID"):
+        assert words in " ".join(attach.split()), words
+    resize = " ".join(runner.invoke(cli, ["resize", "--help"]).output.split())
+    assert "--allow-time-shared" in resize and "UUID" in resize
+    assert "UUID" in " ".join(runner.invoke(cli, ["detach", "--help"]).output.split())
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--vcpus", "-4"], "a domain has 1 to 255 virtual CPUs"),
+    (["--vcpus", "0"], "a domain has 1 to 255 virtual CPUs"),
+    (["--vcpus", "256"], "a domain has 1 to 255 virtual CPUs"),
+    (["--memory", "4"], "'4' has no unit"),  # it printed 0 KiB
+    (["--memory", "4K"], "at least 1M"),
+])
+def test_domain_xml_refuses_what_libvirt_would(args, said):
+    result = CliRunner().invoke(cli, ["domain-xml", "vm1", "--disk", "/d.qcow2", *args])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "<domain" not in result.output
+
+
+def test_domain_xml_takes_the_smallest_ram():
+    result = CliRunner().invoke(cli, ["domain-xml", "vm1", "--disk", "/d.qcow2", "--memory", "1M"])
+    assert result.exit_code == 0 and "<memory unit='KiB'>1024</memory>" in result.output
+
+
+def test_listen_port_past_65535_is_refused(tmp_path):
+    # tcp://127.0.0.1:99999 listened on port 34463 (99999 mod 65536)
+    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--state-dir", str(tmp_path),
+                                      "--listen", "tcp://127.0.0.1:99999"])
+    assert result.exit_code == 1 and "a tcp port is 1 to 65535" in result.output
+    result = CliRunner().invoke(cli, ["agent", "--vsock-port", "4294967295", "--state-dir",
+                                      str(tmp_path)])
+    assert result.exit_code == 2 and "--vsock-port" in result.output
+
+
+def test_connect_is_refused_where_no_libvirt_of_yours_is_used():
+    result = CliRunner().invoke(cli, ["-c", "qemu:///system", "domain-xml", "vm1", "--disk",
+                                      "/d.qcow2"])
+    assert result.exit_code == 1 and "-c/--connect does not apply to `domain-xml`" in result.output
+    result = CliRunner().invoke(cli, ["-c", "qemu:///system", "demo"])
+    assert result.exit_code == 1 and "-c/--connect does not apply to `demo`" in result.output
+
+
+@pytest.fixture
+def agent(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))  # no MPS here
+    yield running
+    running.stop()
+
+
+def test_connect_is_refused_by_an_agent_that_manages_another_libvirt(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M"]).exit_code == 0
+    for command in (["list"], ["status"], ["gpus"], ["detach", "vm1"],
+                    ["resize", "vm1", "--mem", "32M"], ["attach", "vm2", "--mem", "8M"]):
+        result = runner.invoke(cli, ["-c", "test:///default"] + base + command)
+        assert result.exit_code == 1, command
+        assert "this agent manages VMs through no libvirt" in result.output, command
+        assert "not test:///default" in result.output
+    assert [s["vm"] for s in agent.api.list()] == ["vm1"]  # nothing changed
+    assert runner.invoke(cli, base + ["list"]).exit_code == 0  # without -c: this agent's
+
+
+def test_a_compute_share_without_mps_is_refused_unless_allowed_then_said_loudly(agent, caplog):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--compute", "25%"])
+    assert result.exit_code == 1
+    assert "cannot be enforced" in result.output and "--allow-time-shared" in result.output
+    assert agent.api.list() == []  # nothing was attached
+    with caplog.at_level("WARNING", logger="hvgpu.host.control"):
+        result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--compute", "25%",
+                                            "--allow-time-shared"])
+    assert result.exit_code == 0, result.output
+    assert "hvgpu: WARNING: vm1: compute share 25% is NOT enforced" in result.output
+    assert any("compute share 25% is NOT enforced" in r.getMessage() for r in caplog.records)
+    result = runner.invoke(cli, base + ["resize", "vm1", "--compute", "50%"])
+    assert result.exit_code == 1 and "cannot be enforced" in result.output
+    assert agent.api.list()[0]["compute"] == 25
+    result = runner.invoke(cli, base + ["resize", "vm1", "--compute", "0.5",
+                                        "--allow-time-shared"])
+    assert result.exit_code == 0 and "WARNING" in result.output
+    assert agent.api.list()[0]["compute"] == 50
+    # without a share there is nothing to enforce, and nothing to say
+    result = runner.invoke(cli, base + ["resize", "vm1", "--mem", "32M"])
+    assert result.exit_code == 0 and "WARNING" not in result.output
+
+
+def test_a_uuid_without_libvirt_that_names_no_slice_is_said_plainly(agent):
+    uuid = "5a0e33c4-7d2b-4f7e-9c1a-2b3c4d5e6f70"
+    for command in (["detach", uuid], ["resize", uuid, "--mem", "8M"]):
+        result = CliRunner().invoke(cli, ["--control", agent.control] + command)
+        assert result.exit_code == 1
+        assert f"'{uuid}' looks like a domain UUID, but libvirt is not available" in result.output
+
+
+def test_a_cid_another_slice_has_is_refused(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    assert runner.invoke(cli, base + ["attach", "fc1", "--mem", "8M", "--cid", "40"]).exit_code == 0
+    result = runner.invoke(cli, base + ["attach", "fc2", "--mem", "8M", "--cid", "40"])
+    assert result.exit_code == 1 and "CID 40 already belongs to 'fc1'" in result.output
+    out = runner.invoke(cli, base + ["list"]).output
+    assert "fc1" in out and "40" in out
+
+
+@pytest.mark.skipif(not HAVE_LIBVIRT, reason="libvirt-python is not installed")
+def test_demo_with_a_vm_and_libvirt_unreachable_fails_and_says_what_it_skipped():
+    from tests.conftest import fake_gpus
+
+    lines = []
+    rc = run_demo(4096, echo=lines.append, device="tests.fake_gpu:FakeDevice",
+                  env={"PYTHONPATH": str(REPO)}, gpus=fake_gpus, vm="nosuch",
+                  connect="qemu+tcp://127.0.0.1:1/system")  # nothing listens on port 1
+    text = "\n".join(lines)
+    assert rc == 1, text
+    assert "NOT reachable at qemu+tcp://127.0.0.1:1/system" in text
+    assert "metadata:  SKIPPED" in text and "metadata removed" not in text
+    assert "libvirt metadata and the control API ran" not in text
+    assert "FAILED: libvirt at qemu+tcp://127.0.0.1:1/system is not reachable" in text
+
+
+@pytest.mark.skipif(not HAVE_LIBVIRT, reason="libvirt-python is not installed")
+def test_demo_with_a_vm_libvirt_lacks_is_an_error_before_anything_is_attached():
+    result = CliRunner().invoke(cli, ["-c", "test:///default", "demo", "--vm", "nosuch"])
+    assert result.exit_code == 1
+    assert "libvirt has no domain 'nosuch'" in result.output
+    assert "attach:" not in result.output

@@ -70,7 +70,7 @@ def wait(predicate, timeout=10.0):
 
 def test_attach_by_name_writes_the_slice_into_the_domain(agent):
     dom = define(agent, WITH_VSOCK.format(name="lv-a", cid=7))
-    s = agent.api.attach("lv-a", "64M", "25%")
+    s = agent.api.attach("lv-a", "64M", "25%", allow_time_shared=True)
     assert s["vsock_cid"] == 7 and s["cid"] is None
     xml = dom.XMLDesc(0)  # what virsh dumpxml shows
     assert "urn:x-hvgpu:slice:1" in xml and ">67108864</" in xml
@@ -124,7 +124,7 @@ def test_a_restarted_agent_reconciles_with_the_domains(tmp_path):
     try:
         keep = define(first, vsock_domain("lv-keep"))
         gone = define(first, vsock_domain("lv-gone"))
-        first.api.attach("lv-keep", "32M", "50%")
+        first.api.attach("lv-keep", "32M", "50%", allow_time_shared=True)
         first.api.attach("lv-gone", "16M")
     finally:
         first.stop()
@@ -204,7 +204,7 @@ def test_a_domain_served_by_a_bound_hybrid_listener_gets_metadata_and_no_hot_plu
     agent = hybrid_agent
     # the test driver cannot hot-plug: attach fails if it tries
     dom = define(agent, WITHOUT_VSOCK.format(name="lv-h"))
-    s = agent.api.attach("lv-h", "64M", "25%")
+    s = agent.api.attach("lv-h", "64M", "25%", allow_time_shared=True)
     assert s["hybrid_vsock"].endswith("lv-h.vsock:5170") and "vsock_cid" not in s
     assert "<vsock" not in dom.XMLDesc(0)
     (recorded,) = agent.agent.vms.hv.read_vgpus(dom)
@@ -313,3 +313,50 @@ def test_a_name_too_long_for_the_region_file_is_refused_before_anything_changes(
         agent.api.attach(name, "64M", shm="1M")
     assert agent.api.list() == [] and agent.agent.vms.hv.read_slice(dom) is None
     assert agent.api.attach(name, "64M")["vm"] == name  # without a region it is fine
+
+
+def test_every_verb_takes_a_name_or_a_uuid_and_list_shows_the_cid_attach_printed(agent):
+    from click.testing import CliRunner
+
+    from hvgpu.host.cli import cli
+
+    dom = define(agent, WITH_VSOCK.format(name="lv-uuid", cid=61))
+    uuid = dom.UUIDString()
+    s = agent.api.attach(uuid, "64M")
+    assert s["vm"] == "lv-uuid" and s["vsock_cid"] == 61
+    assert agent.api.resize(uuid, mem="32M")["mem"] == 32 << 20  # resize took only names
+    (listed,) = agent.api.list()
+    assert listed["vm"] == "lv-uuid" and listed["vsock_cid"] == 61 and listed["cid"] is None
+    out = CliRunner().invoke(cli, ["--control", agent.control, "list"]).output
+    row = next(line.split() for line in out.splitlines() if line.startswith("lv-uuid"))
+    assert row[-1] == "61", out  # the CID column showed "-"
+    assert agent.api.status()[0]["vsock_cid"] == 61
+    assert agent.api.detach(uuid)["vm"] == "lv-uuid"  # detach took only names
+    assert agent.api.list() == []
+    with pytest.raises(HvgpuError, match="no libvirt domain has the UUID"):
+        agent.api.detach("00000000-0000-0000-0000-00000000beef")
+
+
+def test_a_cid_libvirt_gave_a_running_domain_is_refused_to_another_vm(agent):
+    define(agent, WITH_VSOCK.format(name="lv-owner", cid=62))
+    with pytest.raises(HvgpuError, match="CID 62 is libvirt domain 'lv-owner'"):
+        agent.api.attach("fc-vm", "16M", cid=62)
+    assert agent.api.list() == []
+    agent.api.attach("fc-vm", "16M", cid=63)
+    # a domain whose CID a VM attached by --cid has is refused the other way round
+    dom = define(agent, WITH_VSOCK.format(name="lv-clash", cid=63))
+    with pytest.raises(HvgpuError, match="'lv-clash' has vsock CID 63, which 'fc-vm'"):
+        agent.api.attach("lv-clash", "16M")
+    assert [s["vm"] for s in agent.api.list()] == ["fc-vm"]
+    assert agent.agent.vms.hv.read_slice(dom) is None
+
+
+def test_connect_naming_the_agents_own_libvirt_is_taken(agent):
+    from hvgpu.host.control import OtherLibvirt
+
+    define(agent, vsock_domain("lv-uri"))
+    agent.api.attach("lv-uri", "16M", connect="test:///default")
+    assert [s["vm"] for s in agent.api.list(connect="test:///default")] == ["lv-uri"]
+    with pytest.raises(OtherLibvirt, match="manages VMs through test:///default, not "
+                                           "qemu:///system"):
+        agent.api.list(connect="qemu:///system")

@@ -82,7 +82,7 @@ def inactive_xml(dom) -> str:
 
 def test_attach_adds_vsock_and_metadata_to_a_shut_off_domain_and_detach_removes_both(agent):
     dom = agent.define(start=False)
-    s = agent.api.attach(dom.name(), "64M", "25%")
+    s = agent.api.attach(dom.name(), "64M", "25%", allow_time_shared=True)
     assert s["vsock_cid"] is None  # an automatic CID is assigned when the domain starts
     xml = inactive_xml(dom)  # virsh dumpxml --inactive
     assert "<vsock model='virtio'>" in xml and "<cid auto='yes'/>" in xml

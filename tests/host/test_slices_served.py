@@ -41,7 +41,8 @@ def control(agent):
 
 
 def test_attach_list_status_detach_over_the_control_lane(agent, control):
-    s = control.call("attach", vm="vm1", mem="64M", compute="25%")
+    s = control.call("attach", vm="vm1", mem="64M", compute="25%",
+                     allow_time_shared=True)
     assert (s["vm"], s["mem"], s["compute"], s["gpu_index"]) == ("vm1", 64 * M, 25, 0)
     assert [x["vm"] for x in control.call("list")] == ["vm1"]
     with Connection(agent.vm_address("vm1")) as conn:
@@ -120,7 +121,8 @@ def test_detach_disconnects_the_vms_guests(agent, control):
 
 def test_agent_restart_keeps_every_slice_and_guests_reconnect(tmp_path):
     first = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
-    ControlClient(first.control).call("attach", vm="vm1", mem="48M", compute="50%")
+    ControlClient(first.control).call("attach", vm="vm1", mem="48M", compute="50%",
+                                     allow_time_shared=True)
     with Connection(first.vm_address("vm1")) as conn:
         Device(connection=conn).allocate(M).close()
     first.stop()
@@ -148,7 +150,8 @@ def test_a_killed_slice_executor_releases_its_reservations(agent, control):
 def test_cli_talks_to_the_agent_with_json_and_tables(agent):
     runner = CliRunner()
     base = ["--control", agent.control]
-    out = runner.invoke(cli, base + ["attach", "vm1", "--mem", "0.5G", "--compute", "0.25"])
+    out = runner.invoke(cli, base + ["attach", "vm1", "--mem", "0.5G", "--compute", "0.25",
+                                     "--allow-time-shared"])
     assert out.exit_code == 0, out.output
     assert "attached vm1: 512 MiB, compute 25%, GPU 0" in out.output
     out = runner.invoke(cli, base + ["list"])
@@ -158,7 +161,9 @@ def test_cli_talks_to_the_agent_with_json_and_tables(agent):
     out = runner.invoke(cli, base + ["gpus"])
     assert "hvgpu fake GPU" in out.output and "compute time-shared" in out.output
     out = runner.invoke(cli, base + ["attach", "vm3", "--mem", "4X", "--cid", "9"])
-    assert out.exit_code == 1 and "not a size" in out.output
+    assert out.exit_code == 2 and "not a size" in out.output  # refused before the agent
+    with pytest.raises(HvgpuError, match="'4' has no unit"):  # and by the agent itself
+        ControlClient(agent.control).call("attach", vm="vm3", mem="4", cid=9)
     out = runner.invoke(cli, base + ["attach", "vm9", "--mem", "1G"])
     assert out.exit_code == 1 and "pass --cid N" in out.output
     out = runner.invoke(cli, base + ["detach", "nope"])

@@ -210,6 +210,39 @@ except StateError as exc:
         subprocess.run(["rm", "-rf", str(directory)])
 
 
+@pytest.mark.parametrize("directory_mode, file_mode, named", [
+    (0o777, 0o644, "slices.db is read-only for this process"),  # another user's file
+    (0o555, 0o666, "is read-only for this process"),  # the directory: no -wal, -shm there
+    (0o555, None, "is read-only for this process"),  # nothing there yet
+])
+def test_a_state_this_user_cannot_write_says_so_and_what_to_do(directory_mode, file_mode, named):
+    directory = Path(tempfile.mkdtemp(prefix="hvgpu-ro-"))  # reachable by another user
+    try:
+        if file_mode is not None:
+            two_vms(directory)
+            os.chmod(directory / "slices.db", file_mode)
+        os.chmod(directory, directory_mode)
+        code = f"""
+import os, sys
+sys.path.insert(0, {str(REPO)!r})
+from hvgpu.host.state import StateError, StateStore
+if os.geteuid() == 0:  # root writes any file: be someone else
+    os.setgid(65534); os.setuid(65534)
+try:
+    StateStore({str(directory)!r})
+except StateError as exc:
+    print(exc)
+"""
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True).stdout
+        assert named in out, out
+        assert "move it aside" not in out  # what a damaged file is told, not this one
+        assert "Fix its permissions" in out and "run the agent as its owner" in out
+        assert "belongs to uid 0" in out
+    finally:
+        subprocess.run(["rm", "-rf", str(directory)])
+
+
 def test_a_lost_state_is_rebuilt_from_libvirt_metadata_saying_so(tmp_path, caplog):
     pytest.importorskip("libvirt")
     from hvgpu.host import hypervisor
@@ -220,7 +253,7 @@ def test_a_lost_state_is_rebuilt_from_libvirt_metadata_saying_so(tmp_path, caplo
     first.defined = []
     try:
         dom = define(first, vsock_domain("lv-state"))
-        first.api.attach("lv-state", "32M", "50%")
+        first.api.attach("lv-state", "32M", "50%", allow_time_shared=True)
     finally:
         first.stop()
     for name in ("slices.db", "slices.json"):  # the whole state is gone
