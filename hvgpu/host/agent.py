@@ -247,19 +247,28 @@ class Agent:
                 self._open_libvirt(self.config.connect)
 
     def _open_libvirt(self, uri: str) -> None:
+        import queue
+
         from hvgpu.host.hypervisor import Hypervisor, start_event_loop
         from hvgpu.host.vms import VmDirectory
 
+        def sync_ledgers():
+            with self.lock:
+                keys = {s.key for s in self.slices.list()}
+                for key in [k for k in self.ledgers if k not in keys]:
+                    self.slice_detached(key)
+                for s in self.slices.list():
+                    self.ledgers.setdefault(s.key, QuotaLedger(s.mem))
+
+        lost: queue.Queue[str] = queue.Queue()  # libvirt's thread only puts the reason here
         try:
             start_event_loop()
             hypervisor = Hypervisor(uri)
             self.vms = VmDirectory(hypervisor)
             for change in self.vms.reconcile(self.slices):
                 log.info("reconciled with libvirt: %s", change)
-            with self.lock:
-                self.ledgers = {s.key: self.ledgers.get(s.key) or QuotaLedger(s.mem)
-                                for s in self.slices.list()}
-            hypervisor.watch(self._on_vm_event)
+            sync_ledgers()
+            hypervisor.watch(self._on_vm_event, lost.put)
         except HvgpuError as exc:
             self.vms = None
             self.libvirt_reason = str(exc)
@@ -267,24 +276,53 @@ class Agent:
             return
         log.info("libvirt at %s: watching domain lifecycle events", uri)
 
-    def _on_vm_event(self, vm: str, what: str) -> None:
-        """Lifecycle events, from libvirt's event loop thread."""
+        def reconnect_when_lost():
+            # Reconnecting waits on libvirtd, so never on libvirt's event thread.
+            while not self._stop.is_set():
+                try:
+                    reason = lost.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                log.warning("%s; connecting again", reason)
+                delay = 0.5
+                while not self._stop.is_set():
+                    try:
+                        self.vms.reconnect(self.slices)  # logs what reconciling changed
+                        break
+                    except HvgpuError as exc:
+                        log.warning("%s; trying again in %g s", exc, delay)
+                        self._stop.wait(delay)
+                        delay = min(delay * 2, 30)
+                sync_ledgers()
+
+        threading.Thread(target=reconnect_when_lost, name="libvirt-reconnect",
+                         daemon=True).start()
+
+    def _on_vm_event(self, event) -> None:
+        """A LifecycleEvent, from libvirt's event loop thread."""
+        from hvgpu.host.hypervisor import EventKind
+
+        if self._stop.is_set():
+            # libvirt still delivers to a stopped agent: acting would change a state
+            # directory that a new agent may own by now
+            return
+        vm = event.vm
         if self.vms is not None:
             self.vms.forget_cids()
         keys = self._keys_of(vm)
         if not keys:
             return
-        if what == "stopped":
+        if event.kind is EventKind.STOPPED:
             log.info("%s stopped: releasing its slice's executors and GPU memory "
                      "(the reservation stays until hvgpu detach)", vm)
             self.release_vm(vm)
-        elif what in ("started", "resumed"):
+        elif event.kind in (EventKind.STARTED, EventKind.RESUMED):
             with self.lock:
                 for key in keys:
                     if key not in self.current and self.slices is not None:
                         log.info("%s started: restoring the executor of %s", vm, key)
                         self._spawn_slice(key)
-        elif what == "undefined":
+        elif event.kind is EventKind.UNDEFINED:
             log.info("%s was undefined: its slice is removed", vm)
             try:
                 self.slices.detach(vm)
@@ -292,7 +330,7 @@ class Agent:
                 pass
             for key in keys:
                 self.slice_detached(key)
-        elif what == "migrating":
+        elif event.kind is EventKind.MIGRATING:
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
                       "slice; its slice stays on this host and its CUDA connections will end. "
                       "hvgpu-libvirt-hook, installed as /etc/libvirt/hooks/qemu on the "

@@ -91,7 +91,7 @@ class ControlAPI:
         if by_libvirt and hybrid is not None:
             d["hybrid_vsock"] = hybrid
         elif by_libvirt:
-            d["vsock_cid"] = vms.hv.vsock_cid(vms.hv.domain(vm))
+            d["vsock_cid"] = vms.vsock_cid(vm)
         return d
 
     def _hybrid_listener(self, vm: str) -> str | None:
