@@ -145,7 +145,7 @@ def _choose_libvirt(vm, connect):
         except HvgpuError as exc:
             return None, str(exc), vm
         try:
-            return connect, "", hv.domain(vm).name()
+            return connect, "", hv.domain(vm).name
         finally:
             hv.close()
     start_event_loop()
@@ -182,8 +182,7 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
              "uses one of your domains instead)")
         xml = TEST_DOMAIN.format(name=name, vsock="".join(
             "    " + line + "\n" for line in vsock_xml(cid=3).splitlines()))
-        dom = agent.vms.hv.conn.defineXML(xml)
-        dom.create()
+        agent.vms.hv.define(xml).start()
         echo(f"domain:    {name} defined and started there, with a vsock device")
     else:
         echo(f"libvirt:   {agent.vms.hv.uri}, domain {name}")
@@ -193,9 +192,8 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     echo(f"attach:    {name}: {s['mem'] >> 20} MiB on GPU {s['gpu_index']}, compute time-shared"
          + (f", vsock CID {cid}" if cid is not None else ""))
     if agent.vms is not None:
-        dom = agent.vms.hv.domain(name)
-        meta = [line.strip() for line in dom.XMLDesc(0).splitlines() if "slice" in line
-                or "memory unit=\"bytes\"" in line]
+        meta = [line.strip() for line in agent.vms.hv.domain(name).xml().splitlines()
+                if "slice" in line or "memory unit=\"bytes\"" in line]
         echo("metadata:  " + " ".join(meta[:3]) + " ...  (what virsh dumpxml shows)")
     else:
         echo(f"metadata:  SKIPPED: no slice was written into a domain, because libvirt is "
@@ -216,7 +214,7 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
              f"{'OK' if merr < 1e-5 else 'WRONG'}  ({time.perf_counter() - t0:.2f}s)")
         ok = err < 1e-6 and merr < 1e-5
     api.detach(name)
-    gone = agent.vms is None or agent.vms.hv.read_slice(agent.vms.hv.domain(name)) is None
+    gone = agent.vms is None or agent.vms.hv.domain(name).read_slice() is None
     echo(f"detach:    {name}: slice released" + (", metadata removed" if agent.vms else "")
          + ("" if gone else " (METADATA LEFT BEHIND)"))
     if define and agent.vms is not None:

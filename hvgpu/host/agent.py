@@ -56,6 +56,8 @@ audit = logging.getLogger("hvgpu.audit")
 
 DEFAULT_CACHE_DIR = "/var/cache/hvgpu"
 
+LIBVIRT_RETRY_FIRST, LIBVIRT_RETRY_MOST = 0.5, 30.0  # seconds between reconnect attempts
+
 # Control operations that change nothing: audited at DEBUG (monitoring polls them).
 QUERIES = frozenset({"gpus", "list", "status"})
 
@@ -102,11 +104,10 @@ class Command:
 
 
 @dataclass(frozen=True)
-class VmEvent:
-    """A libvirt lifecycle event, as posted from libvirt's thread."""
+class LibvirtLost:
+    """libvirt's connection closed (posted from libvirt's thread)."""
 
-    vm: str
-    what: str  # started, resumed, stopped, undefined, migrating
+    reason: str
 
 
 class AgentStopped(HvgpuError):
@@ -150,10 +151,12 @@ class Agent:
         self._mps_started = False
         self.supervisor = Supervisor(config, self.launcher, self.mps, self._watch_lane,
                                      self._unwatch)
-        self._inbox: deque = deque()  # Commands and VmEvents, from other threads
+        self._inbox: deque = deque()  # Commands, LifecycleEvents, LibvirtLost
         self._inbox_lock = threading.Lock()
         self._loop_thread: int | None = None
         self._stopped = False  # no command is taken any more
+        self._libvirt_retry: float | None = None  # when to reconnect; None: connected
+        self._libvirt_delay = LIBVIRT_RETRY_FIRST
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
@@ -205,7 +208,8 @@ class Agent:
             for change in self.vms.reconcile(self.slices):
                 log.info("reconciled with libvirt: %s", change)
             self._apply(self.registry.sync())
-            hypervisor.watch(lambda vm, what: self.post(VmEvent(vm, what)))
+            # libvirt's thread only posts: the loop does the work
+            hypervisor.watch(self.post, lambda reason: self.post(LibvirtLost(reason)))
         except HvgpuError as exc:
             self.vms = None
             self.libvirt_reason = str(exc)
@@ -221,6 +225,8 @@ class Agent:
                 deadline = self.router.next_deadline()
                 if deadline is not None:
                     timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+                if self._libvirt_retry is not None:
+                    timeout = min(timeout, max(0.0, self._libvirt_retry - time.monotonic()))
                 for key, _ in self._selector.select(timeout=timeout):
                     kind, obj = key.data
                     if kind == "wake":
@@ -232,6 +238,7 @@ class Agent:
                     else:
                         self._on_lane(obj)
                 self._run_inbox()
+                self._reconnect_libvirt()
                 self.router.expire_refusals()
                 self.supervisor.reap()
         finally:
@@ -293,10 +300,15 @@ class Agent:
                 if not self._inbox:
                     return
                 item = self._inbox.popleft()
-            if isinstance(item, Command):
-                self._execute(item)
-            elif isinstance(item, VmEvent):
-                self._on_vm_event(item)
+            try:
+                if isinstance(item, Command):
+                    self._execute(item)
+                elif isinstance(item, LibvirtLost):
+                    self._on_libvirt_lost(item)
+                else:
+                    self._on_vm_event(item)
+            except Exception:  # a bug: logged, and the loop goes on serving every VM
+                log.exception("handling %r failed", item)
 
     def _execute(self, command: Command) -> None:
         if not command.future.set_running_or_notify_cancel():
@@ -322,35 +334,70 @@ class Agent:
 
     # -- libvirt ---------------------------------------------------------------------
 
-    def _on_vm_event(self, event: VmEvent) -> None:
-        vm, what = event.vm, event.what
+    def _on_vm_event(self, event) -> None:
+        """A hypervisor.LifecycleEvent."""
+        from hvgpu.host.hypervisor import EventKind
+
+        vm = event.vm
         if self.vms is not None:
             self.vms.forget_cids()
         keys = self.registry.keys_of(vm)
         if not keys:
             return
-        if what == "stopped":
+        if event.kind is EventKind.STOPPED:
             log.info("%s stopped: releasing its slice's executors and GPU memory "
                      "(the reservation stays until hvgpu detach)", vm)
             self.release_vm(vm)
-        elif what in ("started", "resumed"):
+        elif event.kind in (EventKind.STARTED, EventKind.RESUMED):
             for key in keys:
                 record = self.registry.get(key)
                 if record.current is None:
                     log.info("%s started: restoring the executor of %s", vm, key)
                     self._start_slice(record)
-        elif what == "undefined":
+        elif event.kind is EventKind.UNDEFINED:
             log.info("%s was undefined: its slice is removed", vm)
             try:
                 self.slices.detach(vm)
             except HvgpuError:
                 pass
             self._apply(self.registry.sync())
-        elif what == "migrating":
+        elif event.kind is EventKind.MIGRATING:
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
                       "slice; its slice stays on this host and its CUDA connections will end. "
                       "hvgpu-libvirt-hook, installed as /etc/libvirt/hooks/qemu on the "
                       "destination, refuses such migrations", vm)
+
+    def _on_libvirt_lost(self, lost: LibvirtLost) -> None:
+        if self.vms is None or self._libvirt_retry is not None:
+            return
+        log.warning("%s; connecting again", lost.reason)
+        self._libvirt_delay = LIBVIRT_RETRY_FIRST
+        self._libvirt_retry = time.monotonic()
+
+    def _reconnect_libvirt(self) -> None:
+        """While libvirt's connection is lost: try again, backing off; once connected,
+        reconcile, and end the executors of VMs that stopped meanwhile (their events were
+        missed)."""
+        if self._libvirt_retry is None or time.monotonic() < self._libvirt_retry:
+            return
+        try:
+            self.vms.reconnect(self.slices)  # logs what reconciling changed
+            running = self.vms.running()
+        except HvgpuError as exc:
+            log.warning("%s; trying again in %g s", exc, self._libvirt_delay)
+            self._libvirt_retry = time.monotonic() + self._libvirt_delay
+            self._libvirt_delay = min(self._libvirt_delay * 2, LIBVIRT_RETRY_MOST)
+            return
+        self._libvirt_retry = None
+        self._apply(self.registry.sync())
+        for vm in sorted({k.vm for k in self.registry.records}):
+            record = self.registry.get(VgpuKey(vm, 0))
+            if record.slice.cid is None and vm not in running and any(
+                    self.registry.get(k).executors() for k in self.registry.keys_of(vm)):
+                log.info("%s stopped while libvirt's connection was down: releasing its "
+                         "slice's executors", vm)
+                self.release_vm(vm)
+        log.info("libvirt at %s: connected again", self.vms.hv.uri)
 
     # -- guests ------------------------------------------------------------------------
 
@@ -619,6 +666,11 @@ class Agent:
         if self._mps_started:
             self.mps.stop()
             self._mps_started = False
+        if self.vms is not None:  # its callbacks would keep posting to a stopped agent
+            try:
+                self.vms.hv.close()
+            except HvgpuError:
+                pass
         for fd in (self._wake_r, self._wake_w):
             try:
                 os.close(fd)

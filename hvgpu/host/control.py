@@ -90,7 +90,7 @@ class ControlAPI:
         """The vsock CID libvirt gave the domain (None: none yet, or no such domain)."""
         vms = self.agent.vms
         try:
-            return vms.hv.vsock_cid(vms.hv.domain(vm))
+            return vms.vsock_cid(vm)
         except NoSuchVm:
             return None
 

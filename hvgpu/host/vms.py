@@ -4,8 +4,8 @@ and ``hypervisor``.
 Finds which VM a vsock CID belongs to (libvirt assigns automatic CIDs at each
 start, so this is looked up, never stored), plugs the vsock device, a
 shared-memory device per vGPU that has a region, and writes the slice into the
-domain when a slice is attached, reconciles the agent's state with the
-domains' metadata at start, and turns lifecycle events into agent actions.
+domain when a slice is attached, and reconciles the agent's state with the
+domains' metadata at start and after a lost connection to libvirt is regained.
 
 A region's file in /dev/shm is QEMU's: it creates it when the device appears,
 and neither it nor libvirt removes it when the device or the domain goes. So
@@ -13,8 +13,8 @@ a file left there is removed before its device is added again (QEMU would use
 it as it is: an old size it refuses to grow, the old bytes) and after the
 device is removed (it holds host RAM and the guest's data).
 
-Must not import libvirt (``hypervisor`` does) or decide placement (the slice
-manager does).
+Must not import libvirt or hold its objects (``hypervisor`` does; its ``Domain``
+is what this module handles) or decide placement (the slice manager does).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 from typing import Callable
 
 from hvgpu.errors import HvgpuError
-from hvgpu.host.hypervisor import Hypervisor, NoSuchVm
+from hvgpu.host.hypervisor import Domain, Hypervisor, NoSuchVm, Scope
 from hvgpu.host.names import BadDevice, BadVmName, VgpuKey, shm_name, shm_path
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import Slice
@@ -53,9 +53,12 @@ class VmDirectory:
         return True
 
     def canonical(self, name_or_uuid: str) -> str:
-        """libvirt's name of the domain named ``name_or_uuid`` or with that UUID, so that
-        every command may name a VM either way; NoSuchVm when libvirt has none."""
-        return self.hv.domain(name_or_uuid).name()
+        """The domain's name, given its name or its UUID; NoSuchVm when there is none."""
+        return self.hv.domain(name_or_uuid).name
+
+    def vsock_cid(self, vm: str) -> int | None:
+        """The CID of the domain's vsock device (None: none, or not yet assigned)."""
+        return self.hv.domain(vm).vsock_cid()
 
     def vm_for_cid(self, cid: int) -> str | None:
         with self._lock:
@@ -63,12 +66,12 @@ class VmDirectory:
         if vm is not None:
             return vm
         found = {}
-        for dom in self.hv.conn.listAllDomains():
-            if not dom.isActive():
+        for dom in self.hv.domains():
+            if not dom.is_active():
                 continue
-            c = self.hv.vsock_cid(dom)
+            c = dom.vsock_cid()
             if c is not None:
-                found[c] = dom.name()
+                found[c] = dom.name
         with self._lock:
             self._cids = found
         return found.get(cid)
@@ -89,13 +92,13 @@ class VmDirectory:
         host), so nothing is hot-plugged.
         """
         dom = self.hv.domain(vm)
-        hybrid = hybrid_for(dom.name())
+        hybrid = hybrid_for(dom.name)
         if hybrid is not None:
             log.info("%s: served by the hybrid-vsock listener %s; no vsock device is "
-                     "hot-plugged", dom.name(), hybrid)
-        elif self.hv.plug_vsock(dom):
-            tx.on_undo(lambda: self.hv.unplug_vsock(dom), "vsock hot-plug")
-        return dom.name(), hybrid
+                     "hot-plugged", dom.name, hybrid)
+        elif dom.plug_vsock():
+            tx.on_undo(dom.unplug_vsock, "vsock hot-plug")
+        return dom.name, hybrid
 
     # -- shared-memory regions --------------------------------------------------------
 
@@ -107,9 +110,9 @@ class VmDirectory:
                 continue
             dom = self.hv.domain(s.vm)
             name = shm_name(s.key)
-            if self.hv.shmem_size(dom, name, live=True) is None:
+            if dom.shmem_size(name, live=True) is None:
                 self._remove_region_file(s.key, stale=True)  # no QEMU of this domain maps it
-            added = self.hv.plug_shmem(dom, name, s.shm)
+            added = dom.plug_shmem(name, s.shm)
             if added:
                 tx.on_undo(lambda d=dom, k=s.key, a=added: self._unplug(d, k, a),
                            f"shared-memory device {name}")
@@ -130,22 +133,22 @@ class VmDirectory:
         """Give the vGPU's region ``shm`` bytes (0: none) in the domain's config. ivshmem
         cannot be resized live, so a running domain is refused with what to do instead."""
         dom = self.hv.domain(s.vm)
-        if self.hv.is_active(dom):
+        if dom.is_active():
             raise RegionBusy(
-                f"cannot change the shared-memory region of {s.key} while {dom.name()} runs: "
+                f"cannot change the shared-memory region of {s.key} while {dom.name} runs: "
                 "an ivshmem device cannot be resized live. Stop the guest (virsh shutdown "
-                f"{dom.name()}) and resize again, or detach the slice and attach it again "
+                f"{dom.name}) and resize again, or detach the slice and attach it again "
                 "with the new --shm")
         name, old = shm_name(s.key), s.shm
         if old:
             if self._unplug(dom, s.key):
-                tx.on_undo(lambda: self.hv.plug_shmem(dom, name, old),
+                tx.on_undo(lambda: dom.plug_shmem(name, old),
                            f"shared-memory device {name}")
         if shm:
             self.plug_regions([Slice(**{**s.as_dict(), "shm": shm})], tx)
 
-    def _unplug(self, dom, key: VgpuKey, only: int | None = None) -> int:
-        removed = self.hv.unplug_shmem(dom, shm_name(key), only)
+    def _unplug(self, dom: Domain, key: VgpuKey, only: Scope | None = None) -> Scope:
+        removed = dom.unplug_shmem(shm_name(key), only)
         # Also while QEMU still maps it (a guest releases a device at its own pace): the
         # mapping outlives the name, and the RAM is freed when QEMU lets go of it.
         self._remove_region_file(key)
@@ -177,21 +180,22 @@ class VmDirectory:
         """Write all of one VM's vGPUs (device 0 first) into its domain."""
         first, *more = sorted(vgpus, key=lambda s: s.device)
         dom = self.hv.domain(first.vm)
-        before = self.hv.read_vgpus(dom) if tx is not None else []
-        self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
-                            [dict(device=s.device, gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index,
-                                  mem=s.mem, compute=s.compute, shm=s.shm) for s in more],
-                            shm=first.shm)
+        before = dom.read_vgpus() if tx is not None else []
+        dom.write_slice(first.gpu_uuid, first.gpu_index, first.mem, first.compute,
+                        [dict(device=s.device, gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index,
+                              mem=s.mem, compute=s.compute, shm=s.shm) for s in more],
+                        shm=first.shm)
         if tx is not None:
             tx.on_undo(lambda: self._restore(dom, before), "slice metadata")
 
-    def _restore(self, dom, before: list) -> None:
+    @staticmethod
+    def _restore(dom: Domain, before: list) -> None:
         if not before:
-            self.hv.clear_slice(dom)
+            dom.clear_slice()
             return
         first, *more = before
-        self.hv.write_slice(dom, first.gpu_uuid, first.gpu_index, first.mem, first.compute,
-                            [vars(d) for d in more], shm=first.shm)
+        dom.write_slice(first.gpu_uuid, first.gpu_index, first.mem, first.compute,
+                        [vars(d) for d in more], shm=first.shm)
 
     def forget(self, vm: str, unplug: bool) -> None:
         try:
@@ -199,8 +203,24 @@ class VmDirectory:
         except NoSuchVm:
             return
         if unplug:  # first: the step that can fail on a live domain
-            self.hv.unplug_vsock(dom)
-        self.hv.clear_slice(dom)
+            dom.unplug_vsock()
+        dom.clear_slice()
+
+    def running(self) -> set[str]:
+        """The names of the domains that run now."""
+        return {d.name for d in self.hv.domains() if d.is_active()}
+
+    def reconnect(self, slices: SliceManager) -> list[str]:
+        """After the connection to libvirt was lost: connect again, then reconcile (a
+        domain may have been undefined, or its metadata changed, while nobody listened).
+        Returns the changes, each also logged; raises Unreachable while libvirtd is down.
+        """
+        self.hv.reconnect()
+        self.forget_cids()  # CIDs may have been reassigned meanwhile
+        changes = self.reconcile(slices)
+        for change in changes:
+            log.info("reconciled with libvirt after reconnecting: %s", change)
+        return changes
 
     def reconcile(self, slices: SliceManager) -> list[str]:
         """Make the agent's state and the domains' metadata agree; says what changed.

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from hvgpu.errors import HvgpuError
 from hvgpu.guest import Connection, Device
-from hvgpu.host.agent import Agent, AgentConfig, AgentBusy, AgentStopped, VmEvent
+from hvgpu.host.agent import Agent, AgentConfig, AgentBusy, AgentStopped
 from hvgpu.host.cli import cli
 from hvgpu.host.control import ControlAPI
 from hvgpu.host.control_lane import ControlClient
@@ -66,12 +66,16 @@ def test_the_registry_follows_attach_resize_and_detach(agent):
 
 
 def test_a_libvirt_event_is_a_record_the_loop_acts_on(agent):
+    pytest.importorskip("libvirt")
+    from hvgpu.host.hypervisor import EventKind, LifecycleEvent
+
     agent.api.attach("vm1", "64M")
     with Connection(agent.vm_address("vm1")) as conn:
         conn.call("PING")
         record = agent.agent.registry.get(VgpuKey("vm1", 0))
         ex = record.current
-        agent.agent.post(VmEvent("vm1", "stopped"))  # as libvirt's thread posts it
+        # as libvirt's thread posts it
+        agent.agent.post(LifecycleEvent("vm1", "uuid-of-vm1", EventKind.STOPPED))
         ex.process.wait(timeout=60)  # the VM's executor ends; its slice stays
         assert agent.api.list()[0]["vm"] == "vm1"
         assert agent.agent.call("check", lambda: record.current) is None

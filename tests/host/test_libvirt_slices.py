@@ -40,7 +40,7 @@ def agent(tmp_path):
     running.stop()
     for dom in running.defined:
         try:
-            if dom.isActive():
+            if dom.is_active():
                 dom.destroy()
             dom.undefine()
         except Exception:
@@ -48,9 +48,9 @@ def agent(tmp_path):
 
 
 def define(agent, xml, start=True):
-    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    dom = agent.agent.vms.hv.define(xml)
     if start:
-        dom.create()
+        dom.start()
     getattr(agent, "defined", []).append(dom)
     return dom
 
@@ -72,12 +72,12 @@ def test_attach_by_name_writes_the_slice_into_the_domain(agent):
     dom = define(agent, WITH_VSOCK.format(name="lv-a", cid=7))
     s = agent.api.attach("lv-a", "64M", "25%", allow_time_shared=True)
     assert s["vsock_cid"] == 7 and s["cid"] is None
-    xml = dom.XMLDesc(0)  # what virsh dumpxml shows
+    xml = dom.xml()  # what virsh dumpxml shows
     assert "urn:x-hvgpu:slice:1" in xml and ">67108864</" in xml
     assert agent.agent.vms.vm_for_cid(7) == "lv-a"
     assert [x["vm"] for x in agent.api.list()] == ["lv-a"]
     agent.api.detach("lv-a")
-    assert "urn:x-hvgpu:slice:1" not in dom.XMLDesc(0)
+    assert "urn:x-hvgpu:slice:1" not in dom.xml()
 
 
 def test_attach_undoes_itself_when_a_step_fails(agent):
@@ -85,7 +85,7 @@ def test_attach_undoes_itself_when_a_step_fails(agent):
     with pytest.raises(HvgpuError, match="cannot do that"):  # the test driver cannot hot-plug
         agent.api.attach("lv-b", "64M")
     assert agent.api.list() == []
-    assert agent.agent.vms.hv.read_slice(agent.agent.vms.hv.domain("lv-b")) is None
+    assert agent.agent.vms.hv.domain("lv-b").read_slice() is None
 
 
 def test_unknown_domain_and_unplug_failure_leave_things_as_they_were(agent):
@@ -111,7 +111,7 @@ def test_stop_releases_the_executor_and_start_restores_it(agent):
             guest.call("PING")
             time.sleep(0.05)
     assert [x["vm"] for x in agent.api.list()] == ["vm1"]  # the reservation stays
-    dom.create()
+    dom.start()
     wait(lambda: agent.api.status()[0]["executors"])
     dom.destroy()
     dom.undefine()
@@ -154,18 +154,18 @@ def reconcile(agent) -> list[str]:
 def test_every_vgpu_of_a_domain_is_recorded_and_restored_from_its_metadata(agent):
     dom = define(agent, vsock_domain("lv-v"))
     agent.api.attach("lv-v", "64M", gpu=0, count=2)  # the test double has one GPU: named
-    assert '<vgpu device="1">' in dom.XMLDesc(0).replace("hvgpu:", "")
+    assert '<vgpu device="1">' in dom.xml().replace("hvgpu:", "")
     forget(agent, "lv-v")  # the agent forgets; the domain remembers
     assert reconcile(agent) == [
         "lv-v: slice restored from the domain's metadata (2 vGPUs)"]
     assert [(x["vm"], x["device"]) for x in agent.api.list()] == [("lv-v", 0), ("lv-v", 1)]
     with pytest.raises(HvgpuError, match="detach vGPU 1 of 'lv-v' first"):
         agent.api.detach("lv-v", device=0)
-    assert '<vgpu device="1">' in dom.XMLDesc(0).replace("hvgpu:", "")  # refused: untouched
+    assert '<vgpu device="1">' in dom.xml().replace("hvgpu:", "")  # refused: untouched
     agent.api.detach("lv-v", device=1)
-    assert "vgpu device=" not in dom.XMLDesc(0) and "urn:x-hvgpu:slice:1" in dom.XMLDesc(0)
+    assert "vgpu device=" not in dom.xml() and "urn:x-hvgpu:slice:1" in dom.xml()
     agent.api.detach("lv-v")
-    assert "urn:x-hvgpu:slice:1" not in dom.XMLDesc(0)
+    assert "urn:x-hvgpu:slice:1" not in dom.xml()
 
 
 def test_a_failed_attach_of_several_vgpus_leaves_none(agent, monkeypatch):
@@ -193,7 +193,7 @@ def hybrid_agent(tmp_path):
     running.stop()
     for dom in running.defined:
         try:
-            if dom.isActive():
+            if dom.is_active():
                 dom.destroy()
             dom.undefine()
         except Exception:
@@ -206,16 +206,16 @@ def test_a_domain_served_by_a_bound_hybrid_listener_gets_metadata_and_no_hot_plu
     dom = define(agent, WITHOUT_VSOCK.format(name="lv-h"))
     s = agent.api.attach("lv-h", "64M", "25%", allow_time_shared=True)
     assert s["hybrid_vsock"].endswith("lv-h.vsock:5170") and "vsock_cid" not in s
-    assert "<vsock" not in dom.XMLDesc(0)
-    (recorded,) = agent.agent.vms.hv.read_vgpus(dom)
+    assert "<vsock" not in dom.xml()
+    (recorded,) = dom.read_vgpus()
     assert (recorded.mem, recorded.compute) == (64 << 20, 25)
     Connection(agent.guest_side).call("PING")  # the guest is served by its slice
     assert agent.api.status()[0]["executors"]
     with pytest.raises(HvgpuError, match="hybrid-vsock listener .* nothing to unplug"):
         agent.api.detach("lv-h", unplug=True)
-    assert agent.agent.vms.hv.read_slice(dom) is not None  # nothing was lost
+    assert dom.read_slice() is not None  # nothing was lost
     agent.api.detach("lv-h")
-    assert agent.agent.vms.hv.read_slice(dom) is None and agent.api.list() == []
+    assert dom.read_slice() is None and agent.api.list() == []
 
 
 def test_the_cli_says_no_vsock_device_was_hot_plugged(hybrid_agent):
@@ -233,9 +233,9 @@ def test_the_cli_says_no_vsock_device_was_hot_plugged(hybrid_agent):
 
 def test_a_hybrid_bound_domain_attached_by_its_uuid_gets_no_hot_plug_either(hybrid_agent):
     dom = define(hybrid_agent, WITHOUT_VSOCK.format(name="lv-h"))
-    s = hybrid_agent.api.attach(dom.UUIDString(), "32M")
+    s = hybrid_agent.api.attach(dom.uuid, "32M")
     assert s["vm"] == "lv-h" and "hybrid_vsock" in s
-    assert "<vsock" not in dom.XMLDesc(0)
+    assert "<vsock" not in dom.xml()
 
 
 WITH_VSOCK_AND_SHMEM = """<domain type='test'><name>{name}</name><memory>1048576</memory>
@@ -255,7 +255,7 @@ def test_a_shared_memory_device_that_cannot_be_added_undoes_the_attach(agent):
                        "lv-s1: this libvirt driver cannot do that"):
         agent.api.attach("lv-s1", "64M", shm="4M")
     assert agent.api.list() == []
-    assert agent.agent.vms.hv.read_slice(dom) is None  # no metadata was left either
+    assert dom.read_slice() is None  # no metadata was left either
 
 
 def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
@@ -268,9 +268,9 @@ def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
                                    "64M", "--shm", "4M"])
     assert out.exit_code == 0, out.output
     assert "shared memory 4 MiB" in out.output
-    (recorded,) = agent.agent.vms.hv.read_vgpus(dom)
+    (recorded,) = dom.read_vgpus()
     assert recorded.shm == 4 << 20
-    assert '<shm unit="bytes">4194304</shm>' in dom.XMLDesc(0).replace("hvgpu:", "")
+    assert '<shm unit="bytes">4194304</shm>' in dom.xml().replace("hvgpu:", "")
     assert agent.api.list()[0]["shm"] == 4 << 20 and agent.api.status()[0]["shm"] == 4 << 20
     out = CliRunner().invoke(cli, ["--control", agent.control, "list"])
     assert "SHM" in out.output and "4 MiB" in out.output
@@ -280,13 +280,13 @@ def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
     assert "while lv-s2 runs" in str(info.value) and "virsh shutdown lv-s2" in str(info.value)
     assert "detach the slice and attach it again" in str(info.value)
     assert agent.api.list()[0]["shm"] == 4 << 20
-    assert agent.agent.vms.hv.read_slice(dom).shm == 4 << 20
+    assert dom.read_slice().shm == 4 << 20
     assert agent.api.resize("lv-s2", mem="32M", shm="4M")["mem"] == 32 << 20  # unchanged: ok
     with pytest.raises(HvgpuError, match="removing the shared-memory device hvgpu-lv-s2 from "
                        "lv-s2: this libvirt driver cannot do that"):
         agent.api.detach("lv-s2")  # the test driver cannot remove a device
     assert agent.api.list()[0]["shm"] == 4 << 20  # refused first: nothing was lost
-    assert agent.agent.vms.hv.read_slice(dom).shm == 4 << 20
+    assert dom.read_slice().shm == 4 << 20
 
 
 def test_the_region_is_restored_from_the_domains_metadata(agent):
@@ -295,7 +295,7 @@ def test_the_region_is_restored_from_the_domains_metadata(agent):
     forget(agent, "lv-s3")  # the agent forgets; the domain remembers
     reconcile(agent)
     assert [(x["vm"], x["shm"]) for x in agent.api.list()] == [("lv-s3", 2 << 20)]
-    assert agent.agent.vms.hv.read_slice(dom).shm == 2 << 20
+    assert dom.read_slice().shm == 2 << 20
 
 
 def test_a_device_of_another_size_is_refused_before_anything_changes(agent):
@@ -303,7 +303,7 @@ def test_a_device_of_another_size_is_refused_before_anything_changes(agent):
     with pytest.raises(HvgpuError, match="already has the shared-memory device hvgpu-lv-s4 "
                        "of 2 MiB, not 4 MiB"):
         agent.api.attach("lv-s4", "64M", shm="4M")
-    assert agent.api.list() == [] and agent.agent.vms.hv.read_slice(dom) is None
+    assert agent.api.list() == [] and dom.read_slice() is None
 
 
 def test_a_name_too_long_for_the_region_file_is_refused_before_anything_changes(agent):
@@ -311,7 +311,7 @@ def test_a_name_too_long_for_the_region_file_is_refused_before_anything_changes(
     dom = define(agent, vsock_domain(name))
     with pytest.raises(HvgpuError, match="too long for a shared-memory region.*at most 249"):
         agent.api.attach(name, "64M", shm="1M")
-    assert agent.api.list() == [] and agent.agent.vms.hv.read_slice(dom) is None
+    assert agent.api.list() == [] and dom.read_slice() is None
     assert agent.api.attach(name, "64M")["vm"] == name  # without a region it is fine
 
 
@@ -321,7 +321,7 @@ def test_every_verb_takes_a_name_or_a_uuid_and_list_shows_the_cid_attach_printed
     from hvgpu.host.cli import cli
 
     dom = define(agent, WITH_VSOCK.format(name="lv-uuid", cid=61))
-    uuid = dom.UUIDString()
+    uuid = dom.uuid
     s = agent.api.attach(uuid, "64M")
     assert s["vm"] == "lv-uuid" and s["vsock_cid"] == 61
     assert agent.api.resize(uuid, mem="32M")["mem"] == 32 << 20  # resize took only names
@@ -348,7 +348,7 @@ def test_a_cid_libvirt_gave_a_running_domain_is_refused_to_another_vm(agent):
     with pytest.raises(HvgpuError, match="'lv-clash' has vsock CID 63, which 'fc-vm'"):
         agent.api.attach("lv-clash", "16M")
     assert [s["vm"] for s in agent.api.list()] == ["fc-vm"]
-    assert agent.agent.vms.hv.read_slice(dom) is None
+    assert dom.read_slice() is None
 
 
 def test_connect_naming_the_agents_own_libvirt_is_taken(agent):
@@ -360,3 +360,63 @@ def test_connect_naming_the_agents_own_libvirt_is_taken(agent):
     with pytest.raises(OtherLibvirt, match="manages VMs through test:///default, not "
                                            "qemu:///system"):
         agent.api.list(connect="qemu:///system")
+
+
+def test_a_domain_is_named_by_its_name_or_its_uuid(agent):
+    dom = define(agent, WITH_VSOCK.format(name="lv-n", cid=9))
+    vms = agent.agent.vms
+    assert vms.canonical(dom.uuid) == vms.canonical("lv-n") == "lv-n"
+    assert vms.vsock_cid(dom.uuid) == 9
+    with pytest.raises(hypervisor.NoSuchVm):
+        vms.canonical("00000000-0000-0000-0000-000000000000")
+
+
+def _clear_behind_the_agents_back(name):
+    """Remove hvgpu's metadata from a domain through a connection of the test's own:
+    a change no lifecycle event tells the agent about."""
+    import libvirt
+
+    conn = libvirt.open("test:///default")
+    try:
+        conn.lookupByName(name).setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None,
+                                            hypervisor.NAMESPACE, 0)
+    finally:
+        conn.close()
+
+
+def test_reconnecting_reconciles_and_says_what_changed(agent, caplog):
+    dom = define(agent, vsock_domain("lv-r"))
+    agent.api.attach("lv-r", "64M", "25%", allow_time_shared=True)
+    _clear_behind_the_agents_back("lv-r")
+    assert dom.read_slice() is None
+    caplog.set_level("INFO", logger="hvgpu")
+    assert agent.agent.call("reconnect", lambda: agent.agent.vms.reconnect(
+        agent.agent.slices)) == [
+        "lv-r: slice written into the domain's metadata"]
+    assert (dom.read_slice().mem, dom.read_slice().compute) == (64 << 20, 25)
+    assert "reconciled with libvirt after reconnecting: lv-r: slice written" in caplog.text
+    agent.api.detach("lv-r")  # the new connection serves the control API
+    assert dom.read_slice() is None and agent.api.list() == []
+
+
+def test_the_agent_reconnects_when_libvirt_reports_the_connection_lost(agent, caplog):
+    # The test driver's connection is never lost: libvirt's close callback is called as
+    # libvirt calls it (tests/host/test_libvirtd.py loses a real connection).
+    dom = define(agent, vsock_domain("vm1"))  # vm1 also has a socket bound to it
+    agent.api.attach("vm1", "64M")
+    Connection(agent.vm_address("vm1")).call("PING")
+    assert agent.api.status()[0]["executors"]
+    _clear_behind_the_agents_back("vm1")
+    caplog.set_level("INFO", logger="hvgpu")
+    hv = agent.agent.vms.hv
+    before = hv._conn
+    hv._closed(before, 1, None)  # VIR_CONNECT_CLOSE_REASON_EOF
+    wait(lambda: "reconciled with libvirt after reconnecting: vm1: slice written into the "
+         "domain's metadata" in caplog.text, timeout=30)
+    assert hv._conn is not before and dom.read_slice().mem == 64 << 20
+    assert "the connection to libvirt at test:///default is lost: libvirtd closed the " \
+        "connection; connecting again" in caplog.text
+    dom.destroy()  # lifecycle events come through the new connection
+    wait(lambda: not agent.api.status()[0]["executors"])
+    agent.api.detach("vm1")
+    assert dom.read_slice() is None and agent.api.list() == []

@@ -3,14 +3,19 @@
 
 .ci/run installs and starts libvirtd; elsewhere these tests skip unless
 qemu:///system answers. The domains boot nothing (no disk): QEMU under TCG
-sits in its firmware, which is all a device hot-plug needs.
+sits in its firmware, which is all a device hot-plug needs. The agent's reconnect
+is tested by having libvirtd drop this process's connections (virt-admin), as a
+restart would: stopping libvirtd itself would stop it for whatever else uses it.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
 
@@ -57,11 +62,11 @@ def agent(tmp_path):
 
     def define(start: bool, devices: str = ""):
         name = f"hvgpu-ci-{os.getpid()}-{next(_names)}"
-        dom = running.agent.vms.hv.conn.defineXML(DOMAIN.format(
+        dom = running.agent.vms.hv.define(DOMAIN.format(
             name=name, emulator=EMULATOR, devices=devices.format(name=name)))
         doms.append(dom)
         if start:
-            dom.create()
+            dom.start()
         return dom
 
     running.define = define
@@ -69,26 +74,26 @@ def agent(tmp_path):
     running.stop()
     for dom in doms:
         try:
-            if dom.isActive():
+            if dom.is_active():
                 dom.destroy()
             dom.undefine()
-        except libvirt.libvirtError:
+        except HvgpuError:
             pass
 
 
 def inactive_xml(dom) -> str:
-    return dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE)
+    return dom.xml(inactive=True)
 
 
 def test_attach_adds_vsock_and_metadata_to_a_shut_off_domain_and_detach_removes_both(agent):
     dom = agent.define(start=False)
-    s = agent.api.attach(dom.name(), "64M", "25%", allow_time_shared=True)
+    s = agent.api.attach(dom.name, "64M", "25%", allow_time_shared=True)
     assert s["vsock_cid"] is None  # an automatic CID is assigned when the domain starts
     xml = inactive_xml(dom)  # virsh dumpxml --inactive
     assert "<vsock model='virtio'>" in xml and "<cid auto='yes'/>" in xml
     assert "urn:x-hvgpu:slice:1" in xml
-    assert agent.api.list()[0]["vm"] == dom.name()
-    agent.api.detach(dom.name(), unplug=True)
+    assert agent.api.list()[0]["vm"] == dom.name
+    agent.api.detach(dom.name, unplug=True)
     xml = inactive_xml(dom)
     assert "<vsock" not in xml and "urn:x-hvgpu:slice:1" not in xml
     assert agent.api.list() == []
@@ -98,10 +103,10 @@ def test_attach_adds_vsock_and_metadata_to_a_shut_off_domain_and_detach_removes_
 def test_live_hot_plug_without_vhost_vsock_says_what_to_load_and_leaves_nothing(agent):
     dom = agent.define(start=True)
     with pytest.raises(hypervisor.NoVhostVsock, match="load the vhost_vsock kernel module"):
-        agent.api.attach(dom.name(), "64M")
+        agent.api.attach(dom.name, "64M")
     assert agent.api.list() == []
-    assert "<vsock" not in dom.XMLDesc(0) and "<vsock" not in inactive_xml(dom)
-    assert agent.agent.vms.hv.read_slice(dom) is None
+    assert "<vsock" not in dom.xml() and "<vsock" not in inactive_xml(dom)
+    assert dom.read_slice() is None
 
 
 def test_libvirt_accepts_the_rendered_domain(agent):
@@ -109,7 +114,7 @@ def test_libvirt_accepts_the_rendered_domain(agent):
 
     xml = domain_xml(f"hvgpu-ci-{os.getpid()}-rendered", 1 << 30, 1, "/nonexistent/disk.qcow2",
                      domain_type="qemu", cpu_mode="host-model")
-    dom = agent.agent.vms.hv.conn.defineXML(xml)  # what `virsh define` does
+    dom = agent.agent.vms.hv.define(xml)  # what `virsh define` does
     try:
         assert "<vsock model='virtio'>" in inactive_xml(dom)
     finally:
@@ -122,7 +127,7 @@ def test_libvirt_accepts_the_rendered_domain_with_a_vhost_user_vsock(agent):
     xml = domain_xml(f"hvgpu-ci-{os.getpid()}-vhost-user", 1 << 30, 1, "/nonexistent/disk.qcow2",
                      domain_type="qemu", cpu_mode="host-model",
                      vhost_user_vsock="/run/hvgpu/vm-vhost.sock")
-    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    dom = agent.agent.vms.hv.define(xml)
     try:
         kept = inactive_xml(dom)
         assert "vhost-user-vsock-pci,chardev=hvgpu-vsock" in kept  # not dropped by libvirt
@@ -140,16 +145,16 @@ def shmem_of(xml: str) -> list:
 
 def test_attach_shm_puts_shmem_in_a_shut_off_domains_config_and_detach_removes_it(agent):
     dom = agent.define(start=False)
-    name = dom.name()
+    name = dom.name
     s = agent.api.attach(name, "64M", shm="4M")
     assert s["shm"] == 4 << 20
     xml = inactive_xml(dom)
     assert shmem_of(xml) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     assert "<vsock model='virtio'>" in xml  # beside the vsock device
-    assert agent.agent.vms.hv.read_slice(dom).shm == 4 << 20  # and in the metadata
+    assert dom.read_slice().shm == 4 << 20  # and in the metadata
     assert agent.api.resize(name, shm="8M")["shm"] == 8 << 20  # shut off: its config changes
     assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "8")]
-    assert agent.agent.vms.hv.read_slice(dom).shm == 8 << 20
+    assert dom.read_slice().shm == 8 << 20
     agent.api.detach(name, unplug=True)
     xml = inactive_xml(dom)
     assert shmem_of(xml) == [] and "<vsock" not in xml and "urn:x-hvgpu:slice:1" not in xml
@@ -160,7 +165,7 @@ def test_a_device_that_cannot_be_added_takes_back_the_vsock_device_added_before_
     dom = agent.define(start=False, devices="<shmem name='hvgpu-{name}'><model "
                        "type='ivshmem-plain'/><size unit='M'>2</size></shmem>")
     with pytest.raises(hypervisor.ShmemMismatch, match="of 2 MiB, not 4 MiB"):
-        agent.api.attach(dom.name(), "64M", shm="4M")
+        agent.api.attach(dom.name, "64M", shm="4M")
     xml = inactive_xml(dom)
     assert "<vsock" not in xml  # hot-plugged into the config first, then undone
     assert "urn:x-hvgpu:slice:1" not in xml and agent.api.list() == []
@@ -178,10 +183,10 @@ def hybrid(tmp_path):
     doms = []
 
     def define(devices: str):
-        dom = running.agent.vms.hv.conn.defineXML(
+        dom = running.agent.vms.hv.define(
             DOMAIN.format(name=name, emulator=EMULATOR, devices=devices))
         doms.append(dom)
-        dom.create()
+        dom.start()
         return dom
 
     running.define = define
@@ -190,10 +195,10 @@ def hybrid(tmp_path):
     running.stop()
     for dom in doms:
         try:
-            if dom.isActive():
+            if dom.is_active():
                 dom.destroy()
             dom.undefine()
-        except libvirt.libvirtError:
+        except HvgpuError:
             pass
     for device in range(2):
         try:
@@ -208,14 +213,14 @@ def test_live_hot_plug_of_the_region_into_a_running_hybrid_bound_domain(hybrid):
     with open(path, "wb") as stale:  # left by an earlier run: QEMU would refuse to grow it
         stale.truncate(1 << 20)
     s = hybrid.api.attach(name, "64M", shm="4M")
-    assert "hybrid_vsock" in s and "<vsock" not in dom.XMLDesc(0)
-    assert shmem_of(dom.XMLDesc(0)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
+    assert "hybrid_vsock" in s and "<vsock" not in dom.xml()
+    assert shmem_of(dom.xml()) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     st = os.stat(path)  # QEMU made it anew, at the region's size
     assert st.st_size == 4 << 20 and st.st_uid != 0
     with pytest.raises(HvgpuError, match="an ivshmem device cannot be resized live"):
         hybrid.api.resize(name, shm="8M")
-    assert shmem_of(dom.XMLDesc(0))[0][3] == "4" and hybrid.api.list()[0]["shm"] == 4 << 20
+    assert shmem_of(dom.xml())[0][3] == "4" and hybrid.api.list()[0]["shm"] == 4 << 20
     # A guest releases an unplugged device itself; this one has no OS to do it, so libvirt
     # waits its 5 s and leaves the device live until then: the config and the file go now.
     hybrid.api.detach(name)
@@ -231,8 +236,8 @@ def test_live_hot_plug_without_a_free_pci_slot_is_explained_and_leaves_nothing(h
     assert f"hot-plugging the shared-memory device hvgpu-{hybrid.name} into the running " \
            f"domain {hybrid.name} failed" in text and "libvirt error" in text
     assert "pcie-to-pci-bridge" in text and f"virsh shutdown {hybrid.name}" in text
-    assert hybrid.api.list() == [] and hybrid.agent.vms.hv.read_slice(dom) is None
-    assert shmem_of(dom.XMLDesc(0)) == [] and shmem_of(inactive_xml(dom)) == []
+    assert hybrid.api.list() == [] and dom.read_slice() is None
+    assert shmem_of(dom.xml()) == [] and shmem_of(inactive_xml(dom)) == []
     assert not os.path.exists(shm_path(VgpuKey(hybrid.name)))
 
 
@@ -242,7 +247,7 @@ def test_libvirt_accepts_the_rendered_domain_with_a_shared_memory_device(agent):
     name = f"hvgpu-ci-{os.getpid()}-shm"
     xml = domain_xml(name, 1 << 30, 1, "/nonexistent/disk.qcow2", domain_type="qemu",
                      cpu_mode="host-model", shmem=(f"hvgpu-{name}", 64))
-    dom = agent.agent.vms.hv.conn.defineXML(xml)
+    dom = agent.agent.vms.hv.define(xml)
     try:
         kept = inactive_xml(dom)
         assert shmem_of(kept) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "64")]
@@ -274,3 +279,50 @@ def test_a_region_file_owned_by_qemus_user_is_served_and_one_of_another_user_is_
     os.chown(path, 65534, 65534)
     with pytest.raises(CudaError, match="another local user"):
         open_region(str(shm_dir), VgpuKey("vm1", 0), slice_, owners)
+
+
+def _drop_this_process_connections() -> int:
+    """Have libvirtd close every connection of this process (virt-admin
+    client-disconnect), as a restart of libvirtd closes them, while it keeps serving
+    everyone else; returns how many it closed."""
+    admin = ["virt-admin", "-c", "libvirtd:///system"]
+    listing = subprocess.run(admin + ["srv-clients-list", "libvirtd"], capture_output=True,
+                             text=True, check=True).stdout.splitlines()[2:]
+    dropped = 0
+    for client in [line.split()[0] for line in listing if line.strip()]:
+        info = subprocess.run(admin + ["client-info", "libvirtd", client],
+                              capture_output=True, text=True).stdout
+        fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+        if fields.get("unix_process_id", "").strip() == str(os.getpid()):
+            subprocess.run(admin + ["client-disconnect", "libvirtd", client],
+                           capture_output=True, check=True)
+            dropped += 1
+    return dropped
+
+
+def _wait(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+@pytest.mark.skipif(shutil.which("virt-admin") is None, reason="no virt-admin (libvirt-clients)")
+def test_the_agent_reconnects_when_libvirtd_drops_its_connection_and_reconciles(agent, caplog):
+    dom = agent.define(start=False)
+    agent.api.attach(dom.name, "64M", "25%")
+    own = libvirt.open(URI)  # metadata removed behind the agent's back: no event says so
+    own.lookupByName(dom.name).setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None,
+                                           hypervisor.NAMESPACE,
+                                           libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+    own.close()
+    assert dom.read_slice() is None
+    caplog.set_level(logging.INFO, logger="hvgpu")
+    assert _drop_this_process_connections() >= 1
+    _wait(lambda: f"reconciled with libvirt after reconnecting: {dom.name}: slice written "
+          "into the domain's metadata" in caplog.text)
+    assert f"the connection to libvirt at {URI} is lost: libvirtd closed the connection; " \
+        "connecting again" in caplog.text
+    assert (dom.read_slice().mem, dom.read_slice().compute) == (64 << 20, 25)
+    agent.api.detach(dom.name, unplug=True)  # the agent works through the new connection
+    assert "<vsock" not in inactive_xml(dom) and agent.api.list() == []
