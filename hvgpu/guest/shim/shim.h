@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define HVGPU_WIRE_CUDA_NAMES /* CUDA_SUCCESS, CUDA_ERROR_*: the shim has no cuda.h */
 #include "hvgpu_wire.h"
 
 #define HV_EXPORT __attribute__((visibility("default")))
@@ -29,22 +30,6 @@ typedef struct hv_func *CUkernel;
 typedef struct hv_library *CUlibrary;
 typedef void *CUstream;
 typedef void *CUevent;
-
-enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
-    CUDA_ERROR_NO_DEVICE = 100,
-    CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_FILE_NOT_FOUND = 301,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-};
 
 #define HV_MAX_DEVICES 16
 #define HV_ATTR_COUNT 160 /* device attributes fetched at init: 1..HV_ATTR_COUNT */

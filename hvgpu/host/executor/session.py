@@ -603,7 +603,9 @@ class Session:
 
     def _check_device(self, ordinal: int) -> None:
         if ordinal != 0:
-            raise CudaError(101, f"this guest has one device (0), not {ordinal}")
+            raise CudaError(P.CUDA_ERROR_INVALID_DEVICE,
+                            f"device {ordinal}: a connection serves one vGPU, its device 0 "
+                            "(each of a VM's vGPUs has its own connection)")
 
     def op_device_get_attribute(self, hdr, attrib, ordinal):
         self._check_device(ordinal)
@@ -769,7 +771,7 @@ class Session:
     def op_module_load_data(self, hdr):
         image = self.reader.read_payload()
         if not image:
-            raise CudaError(200, "empty module image")
+            raise CudaError(P.CUDA_ERROR_INVALID_IMAGE, "empty module image")
         return (self._load_module(image),)
 
     def op_module_compile(self, hdr, name, options):
