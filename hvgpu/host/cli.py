@@ -21,14 +21,13 @@ except ImportError:  # a guest-only install: no host dependencies at all
     raise SystemExit(1) from None
 
 from hvgpu import __version__
-from hvgpu.errors import HvgpuError
+from hvgpu.errors import HvgpuError, report
 from hvgpu.units import format_size, parse_size
 from hvgpu.virtio.protocol import DEFAULT_PORT
 
 
 def _fail(exc: HvgpuError):
-    click.echo(f"hvgpu: error: {exc}", err=True)
-    sys.exit(1)
+    sys.exit(report(exc, "hvgpu"))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -37,7 +37,7 @@ class HypervisorError(HvgpuError):
 
 
 class NoSuchVm(HypervisorError):
-    code = "unknown-vm"
+    code = "no-such-domain"  # libvirt has no domain of that name
 
 
 class NotSupported(HypervisorError):
