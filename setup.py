@@ -28,9 +28,9 @@ SHIM = "hvgpu.guest.shim.libcuda"
 SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
 WIRE_INCLUDE = os.path.join("hvgpu", "virtio", "include")
 WIRE_HEADER = os.path.join(WIRE_INCLUDE, "hvgpu_wire.h")
-SOURCES = ["wire.c", "state.c", "device.c", "memory.c", "vmm.c", "pool.c", "poolcache.c",
-           "module.c", "stream.c", "dark.c", "proc.c", "stubs.c", "crash.c", "region.c",
-           "shared.c", "pcopy.c", "graph.c",
+SOURCES = ["wire.c", "state.c", "device.c", "context.c", "memory.c", "vmm.c", "pool.c",
+           "poolcache.c", "module.c", "launches.c", "occupancy.c", "stream.c", "dark.c",
+           "proc.c", "stubs.c", "crash.c", "region.c", "shared.c", "pcopy.c", "graph.c",
            "graph_guest.c"]
 BURST = "hvgpu.host.executor.liblaunch_burst"
 # extension name -> file name: C libraries, not CPython modules
