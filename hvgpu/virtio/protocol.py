@@ -62,6 +62,16 @@ HEADER_FIELDS = (("magic", "u16"), ("version", "u8"), ("flags", "u8"), ("op", "u
 HEADER = struct.Struct("<" + "".join(SCALARS[t] for _, t in HEADER_FIELDS))
 assert HEADER.size == 32
 
+
+def header_fields(*names: str) -> struct.Struct:
+    """Reads only the named header fields (in header order) in place, skipping the rest."""
+    parts = [SCALARS[t] if name in names else f"{struct.calcsize(SCALARS[t])}x"
+             for name, t in HEADER_FIELDS]
+    while parts and parts[-1].endswith("x"):
+        parts.pop()
+    assert len([p for p in parts if not p.endswith("x")]) == len(names), names
+    return struct.Struct("<" + "".join(parts))
+
 SYNC = "sync"  # the sender waits for the reply
 ONEWAY = "oneway"  # pipelined; errors surface at the next sync op
 

@@ -71,7 +71,7 @@ _STREAM_FIELD = {code: c.names.index("stream") for code, c in codec.REQUEST.item
                  if "stream" in c.names}
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
-_OP_SEQ = struct.Struct("<4xH2xI")  # a header's op and seq, read in place
+_OP_SEQ = P.header_fields("op", "seq")  # a header's op and seq, read in place
 # What a failed frame of the C loop called, for its error.
 _DRIVER_CALL = {P.OP[op]: call for op, call in (
     ("LAUNCH_KERNEL", "cuLaunchKernel"), ("LAUNCH_KERNEL_EX", "cuLaunchKernelEx"),
