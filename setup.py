@@ -8,21 +8,29 @@ every install, so a user never compiles them by hand:
 - the host executor's loop of one-way frames (``liblaunch_burst.so``, loaded with
   ctypes).
 
+Both take the wire layout from one generated header,
+``hvgpu/virtio/include/hvgpu_wire.h`` (``python -m hvgpu.virtio.cgen``).
+
 Without a C compiler the install still succeeds: ``hvgpu-guest run`` then says
 the shim is missing, and the executor serves every frame through its Python
-path (and logs that it does).
+path (and logs that it does). A library that fails to build is said loudly at
+the end of the build, and tests/test_build.py fails where a compiler is present
+and a library is missing or older than its sources.
 """
 
 import os
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 SHIM = "hvgpu.guest.shim.libcuda"
 SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
-SOURCES = ["wire.c", "state.c", "device.c", "memory.c", "vmm.c", "pool.c", "poolcache.c",
-           "module.c", "stream.c", "dark.c", "proc.c", "stubs.c", "crash.c", "region.c",
-           "shared.c", "pcopy.c", "graph.c",
+WIRE_INCLUDE = os.path.join("hvgpu", "virtio", "include")
+WIRE_HEADER = os.path.join(WIRE_INCLUDE, "hvgpu_wire.h")
+SOURCES = ["wire.c", "state.c", "device.c", "context.c", "memory.c", "vmm.c", "pool.c",
+           "poolcache.c", "module.c", "launches.c", "occupancy.c", "stream.c", "dark.c",
+           "proc.c", "stubs.c", "crash.c", "region.c", "shared.c", "pcopy.c", "graph.c",
            "graph_guest.c"]
 BURST = "hvgpu.host.executor.liblaunch_burst"
 # extension name -> file name: C libraries, not CPython modules
@@ -49,7 +57,32 @@ class BuildPlainC(build_ext):
             # No Python headers or libpython.
             self.compiler.include_dirs = []
             self.compiler.library_dirs = []
-        super().build_extension(ext)
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            # build_ext turns an optional extension's failure into one warning line among
+            # many; it is kept here to be said again, loudly, once the build is done.
+            if ext.optional:
+                self.failed.append((ext.name, str(exc) or type(exc).__name__))
+            raise
+
+    failed: list = []
+
+    def run(self):
+        self.failed = []
+        super().run()
+        for name, why in self.failed:
+            # Optional: an install without them still works, slower (the launch loop)
+            # or without the guest's CUDA library (the shim). Said where it is seen.
+            bar = "!" * 72
+            sys.stderr.write(f"\n{bar}\nhvgpu: {PLAIN_C.get(name, name)} FAILED TO BUILD "
+                             f"({name}): {why}\n"
+                             + ("the guest's libcuda.so.1 shim is missing: hvgpu-guest run "
+                                "will refuse to start programs\n" if name == SHIM else
+                                "the executor will serve every frame through its slower "
+                                "Python path\n")
+                             + f"{bar}\n\n")
+
 
 
 FLAGS = ["-std=gnu11", "-O2", "-fvisibility=hidden", "-Wall"]
@@ -60,7 +93,8 @@ setup(
             SHIM,
             sources=[os.path.join(SHIM_DIR, s) for s in SOURCES],
             depends=[os.path.join(SHIM_DIR, h) for h in
-                     ("shim.h", "hvgpu_wire.h", "driver_api.def", "implemented.def")],
+                     ("shim.h", "driver_api.def", "implemented.def")] + [WIRE_HEADER],
+            include_dirs=[WIRE_INCLUDE],
             extra_compile_args=FLAGS,
             extra_link_args=["-Wl,-soname,libcuda.so.1", "-pthread"],
             optional=True,
@@ -68,6 +102,8 @@ setup(
         Extension(
             BURST,
             sources=[os.path.join("hvgpu", "host", "executor", "launch_burst.c")],
+            depends=[WIRE_HEADER],
+            include_dirs=[WIRE_INCLUDE],
             extra_compile_args=FLAGS,
             extra_link_args=["-pthread"],
             optional=True,

@@ -1,15 +1,20 @@
 """The one exception hierarchy of hvgpu, shared by host and guest.
 
-Every error carries a stable ``code`` (a short string that scripts may match)
-and an ``expected`` flag: expected errors are the user's or operator's to fix
-and are reported without a traceback; unexpected ones are bugs or broken
-hosts. CUDA status numbers travel unchanged inside :class:`CudaError`.
+Every error carries a stable ``code`` (a short string that scripts may match;
+each class has its own) and an ``expected`` flag: expected errors are the
+user's or operator's to fix and a command line reports them in one line;
+unexpected ones are bugs or broken hosts, and :func:`report` adds the
+traceback to that line so that they can be reported. CUDA status numbers
+travel unchanged inside :class:`CudaError`.
 
 This module must not import anything outside the standard library, so that
 the guest package can use it without the host's dependencies.
 """
 
 from __future__ import annotations
+
+import sys
+import traceback
 
 
 class HvgpuError(Exception):
@@ -79,6 +84,21 @@ class CudaError(HvgpuError):
         if message:
             text += f": {message}"
         super().__init__(text)
+
+
+def report(exc: HvgpuError, prog: str, stream=None) -> int:
+    """Tell a command line's user about ``exc`` on ``stream`` (stderr) and return
+    the exit status: one line ``prog: error: message`` for an expected error; for an
+    unexpected one the same line, then its code and traceback (what a bug report
+    needs). The status is 1 either way, so scripts see one failure status."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(f"{prog}: error: {exc}\n")
+    if not exc.expected:
+        stream.write(f"{prog}: this is not expected (code {exc.code}); please report it "
+                     "with what follows:\n")
+        stream.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    stream.flush()
+    return 1
 
 
 class CompileError(CudaError):

@@ -20,10 +20,16 @@ import os
 import re
 import struct
 import time
+import types
 
 import numpy as np
 
 from hvgpu.errors import CompileError, CudaError
+from hvgpu.virtio import protocol as P
+
+# Statuses by CUDA's names less their prefix (S.INVALID_VALUE), to keep the raises short.
+S = types.SimpleNamespace(**{name.removeprefix("CUDA_ERROR_"): code
+                             for name, code in P.STATUS_BY_NAME.items()})
 
 BASE = 0x7F00_0000_0000
 TOTAL = 1 << 30
@@ -71,7 +77,7 @@ def _matmul(dev, a, b, c, n):
 
 
 def _fault(dev):
-    dev.sticky = CudaError(700, "fake kernel accessed an illegal address")
+    dev.sticky = CudaError(S.ILLEGAL_ADDRESS, "fake kernel accessed an illegal address")
 
 
 def _sleep(dev, ms):
@@ -187,7 +193,7 @@ class FakeDevice:
 
     def __init__(self, ordinal: int = 0, address_window: int = 0):
         if ordinal != 0:
-            raise CudaError(101, f"fake host has one GPU, not {ordinal}")
+            raise CudaError(S.INVALID_DEVICE, f"fake host has one GPU, not {ordinal}")
         self.mem: dict[int, bytearray] = {}
         # as CudaDevice: vGPU N >= 1 of a VM allocates in its own address window
         self.next = 0x6000_0000_0000 + (address_window - 1) * (1 << 40) if address_window \
@@ -244,14 +250,15 @@ class FakeDevice:
         for base, (size, buf, offset, access) in self.mapped.items():
             if base <= ptr < base + size:
                 if access != 3:
-                    raise CudaError(1, f"fake: 0x{ptr:x} is mapped without read-write access")
+                    raise CudaError(S.INVALID_VALUE,
+                                    f"fake: 0x{ptr:x} is mapped without read-write access")
                 return buf, offset + ptr - base, base + size - ptr
-        raise CudaError(700, f"fake: 0x{ptr:x} is not device memory")
+        raise CudaError(S.ILLEGAL_ADDRESS, f"fake: 0x{ptr:x} is not device memory")
 
     def _find(self, ptr: int, n: int) -> tuple[bytearray, int]:
         buf, off, room = self._piece(ptr)
         if n > room:
-            raise CudaError(700, f"fake: 0x{ptr:x}+{n} is not device memory")
+            raise CudaError(S.ILLEGAL_ADDRESS, f"fake: 0x{ptr:x}+{n} is not device memory")
         return buf, off
 
     def _pieces(self, ptr: int, n: int) -> list:
@@ -300,7 +307,7 @@ class FakeDevice:
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
                            127: 1, 41: 1, 33: 1, 14: 512, 9: 65536, 15: 1, 31: 1})
         if attrib not in values:
-            raise CudaError(1, f"fake: unknown attribute {attrib}")
+            raise CudaError(S.INVALID_VALUE, f"fake: unknown attribute {attrib}")
         return values[attrib]
 
     def name(self):
@@ -315,7 +322,7 @@ class FakeDevice:
     def ctx_limit(self, limit):
         values = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
         if limit not in values:
-            raise CudaError(1, f"fake: unknown limit {limit}")
+            raise CudaError(S.INVALID_VALUE, f"fake: unknown limit {limit}")
         return values[limit]
 
     def _used(self):
@@ -333,7 +340,7 @@ class FakeDevice:
 
     def mem_alloc(self, size):
         if self._used() + size > TOTAL:
-            raise CudaError(2, f"fake: {size} bytes do not fit")
+            raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         ptr = self.next
         self.next += (size + 255) // 256 * 256 + 256  # a gap: no allocation touches the next
         self.mem[ptr] = bytearray(size)
@@ -342,7 +349,7 @@ class FakeDevice:
 
     def mem_free(self, dptr):
         if dptr not in self.mem:
-            raise CudaError(1, "fake: not allocated")
+            raise CudaError(S.INVALID_VALUE, "fake: not allocated")
         del self.mem[dptr]
         self.freed += 1
 
@@ -363,32 +370,32 @@ class FakeDevice:
 
     def address_free(self, ptr, size):
         if self.reservations.get(ptr) != size:
-            raise CudaError(1, "fake: not a reservation")
+            raise CudaError(S.INVALID_VALUE, "fake: not a reservation")
         if any(ptr <= m < ptr + size for m in self.mapped):
-            raise CudaError(1, "fake: memory is still mapped there")
+            raise CudaError(S.INVALID_VALUE, "fake: memory is still mapped there")
         del self.reservations[ptr]
 
     def mem_create(self, size):
         if size % GRANULARITY:
-            raise CudaError(1, "fake: size is not a multiple of the granularity")
+            raise CudaError(S.INVALID_VALUE, "fake: size is not a multiple of the granularity")
         if self._used() + size > TOTAL:
-            raise CudaError(2, f"fake: {size} bytes do not fit")
+            raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         buf = bytearray(size)
         self.physical[id(buf)] = buf
         return id(buf)
 
     def mem_release(self, handle):
         if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
-            raise CudaError(1, "fake: the session releases only memory nothing maps")
+            raise CudaError(S.INVALID_VALUE, "fake: the session releases only memory nothing maps")
         del self.physical[handle]
 
     def mem_map(self, ptr, size, offset, handle):
         if not self._reserved(ptr, size):
-            raise CudaError(1, "fake: not inside a reservation")
+            raise CudaError(S.INVALID_VALUE, "fake: not inside a reservation")
         if any(s < ptr + size and ptr < s + m[0] for s, m in self.mapped.items()):
-            raise CudaError(1, "fake: already mapped")
+            raise CudaError(S.INVALID_VALUE, "fake: already mapped")
         if offset + size > len(self.physical[handle]):
-            raise CudaError(1, "fake: past the end of the allocation")
+            raise CudaError(S.INVALID_VALUE, "fake: past the end of the allocation")
         self.mapped[ptr] = [size, self.physical[handle], offset, 0]
 
     def _mappings(self, ptr, size):
@@ -399,7 +406,7 @@ class FakeDevice:
                 break
             at += self.mapped[s][0]
         if not starts or at != ptr + size:
-            raise CudaError(1, "fake: not a range of whole mappings")
+            raise CudaError(S.INVALID_VALUE, "fake: not a range of whole mappings")
         return starts
 
     def mem_unmap(self, ptr, size):
@@ -414,7 +421,7 @@ class FakeDevice:
         for s, m in self.mapped.items():
             if s <= ptr < s + m[0]:
                 return m[3]
-        raise CudaError(1, "fake: not mapped")
+        raise CudaError(S.INVALID_VALUE, "fake: not mapped")
 
     # -- stream-ordered allocation -----------------------------------------------
 
@@ -425,7 +432,8 @@ class FakeDevice:
 
     def pool_destroy(self, pool):
         if pool.live:
-            raise CudaError(1, "fake: the session destroys only pools with nothing allocated")
+            raise CudaError(S.INVALID_VALUE,
+                            "fake: the session destroys only pools with nothing allocated")
         del self.pools[id(pool)]
 
     def pool_alloc(self, size, pool, stream):
@@ -438,7 +446,7 @@ class FakeDevice:
             grow = -(-n // GRANULARITY) * GRANULARITY
             if self._used() + grow > TOTAL or (pool.max_size
                                                and pool.reserved + grow > pool.max_size):
-                raise CudaError(2, f"fake: a pool cannot grow by {grow} bytes")
+                raise CudaError(S.OUT_OF_MEMORY, f"fake: a pool cannot grow by {grow} bytes")
             base = self.next
             self.next += grow + GRANULARITY
             chunk = pool.chunks[base] = [bytearray(grow), 0, 0]
@@ -459,7 +467,7 @@ class FakeDevice:
                 if not chunk[2]:
                     chunk[1] = 0  # reused from the front once nothing in it is live
                 return
-        raise CudaError(1, "fake: not a pool allocation")
+        raise CudaError(S.INVALID_VALUE, "fake: not a pool allocation")
 
     def pool_attribute(self, pool, attrib):
         if attrib == 5:
@@ -493,12 +501,13 @@ class FakeDevice:
         self._check()
         if any(a <= addr < a + n or addr <= a < addr + size
                for a, n in self.registered.items()):
-            raise CudaError(712, "cuMemHostRegister: already registered")  # HOST_MEMORY_ALREADY_REGISTERED
+            raise CudaError(S.HOST_MEMORY_ALREADY_REGISTERED,
+                            "cuMemHostRegister: already registered")
         self.registered[addr] = size
 
     def host_unregister(self, addr):
         if self.registered.pop(addr, None) is None:
-            raise CudaError(713, "cuMemHostUnregister: not registered")
+            raise CudaError(S.HOST_MEMORY_NOT_REGISTERED, "cuMemHostUnregister: not registered")
 
     def stream(self, special):
         return ("stream", special)
@@ -528,11 +537,12 @@ class FakeDevice:
             if os.environ.get("HVGPU_FAKE_ANY_KERNEL"):  # probing which driver calls a
                 return {"names": names, "any": True}   # library makes: its kernels do nothing
             if not names:
-                raise CudaError(200, "fake: no kernel this double knows is in the image")
+                raise CudaError(S.INVALID_IMAGE,
+                                "fake: no kernel this double knows is in the image")
             return {"names": names}
         text = image.decode(errors="replace")
         if "__global__" not in text and ".entry" not in text:
-            raise CudaError(200, "fake: not a module image")
+            raise CudaError(S.INVALID_IMAGE, "fake: not a module image")
         module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
         # __device__ arrays take device memory at load, as the driver's do
         sizes = {"char": 1, "int": 4, "float": 4, "double": 8}
@@ -540,14 +550,15 @@ class FakeDevice:
             r"__device__\s+(char|int|float|double)\s+\w+\s*\[\s*(\d+)\s*\]", text))
         if taken:
             if self._used() + taken > TOTAL:
-                raise CudaError(2, f"fake: module variables of {taken} bytes do not fit")
+                raise CudaError(S.OUT_OF_MEMORY,
+                                f"fake: module variables of {taken} bytes do not fit")
             self.module_bytes[id(module)] = taken
         return module
 
     def module_global(self, module, name):
         if module.get("any"):
             return self.mem_alloc(256), 256
-        raise CudaError(500, f"fake: no variable named {name!r}")
+        raise CudaError(S.NOT_FOUND, f"fake: no variable named {name!r}")
 
     @staticmethod
     def _compiled(function) -> dict:
@@ -563,28 +574,31 @@ class FakeDevice:
     def func_attribute(self, function, attrib):
         attrs = self._func_attrs(function)
         if attrib not in attrs:
-            raise CudaError(1, f"fake: unknown function attribute {attrib}")
+            raise CudaError(S.INVALID_VALUE, f"fake: unknown function attribute {attrib}")
         return attrs[attrib]
 
     def func_set_attribute(self, function, attrib, value):
         """As cuFuncSetAttribute documents it (cuda.h 13.0)."""
         attrs = self._func_attrs(function)
         if attrib not in _SETTABLE:
-            raise CudaError(1, f"fake: function attribute {attrib} cannot be set")
+            raise CudaError(S.INVALID_VALUE, f"fake: function attribute {attrib} cannot be set")
         if attrib == 8 and not 0 <= value <= self.attribute(97) - attrs[1]:  # the opt-in limit
-            raise CudaError(1, f"fake: {value} bytes of dynamic shared memory do not fit")
+            raise CudaError(S.INVALID_VALUE,
+                            f"fake: {value} bytes of dynamic shared memory do not fit")
         if attrib == 9 and not -1 <= value <= 100:
-            raise CudaError(1, f"fake: carveout {value} is not a percentage")
+            raise CudaError(S.INVALID_VALUE, f"fake: carveout {value} is not a percentage")
         if attrib in (11, 12, 13) and self._compiled(function)[attrib]:
-            raise CudaError(800, "fake: the cluster shape was set when the kernel was compiled")
+            raise CudaError(S.NOT_PERMITTED,
+                            "fake: the cluster shape was set when the kernel was compiled")
         if attrib in (11, 12, 13) and value < 0 or attrib in (10, 14) and value not in (0, 1) \
                 or attrib == 15 and value not in (0, 1, 2):
-            raise CudaError(1, f"fake: {value} is not a value of function attribute {attrib}")
+            raise CudaError(S.INVALID_VALUE,
+                            f"fake: {value} is not a value of function attribute {attrib}")
         attrs[attrib] = value
 
     def func_set_cache_config(self, function, config):
         if config not in (0, 1, 2, 3):
-            raise CudaError(1, f"fake: unknown cache configuration {config}")
+            raise CudaError(S.INVALID_VALUE, f"fake: unknown cache configuration {config}")
         self.cache_configs[function] = config
 
     def _shared_per_sm(self, function) -> int:
@@ -607,7 +621,7 @@ class FakeDevice:
         if module.get("any") and name not in KERNELS:
             return ("any", name)
         if name not in module["names"] or name not in KERNELS:
-            raise CudaError(500, f"fake: no kernel named {name!r}")
+            raise CudaError(S.NOT_FOUND, f"fake: no kernel named {name!r}")
         return name
 
     def param_layout(self, function):
@@ -712,7 +726,7 @@ class FakeDevice:
             from hvgpu.host.executor.compiler import compile_confined
             return compile_confined(source, name, options, headers, "sm_90")
         if b"#error" in source:
-            raise CompileError(300, f"{name}(1): error: fake compile failure")
+            raise CompileError(S.INVALID_SOURCE, f"{name}(1): error: fake compile failure")
         return bytes(source) + b"".join(bytes(h) for h in headers.values()), \
             "fake-nvrtc: compiled"
 
@@ -729,9 +743,11 @@ class FakeDevice:
         self._check()
         capture = self.captures.get(stream)
         if capture is not None:  # as the driver: refused, and the capture is lost
-            capture.failed = CudaError(901, "fake: the capture was invalidated by a "
+            capture.failed = CudaError(S.STREAM_CAPTURE_INVALIDATED,
+                                       "fake: the capture was invalidated by a "
                                             "synchronisation")
-            raise CudaError(900, "fake cuStreamSynchronize: the stream is capturing")
+            raise CudaError(S.STREAM_CAPTURE_UNSUPPORTED,
+                            "fake cuStreamSynchronize: the stream is capturing")
         self._synchronized()
 
     def stream_query(self, stream):
@@ -759,19 +775,22 @@ class FakeDevice:
 
     def stream_begin_capture(self, stream, mode):
         if stream in (("stream", 0), ("stream", 1)):
-            raise CudaError(900, "fake cuStreamBeginCapture: the legacy stream cannot capture")
+            raise CudaError(S.STREAM_CAPTURE_UNSUPPORTED,
+                            "fake cuStreamBeginCapture: the legacy stream cannot capture")
         if stream in self.captures:
-            raise CudaError(401, "fake cuStreamBeginCapture: already capturing")
+            raise CudaError(S.ILLEGAL_STATE, "fake cuStreamBeginCapture: already capturing")
         self.capture_ids += 1
         self.captures[stream] = Capture(self.capture_ids, stream, mode)
 
     def stream_end_capture(self, stream):
         capture = self.captures.get(stream)
         if capture is None:
-            raise CudaError(401, "fake cuStreamEndCapture: not capturing")
+            raise CudaError(S.ILLEGAL_STATE, "fake cuStreamEndCapture: not capturing")
         if capture.origin != stream:
-            capture.failed = CudaError(901, "fake: ended on a joined stream")
-            raise CudaError(903, "fake cuStreamEndCapture: not the capture's origin")
+            capture.failed = CudaError(S.STREAM_CAPTURE_INVALIDATED,
+                                       "fake: ended on a joined stream")
+            raise CudaError(S.STREAM_CAPTURE_UNMATCHED,
+                            "fake cuStreamEndCapture: not the capture's origin")
         for s in [s for s, c in self.captures.items() if c is capture]:
             del self.captures[s]
         if capture.failed is not None:
@@ -781,7 +800,8 @@ class FakeDevice:
 
     def stream_capture_info(self, stream):
         if stream in (("stream", 0), ("stream", 1)) and self.blocking & self.captures.keys():
-            raise CudaError(906, "fake cuStreamGetCaptureInfo: the legacy stream would join "
+            raise CudaError(S.STREAM_CAPTURE_IMPLICIT,
+                            "fake cuStreamGetCaptureInfo: the legacy stream would join "
                                  "a capture of a blocking stream")
         capture = self.captures.get(stream)
         if capture is None:
@@ -796,7 +816,7 @@ class FakeDevice:
 
     def _add(self, graph, deps, work) -> "Node":
         if graph.destroyed:
-            raise CudaError(400, "fake: destroyed graph")
+            raise CudaError(S.INVALID_HANDLE, "fake: destroyed graph")
         for d in deps:
             assert d in graph._nodes, "the session passed a node of another graph"
         graph.ops.append(work)
@@ -857,9 +877,9 @@ class FakeDevice:
 
     def graph_instantiate(self, graph, flags):
         if graph.destroyed:
-            raise CudaError(400, "fake cuGraphInstantiate: destroyed graph")
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphInstantiate: destroyed graph")
         if self._used() + GRAPH_EXEC_BYTES > TOTAL:
-            raise CudaError(2, "fake cuGraphInstantiate: out of memory")
+            raise CudaError(S.OUT_OF_MEMORY, "fake cuGraphInstantiate: out of memory")
         self.graphs_alive += 1
         self.graph_bytes += GRAPH_EXEC_BYTES
         return GraphExec(graph)
@@ -867,7 +887,7 @@ class FakeDevice:
     def graph_launch(self, exec_, stream):
         self._check()
         if exec_.destroyed:
-            raise CudaError(400, "fake cuGraphLaunch: destroyed graph exec")
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphLaunch: destroyed graph exec")
         exec_.launches += 1
         self.graph_launches += 1
 
@@ -878,17 +898,17 @@ class FakeDevice:
 
     def graph_upload(self, exec_, stream):
         if exec_.destroyed:
-            raise CudaError(400, "fake cuGraphUpload: destroyed graph exec")
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphUpload: destroyed graph exec")
 
     def graph_destroy(self, graph):
         if graph.destroyed:
-            raise CudaError(400, "fake cuGraphDestroy: destroyed twice")
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphDestroy: destroyed twice")
         graph.destroyed = True
         self.graphs_alive -= 1
 
     def graph_exec_destroy(self, exec_):
         if exec_.destroyed:
-            raise CudaError(400, "fake cuGraphExecDestroy: destroyed twice")
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphExecDestroy: destroyed twice")
         exec_.destroyed = True
         self.graphs_alive -= 1
         self.graph_bytes -= GRAPH_EXEC_BYTES
@@ -902,7 +922,7 @@ class FakeDevice:
 
     def event_elapsed(self, start, end):
         if start.t is None or end.t is None:
-            raise CudaError(600, "fake: event not recorded")
+            raise CudaError(S.NOT_READY, "fake: event not recorded")
         return (end.t - start.t) * 1000.0
 
     def synchronize(self):
@@ -931,4 +951,4 @@ class NoDriver:
     """A host whose GPU cannot be opened, as CudaDevice reports it."""
 
     def __init__(self, ordinal: int = 0, address_window: int = 0):
-        raise CudaError(10007, "no NVIDIA driver on the host: libcuda.so.1 not found")
+        raise CudaError(P.HV_NO_GPU, "no NVIDIA driver on the host: libcuda.so.1 not found")

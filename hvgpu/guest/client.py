@@ -48,12 +48,13 @@ FLUSH_DELAY = 100e-6  # the longest a coalesced frame waits for company
 SHARED_MIN = 1 << 20  # pageable copies from this size are staged through a shared region
 
 _HDR = P.HEADER
-_LAUNCH = struct.Struct("<HBBHHIiIIQ" + "Q7IQI")  # header + LAUNCH_KERNEL fixed fields
 _LAUNCH_OP = P.OP["LAUNCH_KERNEL"]
+# The frame header and LAUNCH_KERNEL's fixed fields in one pack, both from the table.
+_LAUNCH = struct.Struct(_HDR.format + codec.REQUEST[_LAUNCH_OP].fixed.format.lstrip("<"))
 _HTOD_OP, _FREE_OP = P.OP["MEMCPY_HTOD"], P.OP["MEM_FREE"]
 _COMPILE_OPS = (P.OP["MODULE_COMPILE"], P.OP["MODULE_COMPILE_HEADERS"])
 _LAUNCH_FIXED = codec.REQUEST[_LAUNCH_OP].fixed.size
-_DEVICE_UNAVAILABLE = 46
+_DEVICE_UNAVAILABLE = P.CUDA_ERROR_DEVICE_UNAVAILABLE
 
 
 def timeout_seconds(text: str | None = None) -> float | None:

@@ -21,7 +21,7 @@ except ImportError:  # a guest-only install: no host dependencies at all
     raise SystemExit(1) from None
 
 from hvgpu import __version__
-from hvgpu.errors import HvgpuError
+from hvgpu.errors import HvgpuError, report
 from hvgpu.host.names import MAX_VGPUS
 from hvgpu.host.state import MAX_CID
 from hvgpu.units import SHARE_FORMS, SIZE_FORMS, format_size, parse_size
@@ -33,8 +33,7 @@ TEST_URI = "test:///default"
 
 
 def _fail(exc: HvgpuError):
-    click.echo(f"hvgpu: error: {exc}", err=True)
-    sys.exit(1)
+    sys.exit(report(exc, "hvgpu"))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -50,7 +50,7 @@ class Unreachable(HypervisorError):
 
 
 class NoSuchVm(HypervisorError):
-    code = "unknown-vm"
+    code = "no-such-domain"  # libvirt has no domain of that name
 
 
 class NotSupported(HypervisorError):

@@ -29,7 +29,7 @@ class NoRoom(SliceError):
 
 
 class UnknownVm(SliceError):
-    code = "unknown-vm"
+    code = "no-slice"  # the VM (which libvirt may well have) has no slice attached
 
 
 @dataclass

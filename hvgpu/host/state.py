@@ -77,13 +77,14 @@ SIDECAR = "slices.json"
 
 
 class StateError(HvgpuError):
+    """The state directory or file cannot be used: the operator's to fix, so reported
+    in one line (expected, as HvgpuError's default)."""
+
     code = "state"
-    expected = False
 
 
 class StateInUse(StateError):
     code = "agent-running"
-    expected = True
 
 
 LOCK = "agent.lock"

@@ -1,6 +1,12 @@
-"""Render the protocol table as a C header for the guest's C client.
+"""Render the protocol table as a C header for hvgpu's C parts.
 
-    python -m hvgpu.virtio.cgen [OUTPUT]      (default: standard output)
+    python -m hvgpu.virtio.cgen [OUTPUT]   (default: the shipped header, HEADER; "-": stdout)
+
+The header lives in ``hvgpu/virtio/include/`` so that the guest's shim and the
+host executor's launch loop both include it from one place and neither holds a
+copy of the layout. It gives each op's fixed part as a packed struct (fields
+found with ``offsetof``, sizes checked at compile time against the table), the
+magic, flags, header size, op numbers and every named status.
 
 A build-time tool: it reads ``protocol`` and the jinja2 template in
 ``templates/wire/``; it must not add anything to the wire that the table does
@@ -9,11 +15,19 @@ not say.
 
 from __future__ import annotations
 
+import struct
 import sys
 from pathlib import Path
 
 from hvgpu.templates_dir import templates_dir
 from hvgpu.virtio import protocol as P
+
+INCLUDE_DIR = Path(__file__).parent / "include"
+HEADER = INCLUDE_DIR / "hvgpu_wire.h"
+
+
+def _fixed_size(fields) -> int:
+    return struct.calcsize("<" + "".join(P.SCALARS.get(t, "I") for _, t in fields))
 
 
 def render_header() -> str:
@@ -26,7 +40,7 @@ def render_header() -> str:
     return env.get_template("hvgpu_wire.h.j2").render(
         version=P.VERSION, min_version=P.MIN_VERSION, magic=P.MAGIC,
         default_port=P.DEFAULT_PORT, host_cid=P.HOST_CID, max_body=P.MAX_BODY,
-        max_payload=P.MAX_PAYLOAD,
+        max_payload=P.MAX_PAYLOAD, header_size=P.HEADER.size, status_base=P.HV_STATUS_BASE, fixed_size=_fixed_size,
         flags=sorted(((name, getattr(P, name)) for name in dir(P) if name.startswith("FLAG_")),
                      key=lambda item: item[1]),
         caps=[(name, getattr(P, name)) for name in dir(P) if name.startswith("CAP_")],
@@ -38,10 +52,11 @@ def render_header() -> str:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     text = render_header()
-    if argv:
-        Path(argv[0]).write_text(text)
-    else:
+    target = argv[0] if argv else str(HEADER)
+    if target == "-":
         sys.stdout.write(text)
+    else:
+        Path(target).write_text(text)
     return 0
 
 

@@ -62,6 +62,16 @@ HEADER_FIELDS = (("magic", "u16"), ("version", "u8"), ("flags", "u8"), ("op", "u
 HEADER = struct.Struct("<" + "".join(SCALARS[t] for _, t in HEADER_FIELDS))
 assert HEADER.size == 32
 
+
+def header_fields(*names: str) -> struct.Struct:
+    """Reads only the named header fields (in header order) in place, skipping the rest."""
+    parts = [SCALARS[t] if name in names else f"{struct.calcsize(SCALARS[t])}x"
+             for name, t in HEADER_FIELDS]
+    while parts and parts[-1].endswith("x"):
+        parts.pop()
+    assert len([p for p in parts if not p.endswith("x")]) == len(names), names
+    return struct.Struct("<" + "".join(parts))
+
 SYNC = "sync"  # the sender waits for the reply
 ONEWAY = "oneway"  # pipelined; errors surface at the next sync op
 
@@ -351,12 +361,17 @@ STATUSES: dict[int, tuple[str, str]] = {
     218: ("CUDA_ERROR_INVALID_PTX", "the PTX could not be compiled"),
     222: ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the PTX version is newer than the driver"),
     300: ("CUDA_ERROR_INVALID_SOURCE", "the source could not be compiled"),
+    301: ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
     400: ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
+    401: ("CUDA_ERROR_ILLEGAL_STATE", "the resource is not in a state the operation allows"),
     500: ("CUDA_ERROR_NOT_FOUND", "named symbol not found"),
     600: ("CUDA_ERROR_NOT_READY", "work is still pending"),
     700: ("CUDA_ERROR_ILLEGAL_ADDRESS", "a kernel accessed an illegal address"),
     701: ("CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "too many resources requested for launch"),
     702: ("CUDA_ERROR_LAUNCH_TIMEOUT", "the launch timed out"),
+    712: ("CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "the host memory is already "
+                                                      "registered"),
+    713: ("CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "the host memory is not registered"),
     714: ("CUDA_ERROR_HARDWARE_STACK_ERROR", "a kernel's call stack overflowed"),
     715: ("CUDA_ERROR_ILLEGAL_INSTRUCTION", "a kernel executed an illegal instruction"),
     716: ("CUDA_ERROR_MISALIGNED_ADDRESS", "a kernel accessed a misaligned address"),
@@ -396,30 +411,73 @@ STATUSES: dict[int, tuple[str, str]] = {
 }
 STATUS_BY_NAME = {name: code for code, (name, _) in STATUSES.items()}
 
-SUCCESS = 0
+# Every status by its name (a test checks that each entry above has one here), so
+# that no code spells a status as a bare number.
+SUCCESS = CUDA_SUCCESS = 0
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_OUT_OF_MEMORY = 2
+CUDA_ERROR_NOT_INITIALIZED = 3
+CUDA_ERROR_DEINITIALIZED = 4
+CUDA_ERROR_STUB_LIBRARY = 34
+CUDA_ERROR_INSUFFICIENT_DRIVER = 35
+CUDA_ERROR_DEVICE_UNAVAILABLE = 46
+CUDA_ERROR_NO_DEVICE = 100
+CUDA_ERROR_INVALID_DEVICE = 101
+CUDA_ERROR_INVALID_IMAGE = 200
+CUDA_ERROR_INVALID_CONTEXT = 201
+CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_INVALID_PTX = 218
+CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+CUDA_ERROR_INVALID_SOURCE = 300
+CUDA_ERROR_FILE_NOT_FOUND = 301
 CUDA_ERROR_INVALID_HANDLE = 400
+CUDA_ERROR_ILLEGAL_STATE = 401
 CUDA_ERROR_NOT_FOUND = 500
 CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_ILLEGAL_ADDRESS = 700
+CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701
+CUDA_ERROR_LAUNCH_TIMEOUT = 702
+CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
+CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713
+CUDA_ERROR_HARDWARE_STACK_ERROR = 714
+CUDA_ERROR_ILLEGAL_INSTRUCTION = 715
+CUDA_ERROR_MISALIGNED_ADDRESS = 716
+CUDA_ERROR_INVALID_ADDRESS_SPACE = 717
+CUDA_ERROR_INVALID_PC = 718
+CUDA_ERROR_LAUNCH_FAILED = 719
+CUDA_ERROR_NOT_PERMITTED = 800
 CUDA_ERROR_NOT_SUPPORTED = 801
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900
 CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+CUDA_ERROR_STREAM_CAPTURE_MERGE = 902
+CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903
+CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904
+CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905
+CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906
+CUDA_ERROR_CAPTURED_EVENT = 907
+CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908
 CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910
-HV_BAD_FRAME = 10001
-HV_UNKNOWN_OP = 10002
-HV_VERSION = 10003
-HV_OVERSIZE = 10004
-HV_HANDSHAKE = 10005
-HV_INTERNAL = 10006
-HV_NO_GPU = 10007
-HV_NO_SLICE = 10008
-HV_TOO_MANY_CONNECTIONS = 10009
+CUDA_ERROR_MPS_CONNECTION_FAILED = 805
+CUDA_ERROR_MPS_SERVER_NOT_READY = 807
+CUDA_ERROR_UNKNOWN = 999
+HV_BAD_FRAME = HVGPU_ERROR_BAD_FRAME = 10001
+HV_UNKNOWN_OP = HVGPU_ERROR_UNKNOWN_OP = 10002
+HV_VERSION = HVGPU_ERROR_VERSION = 10003
+HV_OVERSIZE = HVGPU_ERROR_OVERSIZE = 10004
+HV_HANDSHAKE = HVGPU_ERROR_HANDSHAKE = 10005
+HV_INTERNAL = HVGPU_ERROR_INTERNAL = 10006
+HV_NO_GPU = HVGPU_ERROR_NO_GPU = 10007
+HV_NO_SLICE = HVGPU_ERROR_NO_SLICE = 10008
+HV_TOO_MANY_CONNECTIONS = HVGPU_ERROR_TOO_MANY_CONNECTIONS = 10009
+HV_STATUS_BASE = 10000  # hvgpu's own statuses start here; CUDA's are below
 
 
 # Kernel faults: after one, every CUDA call of the process fails (a sticky error),
 # whatever its context; the executor is replaced for the VM's next programs.
-STICKY_STATUSES = frozenset({700, 702, 714, 715, 716, 717, 718, 719})
+STICKY_STATUSES = frozenset({
+    CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_TIMEOUT, CUDA_ERROR_HARDWARE_STACK_ERROR,
+    CUDA_ERROR_ILLEGAL_INSTRUCTION, CUDA_ERROR_MISALIGNED_ADDRESS,
+    CUDA_ERROR_INVALID_ADDRESS_SPACE, CUDA_ERROR_INVALID_PC, CUDA_ERROR_LAUNCH_FAILED})
 
 
 def status_name(status: int) -> str:

@@ -97,7 +97,7 @@ def test_every_control_operation_leaves_an_audit_line(agent, caplog):
                and "vm='vm1'" in t and "mem='64M'" in t and "-> ok: vm1#0" in t
                for t in text), text
     assert any(t.startswith("control detach by ") and "vm='nosuch'" in t
-               and "-> refused (unknown-vm)" in t for t in text), text
+               and "-> refused (no-slice)" in t for t in text), text
     assert [r.levelno for r in lines if "control list" in r.getMessage()] == [logging.DEBUG]
     assert all("\n" not in t for t in text)  # one line each, as journald shows them
 

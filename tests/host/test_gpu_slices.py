@@ -149,7 +149,9 @@ def test_a_vm_with_two_vgpus_fills_on_0_copies_to_1_computes_there_and_reads_bac
 def test_a_second_vgpu_allocates_in_its_own_address_window():
     import ctypes
 
-    from hvgpu.host.executor.cuda_device import _WINDOW_BASE, _WINDOW_SIZE, CudaDevice
+    from hvgpu.host.executor.address_window import WINDOW_BASE as _WINDOW_BASE
+    from hvgpu.host.executor.address_window import WINDOW_SIZE as _WINDOW_SIZE
+    from hvgpu.host.executor.cuda_device import CudaDevice
 
     dev = CudaDevice(0, address_window=1)
     try:

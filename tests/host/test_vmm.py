@@ -45,7 +45,7 @@ def test_ranges_merge_neighbours_and_split_on_removal():
 def test_a_vgpu_window_carves_aligned_reservations_and_takes_them_back():
     """vGPU N >= 1 keeps its addresses in its own window (cuda_device): a guest's
     reservation comes out of it, aligned as asked, and goes back whole."""
-    from hvgpu.host.executor.cuda_device import _AddressWindow
+    from hvgpu.host.executor.address_window import AddressWindow as _AddressWindow
 
     window = object.__new__(_AddressWindow)  # its bookkeeping only: no CUDA here
     base = 0x6000_0000_0000

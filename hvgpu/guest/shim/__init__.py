@@ -11,12 +11,16 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
+from hvgpu.errors import HvgpuError
+
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libcuda.so.1"
 
 
-class ShimMissing(RuntimeError):
+class ShimMissing(HvgpuError):
     """The install had no C compiler, so the shim was not built."""
+
+    code = "shim-missing"
 
 
 def library() -> Path:

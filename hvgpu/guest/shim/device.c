@@ -1,9 +1,8 @@
-/* Driver entry points for initialisation, devices, contexts and errors.
+/* Driver entry points for initialisation, devices and errors.
  *
  * cuInit connects once and caches what does not change (device count,
- * attributes, UUIDs); a context is the guest's handle on the executor's one
- * context per device, so creating one hands back that context (documented in
- * the coverage list). Must not forward anything it can answer from the cache.
+ * attributes, UUIDs). Contexts are context.c's. Must not forward anything it
+ * can answer from the cache.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -112,7 +111,7 @@ HV_EXPORT CUresult cuDriverGetVersion(int *version) {
     return CUDA_SUCCESS;
 }
 
-static CUresult check_device(CUdevice dev) {
+CUresult hv_check_device(CUdevice dev) {
     CUresult r = ready();
     if (r) return r;
     return dev >= 0 && dev < hv_device_count ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
@@ -127,14 +126,14 @@ HV_EXPORT CUresult cuDeviceGetCount(int *count) {
 
 HV_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(ordinal);
+    CUresult r = hv_check_device(ordinal);
     if (!r) *device = ordinal;
     return r;
 }
 
 HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (r) return r;
     if (attrib >= 1 && attrib <= HV_ATTR_COUNT) {
         *pi = hv_attrs[dev][attrib];
@@ -150,7 +149,7 @@ HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
 
 HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (r) return r;
     hvgpu_device_get_name_req_t q = { 0 };
     char rep[4 + 256];
@@ -169,7 +168,7 @@ HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 
 HV_EXPORT CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev) {
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (!r) memcpy(uuid, hv_uuids[dev], 16);
     return r;
 }
@@ -180,7 +179,7 @@ HV_EXPORT CUresult cuDeviceGetUuid_v2(unsigned char *uuid, CUdevice dev) {
 
 HV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (r) return r;
     hvgpu_device_total_mem_req_t q = { 0 };
     hvgpu_device_total_mem_rep_t v;
@@ -192,7 +191,7 @@ HV_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 
 HV_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice dev) {
     if (!major || !minor) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (r) return r;
     *major = hv_attrs[dev][75];
     *minor = hv_attrs[dev][76];
@@ -201,7 +200,7 @@ HV_EXPORT CUresult cuDeviceComputeCapability(int *major, int *minor, CUdevice de
 
 HV_EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
     if (!id || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
+    CUresult r = hv_check_device(dev);
     if (r) return r;
     snprintf(id, (size_t)len, "%08x:%02x:%02x.0", hv_attrs[dev][50], hv_attrs[dev][33],
              hv_attrs[dev][34]);
@@ -222,8 +221,8 @@ HV_EXPORT CUresult cuDeviceGetByPCIBusId(CUdevice *dev, const char *id) {
 
 HV_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
     if (!can) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
-    if (!r) r = check_device(peer);
+    CUresult r = hv_check_device(dev);
+    if (!r) r = hv_check_device(peer);
     if (!r) *can = 0; /* peer access between vGPUs is not built */
     return r;
 }
@@ -231,242 +230,10 @@ HV_EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) 
 HV_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice src, CUdevice dst) {
     (void)attrib;
     if (!value) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(src);
-    if (!r) r = check_device(dst);
+    CUresult r = hv_check_device(src);
+    if (!r) r = hv_check_device(dst);
     if (!r) *value = 0;
     return r;
-}
-
-/* -- contexts ------------------------------------------------------------- */
-
-#define STACK_MAX 32
-static __thread struct hv_ctx *ctx_stack[STACK_MAX];
-static __thread int ctx_depth;
-
-struct hv_ctx *hv_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
-
-struct hv_ctx *hv_current_or_primary(void) { return hv_current() ? hv_current() : hv_primary(0); }
-
-static struct hv_ctx *valid_ctx(CUcontext ctx) {
-    if (!ctx) return hv_current();
-    return ctx->magic == 0x68766378 ? ctx : NULL;
-}
-
-void hv_cls_reset(CUcontext ctx); /* dark.c */
-
-HV_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
-    if (r) return r;
-    struct hv_ctx *c = hv_primary(dev);
-    __atomic_add_fetch(&c->retained, 1, __ATOMIC_RELAXED);
-    *pctx = c;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    CUresult r = check_device(dev);
-    if (r) return r;
-    struct hv_ctx *c = hv_primary(dev);
-    if (__atomic_load_n(&c->retained, __ATOMIC_RELAXED) > 0)
-        __atomic_sub_fetch(&c->retained, 1, __ATOMIC_RELAXED);
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned *flags, int *active) {
-    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = check_device(dev);
-    if (r) return r;
-    struct hv_ctx *c = hv_primary(dev);
-    *flags = c->flags;
-    *active = c->retained > 0;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned flags) {
-    CUresult r = check_device(dev);
-    if (!r) hv_primary(dev)->flags = flags; /* scheduling hints: the executor decides */
-    return r;
-}
-
-HV_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    static int once;
-    CUresult r = check_device(dev);
-    if (r) return r;
-    r = HV_ON(dev, hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0));
-    struct hv_ctx *c = hv_primary(dev);
-    hv_cls_reset(c);
-    c->retained = 0;
-    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) && hv_trace_enabled())
-        hv_log("cuDevicePrimaryCtxReset: the context is kept; its memory is released when "
-               "the program exits");
-    return r;
-}
-
-HV_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    *pctx = hv_current();
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
-    if (ctx && ctx->magic != 0x68766378) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!ctx) {
-        if (ctx_depth) ctx_depth--;
-        return CUDA_SUCCESS;
-    }
-    if (ctx_depth) ctx_stack[ctx_depth - 1] = ctx;
-    else ctx_stack[ctx_depth++] = ctx;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
-    if (!ctx || ctx->magic != 0x68766378) return CUDA_ERROR_INVALID_CONTEXT;
-    if (ctx_depth == STACK_MAX) return CUDA_ERROR_INVALID_VALUE;
-    ctx_stack[ctx_depth++] = ctx;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
-    if (!ctx_depth) return CUDA_ERROR_INVALID_CONTEXT;
-    struct hv_ctx *c = ctx_stack[--ctx_depth];
-    if (pctx) *pctx = c;
-    return CUDA_SUCCESS;
-}
-
-static CUresult create(CUcontext *pctx, unsigned flags, CUdevice dev) {
-    static int once;
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = cuDevicePrimaryCtxRetain(pctx, dev);
-    if (r) return r;
-    (*pctx)->flags = flags;
-    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) && hv_trace_enabled())
-        hv_log("cuCtxCreate: a vGPU has one context; the new context is that one");
-    return cuCtxPushCurrent_v2(*pctx);
-}
-
-HV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev) {
-    return create(pctx, flags, dev);
-}
-
-HV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned flags,
-                                  CUdevice dev) {
-    static int once;
-    if (n > 0 && params) return hv_unsupported("cuCtxCreate with execution affinity", &once);
-    return create(pctx, flags, dev);
-}
-
-HV_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned flags, CUdevice dev) {
-    static int once;
-    if (params) return hv_unsupported("cuCtxCreate with CUctxCreateParams", &once);
-    return create(pctx, flags, dev);
-}
-
-HV_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-    if (hv_current() == ctx) ctx_depth--;
-    return cuDevicePrimaryCtxRelease_v2(ctx->device);
-}
-
-HV_EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
-    if (!dev) return CUDA_ERROR_INVALID_VALUE;
-    struct hv_ctx *c = hv_current();
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    *dev = c->device;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
-    if (!dev) return CUDA_ERROR_INVALID_VALUE;
-    struct hv_ctx *c = valid_ctx(ctx);
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    *dev = c->device;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxSynchronize(void) {
-    CUresult r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
-    if (!r) hv_graph_synced_device(hv_routed_device()); /* graphs' pageable copies land */
-    return r;
-}
-
-HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
-    struct hv_ctx *c = valid_ctx(ctx);
-    if (!c) return ctx ? CUDA_ERROR_INVALID_CONTEXT : cuCtxSynchronize();
-    return HV_ON(c->device, cuCtxSynchronize());
-}
-
-HV_EXPORT CUresult cuCtxGetApiVersion(CUcontext ctx, unsigned *version) {
-    if (!version) return CUDA_ERROR_INVALID_VALUE;
-    if (!valid_ctx(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
-    *version = 3020;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetFlags(unsigned *flags) {
-    if (!flags) return CUDA_ERROR_INVALID_VALUE;
-    struct hv_ctx *c = hv_current();
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    *flags = c->flags;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
-    if (!id) return CUDA_ERROR_INVALID_VALUE;
-    struct hv_ctx *c = valid_ctx(ctx);
-    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    *id = (unsigned long long)c->device + 1;
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
-    /* The executor context's own answer, once per limit (cuCtxSetLimit is not built,
-       so they do not change). Libraries choose kernels by them: cuBLAS asks whether
-       the context is a CIG context and how much shared memory it may use. */
-    static size_t cached[32];
-    static unsigned char have[32];
-    if (!value || limit < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (limit < 32 && __atomic_load_n(&have[limit], __ATOMIC_ACQUIRE)) {
-        *value = cached[limit];
-        return CUDA_SUCCESS;
-    }
-    hvgpu_ctx_get_limit_req_t q = { limit };
-    hvgpu_ctx_get_limit_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_CTX_GET_LIMIT, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
-    if (r) return r;
-    *value = (size_t)v.value;
-    if (limit < 32) {
-        cached[limit] = (size_t)v.value;
-        __atomic_store_n(&have[limit], 1, __ATOMIC_RELEASE);
-    }
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetCacheConfig(int *config) {
-    if (!config) return CUDA_ERROR_INVALID_VALUE;
-    *config = 0; /* CU_FUNC_CACHE_PREFER_NONE */
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxSetCacheConfig(int config) {
-    (void)config; /* a preference CUDA itself may ignore */
-    return CUDA_SUCCESS;
-}
-
-HV_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
-    static int have, cached_least, cached_greatest;
-    if (!have) {
-        hvgpu_stream_priority_range_rep_t v;
-        CUresult r = hv_call(HVGPU_OP_STREAM_PRIORITY_RANGE, NULL, 0, NULL, 0, &v, sizeof v,
-                             NULL, NULL, 0);
-        if (r) return r;
-        cached_least = v.least;
-        cached_greatest = v.greatest;
-        have = 1;
-    }
-    if (least) *least = cached_least;
-    if (greatest) *greatest = cached_greatest;
-    return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
@@ -501,14 +268,3 @@ HV_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
 
 HV_EXPORT CUresult cuProfilerStart(void) { return CUDA_SUCCESS; }
 HV_EXPORT CUresult cuProfilerStop(void) { return CUDA_SUCCESS; }
-
-/* Unversioned names with the same arguments as their _v2 (NVIDIA's library keeps
-   exporting them, and libraries such as cuBLASLt look them up by name). */
-HV_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }
-HV_EXPORT CUresult cuCtxPushCurrent(CUcontext ctx) { return cuCtxPushCurrent_v2(ctx); }
-HV_EXPORT CUresult cuCtxPopCurrent(CUcontext *pctx) { return cuCtxPopCurrent_v2(pctx); }
-HV_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice dev) { return cuDevicePrimaryCtxRelease_v2(dev); }
-HV_EXPORT CUresult cuDevicePrimaryCtxSetFlags(CUdevice dev, unsigned flags) {
-    return cuDevicePrimaryCtxSetFlags_v2(dev, flags);
-}
-HV_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) { return cuDevicePrimaryCtxReset_v2(dev); }

@@ -37,8 +37,6 @@
 
 #include "shim.h"
 
-#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
-#define CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD 908
 #define MODE_RELAXED 2
 #define STATUS_NONE 0
 #define MAX_CAPTURES 256
@@ -163,7 +161,7 @@ HV_EXPORT CUresult cuStreamEndCapture(CUstream stream, void **graph) {
     if (c && c->lost) { /* a host function's split failed; the executor has nothing left */
         hv_captured_drop(forget(key), device);
         *graph = NULL;
-        return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
     hvgpu_stream_end_capture_req_t q = { hv_untag(stream) };
     hvgpu_stream_end_capture_rep_t v;

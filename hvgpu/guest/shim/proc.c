@@ -13,7 +13,8 @@
 /* No shim.h: the table below declares each entry point without its prototype. */
 typedef int CUresult;
 #define HV_EXPORT __attribute__((visibility("default")))
-enum { CUDA_SUCCESS = 0, CUDA_ERROR_INVALID_VALUE = 1, CUDA_ERROR_NOT_FOUND = 500 };
+#define HVGPU_WIRE_CUDA_NAMES
+#include "hvgpu_wire.h" /* the statuses */
 const char *hv_agent_address(void);
 int hv_trace_enabled(void);
 void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define HVGPU_WIRE_CUDA_NAMES /* CUDA_SUCCESS, CUDA_ERROR_*: the shim has no cuda.h */
 #include "hvgpu_wire.h"
 
 #define HV_EXPORT __attribute__((visibility("default")))
@@ -30,22 +31,6 @@ typedef struct hv_library *CUlibrary;
 typedef void *CUstream;
 typedef void *CUevent;
 
-enum {
-    CUDA_SUCCESS = 0,
-    CUDA_ERROR_INVALID_VALUE = 1,
-    CUDA_ERROR_OUT_OF_MEMORY = 2,
-    CUDA_ERROR_NOT_INITIALIZED = 3,
-    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
-    CUDA_ERROR_NO_DEVICE = 100,
-    CUDA_ERROR_INVALID_DEVICE = 101,
-    CUDA_ERROR_INVALID_IMAGE = 200,
-    CUDA_ERROR_INVALID_CONTEXT = 201,
-    CUDA_ERROR_FILE_NOT_FOUND = 301,
-    CUDA_ERROR_INVALID_HANDLE = 400,
-    CUDA_ERROR_NOT_FOUND = 500,
-    CUDA_ERROR_NOT_SUPPORTED = 801,
-};
-
 #define HV_MAX_DEVICES 16
 #define HV_ATTR_COUNT 160 /* device attributes fetched at init: 1..HV_ATTR_COUNT */
 
@@ -56,7 +41,7 @@ struct hv_ctx {
     int retained;
 };
 
-struct hv_answers; /* module.c: a function's attributes and occupancy on one vGPU */
+struct hv_answers; /* occupancy.c: a function's attributes and occupancy on one vGPU */
 
 struct hv_func {
     uint64_t handle;          /* the executor's function handle, on `device` */
@@ -159,12 +144,36 @@ void hv_graph_synced_stream(CUstream stream);
 void hv_graph_synced_device(int device);
 void hv_graph_event_recorded(CUevent event, CUstream stream);
 void hv_graph_event_done(CUevent event);
-/* module.c: a kernel's vGPU and handle there, and its packed parameters (kernelParams
+/* launches.c: a kernel's vGPU and handle there, and its packed parameters (kernelParams
    or `extra`, as cuLaunchKernel takes them) in buf (HV_MAX_PARAMS bytes). */
 #define HV_MAX_PARAMS 32764
 CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
                         uint32_t *size, int *device, uint64_t *handle);
 CUresult hv_capture_refuse(CUstream stream, const char *what);
+/* module.c: where a function runs and its handle there: a module's function on its
+   module's vGPU; a library kernel on the routed vGPU (looked up there the first time). */
+CUresult hv_func_resolve(struct hv_func *f, int *device, uint64_t *handle);
+/* A call about one function, on its vGPU, with its handle there as the first field. */
+#define ABOUT_FUNCTION(f, q, call) ({ int dev_; uint64_t h_; \
+    CUresult r_ = hv_func_resolve(f, &dev_, &h_); \
+    if (!r_) { (q).function = h_; r_ = HV_ON(dev_, call); } r_; })
+/* The same, for a function of the caller's file that takes (f, its handle there, ...). */
+#define ON_FUNCTION(f, fn, ...) ({ int dev_; uint64_t h_; \
+    CUresult r_ = hv_func_resolve(f, &dev_, &h_); \
+    r_ ? r_ : HV_ON(dev_, fn(f, h_, __VA_ARGS__)); })
+/* launches.c and occupancy.c: CUDA's launch configuration, as cuda.h lays it out. */
+typedef struct {
+    int id;
+    char pad[4];
+    char value[64];
+} hv_launch_attribute; /* CUlaunchAttribute */
+typedef struct {
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    CUstream stream;
+    hv_launch_attribute *attrs;
+    unsigned nattrs;
+} hv_launch_config; /* CUlaunchConfig */
+#define HV_MAX_LAUNCH_ATTRS 32
 /* stream.c: a stream was destroyed, which ends the capture it began on the executor. */
 void hv_capture_stream_destroyed(CUstream stream);
 
@@ -280,6 +289,10 @@ CUresult cuModuleLoadData(CUmodule *module, const void *image);
 CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev);
 CUresult cuDeviceGetCount(int *count);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
+
+/* device.c: CUDA_ERROR_INVALID_DEVICE (or the reason cuInit failed) unless dev is a
+   vGPU of this guest. */
+CUresult hv_check_device(CUdevice dev);
 
 /* Unimplemented entry points: log the name once, return NOT_SUPPORTED. */
 CUresult hv_unsupported(const char *api, int *once);

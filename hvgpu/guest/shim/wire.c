@@ -477,7 +477,7 @@ static CUresult flush_locked(struct wire *w) {
 
 /* Agent-side statuses become the CUDA error a program can act on. */
 static CUresult to_cuda(int status, const char *message) {
-    if (status < 10000) return status;
+    if (status < HVGPU_STATUS_OWN_BASE) return status;
     hv_log("the hvgpu agent refused a call: %s", message);
     switch (status) {
     case HVGPU_STATUS_HVGPU_ERROR_NO_GPU:
@@ -488,7 +488,7 @@ static CUresult to_cuda(int status, const char *message) {
     case HVGPU_STATUS_HVGPU_ERROR_OVERSIZE:
         return CUDA_ERROR_INVALID_VALUE;
     default:
-        return 999; /* CUDA_ERROR_UNKNOWN */
+        return CUDA_ERROR_UNKNOWN;
     }
 }
 

@@ -30,12 +30,14 @@ import sys
 import tempfile
 
 from hvgpu.errors import CompileError
+from hvgpu.virtio import protocol as P
 
 log = logging.getLogger(__name__)
 
 CPU_SECONDS = 60  # per compilation
 MEMORY = 8 << 30  # address space of the child
 MAX_IMAGE = 256 << 20
+_INVALID_SOURCE = P.CUDA_ERROR_INVALID_SOURCE  # what a failed compilation is, as CUDA says
 _NVRTC_SUCCESS = 0
 _LEN = struct.Struct("<Q")
 _warned_unconfined = False
@@ -114,8 +116,8 @@ def compile_confined(source: bytes, name: str, options: list[str], headers: dict
     global _warned_unconfined
     nvrtc = find_nvrtc()
     if nvrtc is None:
-        raise CompileError(300, "this host has no NVRTC (libnvrtc): install the CUDA toolkit "
-                           "or nvidia-cuda-nvrtc, or set HVGPU_NVRTC")
+        raise CompileError(_INVALID_SOURCE, "this host has no NVRTC (libnvrtc): install the "
+                           "CUDA toolkit or nvidia-cuda-nvrtc, or set HVGPU_NVRTC")
     opts = list(options)
     if not any(o.startswith(("-arch", "--gpu-architecture")) for o in opts):
         opts.append(f"--gpu-architecture={arch}")
@@ -132,13 +134,14 @@ def compile_confined(source: bytes, name: str, options: list[str], headers: dict
                               input=request, capture_output=True, cwd=workdir,
                               timeout=cpu_seconds * 2 + 30, env=_child_env())
     except subprocess.TimeoutExpired:
-        raise CompileError(300, f"compilation did not finish within {cpu_seconds * 2 + 30} s "
+        raise CompileError(_INVALID_SOURCE, "compilation did not finish within "
+                           f"{cpu_seconds * 2 + 30} s "
                            "and was stopped") from None
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     out = proc.stdout
     if proc.returncode != 0 or len(out) < _LEN.size:
-        raise CompileError(300, _why_child_failed(proc.returncode, cpu_seconds, memory,
+        raise CompileError(_INVALID_SOURCE, _why_child_failed(proc.returncode, cpu_seconds, memory,
                                                   proc.stderr))
     n, = _LEN.unpack_from(out)
     reply = json.loads(out[_LEN.size:_LEN.size + n])
@@ -149,7 +152,7 @@ def compile_confined(source: bytes, name: str, options: list[str], headers: dict
                     "and #include stand between guest source and host files",
                     reply.get("confinement"))
     if not reply["ok"]:
-        raise CompileError(300, reply["log"] or f"NVRTC error {reply.get('status')}")
+        raise CompileError(_INVALID_SOURCE, reply["log"] or f"NVRTC error {reply.get('status')}")
     return image, reply["log"]
 
 

@@ -1,10 +1,16 @@
 """``GpuDevice`` over the CUDA driver API (cuda-python's ``cuda.bindings``).
 
-The only module in hvgpu that imports CUDA. It holds one context (the
-device's primary context, so every executor process has its own) and turns
-every non-success ``CUresult`` into ``CudaError`` with CUDA's own number.
-It must not validate guest input beyond what the driver does: the session has
-already checked handles and address ranges.
+The one module in hvgpu that owns the CUDA driver library (cuda.bindings and
+libcuda.so.1 through ctypes): nothing else imports or loads it. It holds one
+context (the device's primary context, so every executor process has its own)
+and turns every non-success ``CUresult`` into ``CudaError`` with CUDA's own
+number. It must not validate guest input beyond what the driver does: the
+session has already checked handles and address ranges.
+
+Beside it, each with one job: ``address_window`` keeps the books of a vGPU
+N >= 1's address window (this module maps memory into it); ``compiler`` owns
+NVRTC, a separate library, and runs it in a confined child (``compile`` here
+only hands the source over).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor import compiler
+from hvgpu.host.executor.address_window import WINDOW_SIZE, AddressWindow, window_hint
 from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
 from hvgpu.virtio import protocol as P
 
@@ -30,13 +37,8 @@ else:
 log = logging.getLogger(__name__)
 
 _MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
-# vGPU N >= 1 of a VM allocates inside its own virtual address window, so that a VM's
-# vGPUs (separate executor processes) never hand out the same address, as CUDA's
-# unified addressing promises a program. vGPU 0 keeps the driver's own allocator.
-_WINDOW_BASE = 0x6000_0000_0000
-_WINDOW_SIZE = 1 << 40
 _CU_STREAM_NON_BLOCKING = 1
-_MPS_SERVER_NOT_READY = 807
+_MPS_SERVER_NOT_READY = P.CUDA_ERROR_MPS_SERVER_NOT_READY
 _MPS_NOT_READY_WAIT = 30.0
 
 
@@ -170,8 +172,9 @@ def _access(prop, flags: int):
     return desc
 
 
-class _AddressWindow:
-    """Device memory mapped (cuMemCreate + cuMemMap) inside one reserved range.
+class _MappedWindow:
+    """Device memory mapped (cuMemCreate + cuMemMap) into a vGPU's address window,
+    whose bookkeeping is ``address_window.AddressWindow``'s.
 
     Each allocation is rounded up to the allocation granularity (2 MiB on
     current GPUs), so many small allocations cost more memory than cuMemAlloc's.
@@ -181,32 +184,22 @@ class _AddressWindow:
     def __init__(self, ordinal: int, index: int):
         self.prop = _device_memory(ordinal)
         self.access = _access(self.prop, 3)
-        self.granularity = int(_ok(cu.cuMemGetAllocationGranularity(
+        granularity = int(_ok(cu.cuMemGetAllocationGranularity(
             self.prop, cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM),
             "cuMemGetAllocationGranularity"))
-        hint = _WINDOW_BASE + (index - 1) * _WINDOW_SIZE
-        self.base = int(_ok(cu.cuMemAddressReserve(_WINDOW_SIZE, 0, hint, 0),
-                            "cuMemAddressReserve"))
-        if self.base != hint:
+        hint = window_hint(index)
+        base = int(_ok(cu.cuMemAddressReserve(WINDOW_SIZE, 0, hint, 0), "cuMemAddressReserve"))
+        if base != hint:
             log.warning(
                 "vGPU %d: the driver put its address window at 0x%x, not 0x%x; its addresses "
-                "may coincide with another vGPU's of the same VM", index, self.base, hint)
-        self.holes = [(self.base, _WINDOW_SIZE)]  # free ranges, by address
-        self.sizes: dict[int, int] = {}
-        self.lock = threading.Lock()
-
-    def footprint(self, size: int) -> int:
-        return -(-max(size, 1) // self.granularity) * self.granularity
+                "may coincide with another vGPU's of the same VM", index, base, hint)
+        self.ranges = AddressWindow(base, WINDOW_SIZE, granularity)
+        self.footprint = self.ranges.footprint
+        self.reserve = self.ranges.reserve
+        self.unreserve = self.ranges.unreserve
 
     def alloc(self, size: int) -> int:
-        n = self.footprint(size)
-        with self.lock:
-            i = next((i for i, (_, free) in enumerate(self.holes) if free >= n), None)
-            if i is None:
-                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "the vGPU's address window is full")
-            at, free = self.holes[i]
-            self.holes[i:i + 1] = [(at + n, free - n)] if free > n else []
-            self.sizes[at] = n
+        at, n = self.ranges.take(size)
         try:
             handle = _ok(cu.cuMemCreate(n, self.prop, 0), f"cuMemCreate({n})")
             try:
@@ -216,50 +209,13 @@ class _AddressWindow:
                 cu.cuMemRelease(handle)  # the mapping holds the memory from here on
         except CudaError:
             cu.cuMemUnmap(at, n)
-            self._give_back(at)
+            self.ranges.give_back(at)
             raise
         return at
 
-    def reserve(self, size: int, alignment: int) -> int:
-        """Addresses only, aligned to ``alignment`` (at least the granularity); whole
-        granules, so that every hole left stays aligned for alloc()'s mappings."""
-        align = max(alignment, self.granularity)
-        size = self.footprint(size)
-        with self.lock:
-            for i, (at, free) in enumerate(self.holes):
-                start = -(-at // align) * align
-                if start + size <= at + free:
-                    self.holes[i:i + 1] = [(a, n) for a, n in ((at, start - at),
-                                           (start + size, at + free - start - size)) if n]
-                    self.sizes[start] = size
-                    return start
-        raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "the vGPU's address window is full")
-
-    def unreserve(self, at: int, size: int) -> None:
-        if self.sizes.get(at) != self.footprint(size):
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"0x{at:x}+{size} is not a reservation")
-        self._give_back(at)
-
     def free(self, dptr: int) -> None:
-        n = self.sizes.get(dptr)
-        if n is None:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"0x{dptr:x} is not an allocation")
-        _ok(cu.cuMemUnmap(dptr, n), "cuMemUnmap")
-        self._give_back(dptr)
-
-    def _give_back(self, at: int) -> None:
-        with self.lock:
-            n = self.sizes.pop(at)
-            self.holes.append((at, n))
-            self.holes.sort()
-            merged = [self.holes[0]]
-            for start, size in self.holes[1:]:
-                last, last_size = merged[-1]
-                if last + last_size == start:
-                    merged[-1] = (last, last_size + size)
-                else:
-                    merged.append((start, size))
-            self.holes = merged
+        _ok(cu.cuMemUnmap(dptr, self.ranges.size_of(dptr)), "cuMemUnmap")
+        self.ranges.give_back(dptr)
 
 
 class CudaDevice:
@@ -299,7 +255,7 @@ class CudaDevice:
         major = self.attribute(75)
         minor = self.attribute(76)
         self.arch = f"sm_{major}{minor}"
-        self._window = _AddressWindow(ordinal, address_window) if address_window else None
+        self._window = _MappedWindow(ordinal, address_window) if address_window else None
         self._memory = _device_memory(ordinal)
         self._granularity: dict[int, int] = {}
 

@@ -37,21 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hvgpu_wire.h" /* the frame and each op's fixed part, from the protocol table */
+
 #define HV_EXPORT __attribute__((visibility("default")))
 
 enum {
-    HEADER_SIZE = 32,
-    MAGIC = 0x4748,
-    FLAG_ONEWAY = 0x01,
-    OP_MEMCPY_HTOD = 0x24,
-    OP_MEMCPY_DTOD = 0x26,
-    OP_MEMSET = 0x27,
-    OP_LAUNCH_KERNEL = 0x35,
-    OP_LAUNCH_KERNEL_EX = 0x3B,
-    OP_STREAM_WAIT_EVENT = 0x44,
-    OP_EVENT_RECORD = 0x52,
-    LAUNCH_FIXED = 48,    /* u64 function, 7 x u32, u64 stream, u32 params length */
-    LAUNCH_EX_FIXED = 52, /* the same, then u32 attrs length */
     MAX_PARAMS = 32768,
     ATTR_SIZE = 72,       /* sizeof(CUlaunchAttribute) */
     MAX_ATTRS = 32,       /* more is unusual: the Python path judges it */
@@ -480,6 +470,9 @@ HV_EXPORT void hv_burst_drop_range(struct burst *b, uint64_t start)
 /* -- serving ------------------------------------------------------------------ */
 
 #define GET(type, at) ({ type v_; memcpy(&v_, (at), sizeof v_); v_; })
+/* A field of a packed wire struct read from unaligned bytes: FIELD(body, type_t, name). */
+#define FIELD(at, st, name) \
+    GET(__typeof__(((st *)0)->name), (const unsigned char *)(at) + offsetof(st, name))
 #define VALUE(s) ((void *)(uintptr_t)(s)->value)
 
 /* What serving one frame came to. */
@@ -492,58 +485,64 @@ struct frame {
     uint32_t seq;
 };
 
+typedef hvgpu_launch_kernel_req_t launch_req;
+typedef hvgpu_launch_kernel_ex_req_t launch_ex_req;
+
 static int launch(struct burst *b, const struct frame *f, int *status)
 {
     const unsigned char *body = f->body;
-    if (!b->entry[E_LAUNCH] || f->body_len < LAUNCH_FIXED)
+    if (!b->entry[E_LAUNCH] || f->body_len < sizeof(launch_req))
         return LEFT;
-    uint32_t n = GET(uint32_t, body + 44);
-    if ((uint64_t)LAUNCH_FIXED + n != f->body_len || n > MAX_PARAMS)
+    uint32_t n = FIELD(body, launch_req, params_len);
+    if ((uint64_t)sizeof(launch_req) + n != f->body_len || n > MAX_PARAMS)
         return LEFT;
-    const struct slot *fn = find(&b->functions, GET(uint64_t, body));
-    const struct slot *stream = find(&b->streams, GET(uint64_t, body + 36));
+    const struct slot *fn = find(&b->functions, FIELD(body, launch_req, function));
+    const struct slot *stream = find(&b->streams, FIELD(body, launch_req, stream));
     if (!fn || !stream || fn->size != n)
         return LEFT;
     size_t size = n;
     void *extra[] = {(void *)1, b->params, (void *)2, &size, (void *)0};
     if (n)
-        memcpy(b->params, body + LAUNCH_FIXED, n);
+        memcpy(b->params, body + sizeof(launch_req), n);
     *status = ((launch_fn)b->entry[E_LAUNCH])(
-        VALUE(fn), GET(uint32_t, body + 8), GET(uint32_t, body + 12), GET(uint32_t, body + 16),
-        GET(uint32_t, body + 20), GET(uint32_t, body + 24), GET(uint32_t, body + 28),
-        GET(uint32_t, body + 32), VALUE(stream), NULL, n ? extra : NULL);
+        VALUE(fn), FIELD(body, launch_req, grid_x), FIELD(body, launch_req, grid_y),
+        FIELD(body, launch_req, grid_z), FIELD(body, launch_req, block_x),
+        FIELD(body, launch_req, block_y), FIELD(body, launch_req, block_z),
+        FIELD(body, launch_req, shared_mem), VALUE(stream), NULL, n ? extra : NULL);
     return DONE;
 }
 
 static int launch_ex(struct burst *b, const struct frame *f, int *status)
 {
     const unsigned char *body = f->body;
-    if (!b->entry[E_LAUNCH_EX] || f->body_len < LAUNCH_EX_FIXED)
+    if (!b->entry[E_LAUNCH_EX] || f->body_len < sizeof(launch_ex_req))
         return LEFT;
-    uint32_t n = GET(uint32_t, body + 44), m = GET(uint32_t, body + 48);
-    if ((uint64_t)LAUNCH_EX_FIXED + n + m != f->body_len || n > MAX_PARAMS ||
+    uint32_t n = FIELD(body, launch_ex_req, params_len), m = FIELD(body, launch_ex_req, attrs_len);
+    if ((uint64_t)sizeof(launch_ex_req) + n + m != f->body_len || n > MAX_PARAMS ||
         m % ATTR_SIZE || m / ATTR_SIZE > MAX_ATTRS)
         return LEFT;
-    const unsigned char *attrs = body + LAUNCH_EX_FIXED + n;
+    const unsigned char *attrs = body + sizeof(launch_ex_req) + n;
     for (uint32_t i = 0; i < m; i += ATTR_SIZE) {
         uint32_t id = GET(uint32_t, attrs + i);
         if (id == ATTR_PROGRAMMATIC_EVENT || id == ATTR_LAUNCH_COMPLETION_EVENT)
             return LEFT;
     }
-    const struct slot *fn = find(&b->functions, GET(uint64_t, body));
-    const struct slot *stream = find(&b->streams, GET(uint64_t, body + 36));
+    const struct slot *fn = find(&b->functions, FIELD(body, launch_ex_req, function));
+    const struct slot *stream = find(&b->streams, FIELD(body, launch_ex_req, stream));
     if (!fn || !stream || fn->size != n)
         return LEFT;
     size_t size = n;
     void *extra[] = {(void *)1, b->params, (void *)2, &size, (void *)0};
     if (n)
-        memcpy(b->params, body + LAUNCH_EX_FIXED, n);
+        memcpy(b->params, body + sizeof(launch_ex_req), n);
     if (m)
         memcpy(b->attrs, attrs, m);
     struct launch_config config = {
-        {GET(uint32_t, body + 8), GET(uint32_t, body + 12), GET(uint32_t, body + 16)},
-        {GET(uint32_t, body + 20), GET(uint32_t, body + 24), GET(uint32_t, body + 28)},
-        GET(uint32_t, body + 32), VALUE(stream), b->attrs, m / ATTR_SIZE};
+        {FIELD(body, launch_ex_req, grid_x), FIELD(body, launch_ex_req, grid_y),
+         FIELD(body, launch_ex_req, grid_z)},
+        {FIELD(body, launch_ex_req, block_x), FIELD(body, launch_ex_req, block_y),
+         FIELD(body, launch_ex_req, block_z)},
+        FIELD(body, launch_ex_req, shared_mem), VALUE(stream), b->attrs, m / ATTR_SIZE};
     *status = ((launch_ex_fn)b->entry[E_LAUNCH_EX])(&config, VALUE(fn), NULL,
                                                      n ? extra : NULL);
     return DONE;
@@ -551,10 +550,11 @@ static int launch_ex(struct burst *b, const struct frame *f, int *status)
 
 static int event_record(struct burst *b, const struct frame *f, int *status)
 {
-    if (!b->entry[E_EVENT_RECORD] || f->body_len != 16)
+    if (!b->entry[E_EVENT_RECORD] || f->body_len != sizeof(hvgpu_event_record_req_t))
         return LEFT;
-    const struct slot *event = find(&b->events, GET(uint64_t, f->body));
-    const struct slot *stream = find(&b->streams, GET(uint64_t, f->body + 8));
+    const struct slot *event = find(&b->events, FIELD(f->body, hvgpu_event_record_req_t, event));
+    const struct slot *stream = find(&b->streams,
+                                     FIELD(f->body, hvgpu_event_record_req_t, stream));
     if (!event || !stream)
         return LEFT;
     *status = ((event_record_fn)b->entry[E_EVENT_RECORD])(VALUE(event), VALUE(stream));
@@ -563,30 +563,32 @@ static int event_record(struct burst *b, const struct frame *f, int *status)
 
 static int stream_wait_event(struct burst *b, const struct frame *f, int *status)
 {
-    if (!b->entry[E_STREAM_WAIT_EVENT] || f->body_len != 20)
+    typedef hvgpu_stream_wait_event_req_t req;
+    if (!b->entry[E_STREAM_WAIT_EVENT] || f->body_len != sizeof(req))
         return LEFT;
-    const struct slot *stream = find(&b->streams, GET(uint64_t, f->body));
-    const struct slot *event = find(&b->events, GET(uint64_t, f->body + 8));
+    const struct slot *stream = find(&b->streams, FIELD(f->body, req, stream));
+    const struct slot *event = find(&b->events, FIELD(f->body, req, event));
     if (!stream || !event)
         return LEFT;
     *status = ((stream_wait_event_fn)b->entry[E_STREAM_WAIT_EVENT])(
-        VALUE(stream), VALUE(event), GET(uint32_t, f->body + 16));
+        VALUE(stream), VALUE(event), FIELD(f->body, req, flags));
     return DONE;
 }
 
 static int memset_(struct burst *b, const struct frame *f, int *status)
 {
+    typedef hvgpu_memset_req_t req;
     const unsigned char *body = f->body;
-    if (f->body_len != 32)
+    if (f->body_len != sizeof(req))
         return LEFT;
-    uint64_t dst = GET(uint64_t, body), count = GET(uint64_t, body + 8);
-    uint32_t value = GET(uint32_t, body + 16), width = GET(uint32_t, body + 20);
+    uint64_t dst = FIELD(body, req, dst), count = FIELD(body, req, count);
+    uint32_t value = FIELD(body, req, value), width = FIELD(body, req, width);
     int entry = width == 1 ? E_MEMSET_D8 : width == 2 ? E_MEMSET_D16 :
                 width == 4 ? E_MEMSET_D32 : -1;
     if (entry < 0 || !b->entry[entry] || count > UINT64_MAX / width ||
         !inside(&b->ranges, dst, count * width))
         return LEFT;
-    const struct slot *stream = find(&b->streams, GET(uint64_t, body + 24));
+    const struct slot *stream = find(&b->streams, FIELD(body, req, stream));
     if (!stream)
         return LEFT;
     void *fn = b->entry[entry];
@@ -601,14 +603,15 @@ static int memset_(struct burst *b, const struct frame *f, int *status)
 
 static int memcpy_dtod(struct burst *b, const struct frame *f, int *status)
 {
+    typedef hvgpu_memcpy_dtod_req_t req;
     const unsigned char *body = f->body;
-    if (!b->entry[E_MEMCPY_DTOD] || f->body_len != 32)
+    if (!b->entry[E_MEMCPY_DTOD] || f->body_len != sizeof(req))
         return LEFT;
-    uint64_t dst = GET(uint64_t, body), src = GET(uint64_t, body + 8);
-    uint64_t size = GET(uint64_t, body + 16);
+    uint64_t dst = FIELD(body, req, dst), src = FIELD(body, req, src);
+    uint64_t size = FIELD(body, req, size);
     if (!inside(&b->ranges, dst, size) || !inside(&b->ranges, src, size))
         return LEFT;
-    const struct slot *stream = find(&b->streams, GET(uint64_t, body + 24));
+    const struct slot *stream = find(&b->streams, FIELD(body, req, stream));
     if (!stream)
         return LEFT;
     *status = ((memcpy_dtod_fn)b->entry[E_MEMCPY_DTOD])(dst, src, size, VALUE(stream));
@@ -618,10 +621,11 @@ static int memcpy_dtod(struct burst *b, const struct frame *f, int *status)
 static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
                        struct burst_result *out)
 {
+    typedef hvgpu_memcpy_htod_req_t req;
     uint64_t n = f->payload_len;
-    if (f->body_len != 16 || !b->ring)
+    if (f->body_len != sizeof(req) || !b->ring)
         return LEFT;
-    uint64_t dst = GET(uint64_t, f->body), handle = GET(uint64_t, f->body + 8);
+    uint64_t dst = FIELD(f->body, req, dst), handle = FIELD(f->body, req, stream);
     const struct slot *stream = find(&b->streams, handle);
     if (!inside(&b->ranges, dst, n) || !stream)
         return LEFT;
@@ -632,7 +636,7 @@ static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
         if (failed) { /* stopping before this frame; the copies that record was for own it */
             out->status = failed;
             out->seq = b->held_seq;
-            out->op = OP_MEMCPY_HTOD;
+            out->op = HVGPU_OP_MEMCPY_HTOD;
             return LEFT;
         }
     }
@@ -658,13 +662,13 @@ static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
 static int served_index(uint16_t op)
 {
     switch (op) {
-    case OP_LAUNCH_KERNEL: return S_LAUNCH;
-    case OP_LAUNCH_KERNEL_EX: return S_LAUNCH_EX;
-    case OP_EVENT_RECORD: return S_EVENT_RECORD;
-    case OP_STREAM_WAIT_EVENT: return S_STREAM_WAIT_EVENT;
-    case OP_MEMSET: return S_MEMSET;
-    case OP_MEMCPY_DTOD: return S_MEMCPY_DTOD;
-    case OP_MEMCPY_HTOD: return S_MEMCPY_HTOD;
+    case HVGPU_OP_LAUNCH_KERNEL: return S_LAUNCH;
+    case HVGPU_OP_LAUNCH_KERNEL_EX: return S_LAUNCH_EX;
+    case HVGPU_OP_EVENT_RECORD: return S_EVENT_RECORD;
+    case HVGPU_OP_STREAM_WAIT_EVENT: return S_STREAM_WAIT_EVENT;
+    case HVGPU_OP_MEMSET: return S_MEMSET;
+    case HVGPU_OP_MEMCPY_DTOD: return S_MEMCPY_DTOD;
+    case HVGPU_OP_MEMCPY_HTOD: return S_MEMCPY_HTOD;
     default: return -1;
     }
 }
@@ -674,16 +678,18 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
 {
     uint64_t at = 0;
     memset(out, 0, sizeof *out);
-    while (len - at >= HEADER_SIZE) {
+    while (len - at >= HVGPU_HEADER_SIZE) {
         const unsigned char *h = buf + at;
-        uint16_t op = GET(uint16_t, h + 4);
+        uint16_t op = FIELD(h, hvgpu_header_t, op);
         int index = served_index(op);
-        struct frame f = {h + HEADER_SIZE, GET(uint32_t, h + 16), GET(uint64_t, h + 24),
-                          GET(uint32_t, h + 8)};
-        if (GET(uint16_t, h) != MAGIC || h[2] != version || h[3] != FLAG_ONEWAY ||
-            index < 0 || f.body_len > max_body)
+        struct frame f = {h + HVGPU_HEADER_SIZE, FIELD(h, hvgpu_header_t, body_len),
+                          FIELD(h, hvgpu_header_t, payload_len), FIELD(h, hvgpu_header_t, seq)};
+        if (FIELD(h, hvgpu_header_t, magic) != HVGPU_MAGIC ||
+            FIELD(h, hvgpu_header_t, version) != version ||
+            FIELD(h, hvgpu_header_t, flags) != HVGPU_FLAG_ONEWAY || index < 0 ||
+            f.body_len > max_body)
             break;
-        if (op == OP_MEMCPY_HTOD) {
+        if (op == HVGPU_OP_MEMCPY_HTOD) {
             /* Small copies only: their bytes are staged in one ring segment. */
             if (!f.payload_len || (b->ring && f.payload_len > b->ring->segment))
                 break;
@@ -695,7 +701,7 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
         } else if (f.payload_len) {
             break;
         }
-        uint64_t size = HEADER_SIZE + f.body_len + f.payload_len;
+        uint64_t size = HVGPU_HEADER_SIZE + f.body_len + f.payload_len;
         if (len - at < size) {
             out->need = (uint32_t)size; /* below 2^32: body and payload are bounded above */
             break;
@@ -729,7 +735,7 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
         if (failed && !out->status) {
             out->status = failed;
             out->seq = seq;
-            out->op = OP_MEMCPY_HTOD;
+            out->op = HVGPU_OP_MEMCPY_HTOD;
         }
     }
     out->consumed = at;

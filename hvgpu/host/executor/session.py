@@ -71,7 +71,7 @@ _STREAM_FIELD = {code: c.names.index("stream") for code, c in codec.REQUEST.item
                  if "stream" in c.names}
 _OPS_LOGGED = 12  # the busiest ops named in the closing log line; the rest are summed
 _HEADER_SIZE = P.HEADER.size
-_OP_SEQ = struct.Struct("<4xH2xI")  # a header's op and seq, read in place
+_OP_SEQ = P.header_fields("op", "seq")  # a header's op and seq, read in place
 # What a failed frame of the C loop called, for its error.
 _DRIVER_CALL = {P.OP[op]: call for op, call in (
     ("LAUNCH_KERNEL", "cuLaunchKernel"), ("LAUNCH_KERNEL_EX", "cuLaunchKernelEx"),
@@ -603,7 +603,9 @@ class Session:
 
     def _check_device(self, ordinal: int) -> None:
         if ordinal != 0:
-            raise CudaError(101, f"this guest has one device (0), not {ordinal}")
+            raise CudaError(P.CUDA_ERROR_INVALID_DEVICE,
+                            f"device {ordinal}: a connection serves one vGPU, its device 0 "
+                            "(each of a VM's vGPUs has its own connection)")
 
     def op_device_get_attribute(self, hdr, attrib, ordinal):
         self._check_device(ordinal)
@@ -769,7 +771,7 @@ class Session:
     def op_module_load_data(self, hdr):
         image = self.reader.read_payload()
         if not image:
-            raise CudaError(200, "empty module image")
+            raise CudaError(P.CUDA_ERROR_INVALID_IMAGE, "empty module image")
         return (self._load_module(image),)
 
     def op_module_compile(self, hdr, name, options):

@@ -26,6 +26,7 @@ from collections import deque
 from typing import Any, Callable
 
 from hvgpu.errors import CudaError
+from hvgpu.virtio import protocol as P
 
 SLOT_SIZE = 8 << 20
 SLOTS = 4  # per executor process: 32 MiB pinned at most
@@ -61,7 +62,7 @@ class StagingPool:
         with self.cond:
             while True:
                 if self.closed:
-                    raise CudaError(10006, "the executor is shutting down")
+                    raise CudaError(P.HV_INTERNAL, "the executor is shutting down")
                 ready = next((s for s in self.idle if not s.busy), None)
                 if ready is not None:
                     self.idle.remove(ready)

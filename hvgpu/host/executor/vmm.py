@@ -51,7 +51,7 @@ def check_location(loc_type: int, loc_id: int, what: str) -> None:
         raise CudaError(_NOT_SUPPORTED, f"{what} at location type {loc_type} (host or NUMA "
                         "memory) is not served; only device memory is")
     if loc_id != 0:
-        raise CudaError(101, f"{what} on device {loc_id}: this connection's device is 0")
+        raise CudaError(P.CUDA_ERROR_INVALID_DEVICE, f"{what} on device {loc_id}: this connection's device is 0")
 
 
 def quietly(fn, *args) -> None:

@@ -44,6 +44,9 @@ typedef struct __attribute__((packed)) hvgpu_header {
     uint64_t payload_len;
 } hvgpu_header_t;
 
+#define HVGPU_HEADER_SIZE 32u
+_Static_assert(sizeof(hvgpu_header_t) == HVGPU_HEADER_SIZE, "the frame header is 32 bytes");
+
 enum hvgpu_op {
     HVGPU_OP_HELLO = 0x01,  /* First frame of every connection: version and capability handshake. */
     HVGPU_OP_PING = 0x02,  /* Round trip through the executor without touching CUDA. */
@@ -268,6 +271,7 @@ typedef struct __attribute__((packed)) hvgpu_hello_req {
     uint64_t caps;
     uint32_t client_len;
 } hvgpu_hello_req_t;
+_Static_assert(sizeof(hvgpu_hello_req_t) == 20, "hvgpu_hello_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_hello_rep {
     uint32_t version;
@@ -278,47 +282,58 @@ typedef struct __attribute__((packed)) hvgpu_hello_rep {
     uint32_t peer_len;
     uint32_t agent_len;
 } hvgpu_hello_rep_t;
+_Static_assert(sizeof(hvgpu_hello_rep_t) == 36, "hvgpu_hello_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_driver_get_version_rep {
     int32_t version;
 } hvgpu_driver_get_version_rep_t;
+_Static_assert(sizeof(hvgpu_driver_get_version_rep_t) == 4, "hvgpu_driver_get_version_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_count_rep {
     int32_t count;
 } hvgpu_device_get_count_rep_t;
+_Static_assert(sizeof(hvgpu_device_get_count_rep_t) == 4, "hvgpu_device_get_count_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_attribute_req {
     int32_t attrib;
     int32_t device;
 } hvgpu_device_get_attribute_req_t;
+_Static_assert(sizeof(hvgpu_device_get_attribute_req_t) == 8, "hvgpu_device_get_attribute_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_attribute_rep {
     int32_t value;
 } hvgpu_device_get_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_device_get_attribute_rep_t) == 4, "hvgpu_device_get_attribute_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_name_req {
     int32_t device;
 } hvgpu_device_get_name_req_t;
+_Static_assert(sizeof(hvgpu_device_get_name_req_t) == 4, "hvgpu_device_get_name_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_name_rep {
     uint32_t name_len;
 } hvgpu_device_get_name_rep_t;
+_Static_assert(sizeof(hvgpu_device_get_name_rep_t) == 4, "hvgpu_device_get_name_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_uuid_req {
     int32_t device;
 } hvgpu_device_get_uuid_req_t;
+_Static_assert(sizeof(hvgpu_device_get_uuid_req_t) == 4, "hvgpu_device_get_uuid_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_uuid_rep {
     uint32_t uuid_len;
 } hvgpu_device_get_uuid_rep_t;
+_Static_assert(sizeof(hvgpu_device_get_uuid_rep_t) == 4, "hvgpu_device_get_uuid_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_total_mem_req {
     int32_t device;
 } hvgpu_device_total_mem_req_t;
+_Static_assert(sizeof(hvgpu_device_total_mem_req_t) == 4, "hvgpu_device_total_mem_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_total_mem_rep {
     uint64_t bytes;
 } hvgpu_device_total_mem_rep_t;
+_Static_assert(sizeof(hvgpu_device_total_mem_rep_t) == 8, "hvgpu_device_total_mem_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_slice_info_rep {
     uint32_t vm_len;
@@ -326,51 +341,62 @@ typedef struct __attribute__((packed)) hvgpu_slice_info_rep {
     uint64_t mem_used;
     uint32_t compute;
 } hvgpu_slice_info_rep_t;
+_Static_assert(sizeof(hvgpu_slice_info_rep_t) == 24, "hvgpu_slice_info_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_attributes_req {
     int32_t device;
     uint32_t count;
 } hvgpu_device_get_attributes_req_t;
+_Static_assert(sizeof(hvgpu_device_get_attributes_req_t) == 8, "hvgpu_device_get_attributes_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_device_get_attributes_rep {
     uint32_t values_len;
 } hvgpu_device_get_attributes_rep_t;
+_Static_assert(sizeof(hvgpu_device_get_attributes_rep_t) == 4, "hvgpu_device_get_attributes_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_info_rep {
     uint64_t free;
     uint64_t total;
 } hvgpu_mem_get_info_rep_t;
+_Static_assert(sizeof(hvgpu_mem_get_info_rep_t) == 16, "hvgpu_mem_get_info_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_ctx_get_limit_req {
     int32_t limit;
 } hvgpu_ctx_get_limit_req_t;
+_Static_assert(sizeof(hvgpu_ctx_get_limit_req_t) == 4, "hvgpu_ctx_get_limit_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_ctx_get_limit_rep {
     uint64_t value;
 } hvgpu_ctx_get_limit_rep_t;
+_Static_assert(sizeof(hvgpu_ctx_get_limit_rep_t) == 8, "hvgpu_ctx_get_limit_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_req {
     uint64_t size;
 } hvgpu_mem_alloc_req_t;
+_Static_assert(sizeof(hvgpu_mem_alloc_req_t) == 8, "hvgpu_mem_alloc_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_rep {
     uint64_t dptr;
 } hvgpu_mem_alloc_rep_t;
+_Static_assert(sizeof(hvgpu_mem_alloc_rep_t) == 8, "hvgpu_mem_alloc_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_free_req {
     uint64_t dptr;
 } hvgpu_mem_free_req_t;
+_Static_assert(sizeof(hvgpu_mem_free_req_t) == 8, "hvgpu_mem_free_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memcpy_htod_req {
     uint64_t dst;
     uint64_t stream;
 } hvgpu_memcpy_htod_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_htod_req_t) == 16, "hvgpu_memcpy_htod_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_req {
     uint64_t src;
     uint64_t size;
     uint64_t stream;
 } hvgpu_memcpy_dtoh_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_dtoh_req_t) == 24, "hvgpu_memcpy_dtoh_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memcpy_dtod_req {
     uint64_t dst;
@@ -378,6 +404,7 @@ typedef struct __attribute__((packed)) hvgpu_memcpy_dtod_req {
     uint64_t size;
     uint64_t stream;
 } hvgpu_memcpy_dtod_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_dtod_req_t) == 32, "hvgpu_memcpy_dtod_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memset_req {
     uint64_t dst;
@@ -386,20 +413,24 @@ typedef struct __attribute__((packed)) hvgpu_memset_req {
     uint32_t width;
     uint64_t stream;
 } hvgpu_memset_req_t;
+_Static_assert(sizeof(hvgpu_memset_req_t) == 32, "hvgpu_memset_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_load_data_rep {
     uint64_t module;
 } hvgpu_module_load_data_rep_t;
+_Static_assert(sizeof(hvgpu_module_load_data_rep_t) == 8, "hvgpu_module_load_data_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_compile_req {
     uint32_t name_len;
     uint32_t options_len;
 } hvgpu_module_compile_req_t;
+_Static_assert(sizeof(hvgpu_module_compile_req_t) == 8, "hvgpu_module_compile_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_compile_rep {
     uint64_t module;
     uint32_t log_len;
 } hvgpu_module_compile_rep_t;
+_Static_assert(sizeof(hvgpu_module_compile_rep_t) == 12, "hvgpu_module_compile_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_compile_headers_req {
     uint32_t name_len;
@@ -407,32 +438,39 @@ typedef struct __attribute__((packed)) hvgpu_module_compile_headers_req {
     uint32_t header_names_len;
     uint32_t sizes_len;
 } hvgpu_module_compile_headers_req_t;
+_Static_assert(sizeof(hvgpu_module_compile_headers_req_t) == 16, "hvgpu_module_compile_headers_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_compile_headers_rep {
     uint64_t module;
     uint32_t log_len;
 } hvgpu_module_compile_headers_rep_t;
+_Static_assert(sizeof(hvgpu_module_compile_headers_rep_t) == 12, "hvgpu_module_compile_headers_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_unload_req {
     uint64_t module;
 } hvgpu_module_unload_req_t;
+_Static_assert(sizeof(hvgpu_module_unload_req_t) == 8, "hvgpu_module_unload_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_get_function_req {
     uint64_t module;
     uint32_t name_len;
 } hvgpu_module_get_function_req_t;
+_Static_assert(sizeof(hvgpu_module_get_function_req_t) == 12, "hvgpu_module_get_function_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_get_function_rep {
     uint64_t function;
 } hvgpu_module_get_function_rep_t;
+_Static_assert(sizeof(hvgpu_module_get_function_rep_t) == 8, "hvgpu_module_get_function_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_param_info_req {
     uint64_t function;
 } hvgpu_func_get_param_info_req_t;
+_Static_assert(sizeof(hvgpu_func_get_param_info_req_t) == 8, "hvgpu_func_get_param_info_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_param_info_rep {
     uint32_t layout_len;
 } hvgpu_func_get_param_info_rep_t;
+_Static_assert(sizeof(hvgpu_func_get_param_info_rep_t) == 4, "hvgpu_func_get_param_info_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_launch_kernel_req {
     uint64_t function;
@@ -446,31 +484,37 @@ typedef struct __attribute__((packed)) hvgpu_launch_kernel_req {
     uint64_t stream;
     uint32_t params_len;
 } hvgpu_launch_kernel_req_t;
+_Static_assert(sizeof(hvgpu_launch_kernel_req_t) == 48, "hvgpu_launch_kernel_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_get_global_req {
     uint64_t module;
     uint32_t name_len;
 } hvgpu_module_get_global_req_t;
+_Static_assert(sizeof(hvgpu_module_get_global_req_t) == 12, "hvgpu_module_get_global_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_module_get_global_rep {
     uint64_t dptr;
     uint64_t size;
 } hvgpu_module_get_global_rep_t;
+_Static_assert(sizeof(hvgpu_module_get_global_rep_t) == 16, "hvgpu_module_get_global_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_attribute_req {
     uint64_t function;
     int32_t attrib;
 } hvgpu_func_get_attribute_req_t;
+_Static_assert(sizeof(hvgpu_func_get_attribute_req_t) == 12, "hvgpu_func_get_attribute_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_attribute_rep {
     int32_t value;
 } hvgpu_func_get_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_func_get_attribute_rep_t) == 4, "hvgpu_func_get_attribute_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_set_attribute_req {
     uint64_t function;
     int32_t attrib;
     int32_t value;
 } hvgpu_func_set_attribute_req_t;
+_Static_assert(sizeof(hvgpu_func_set_attribute_req_t) == 16, "hvgpu_func_set_attribute_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_req {
     uint64_t function;
@@ -478,20 +522,24 @@ typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_req {
     uint64_t shared_mem;
     uint32_t flags;
 } hvgpu_occupancy_max_blocks_req_t;
+_Static_assert(sizeof(hvgpu_occupancy_max_blocks_req_t) == 24, "hvgpu_occupancy_max_blocks_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_max_blocks_rep {
     int32_t blocks;
 } hvgpu_occupancy_max_blocks_rep_t;
+_Static_assert(sizeof(hvgpu_occupancy_max_blocks_rep_t) == 4, "hvgpu_occupancy_max_blocks_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_available_smem_req {
     uint64_t function;
     int32_t blocks;
     int32_t block_size;
 } hvgpu_occupancy_available_smem_req_t;
+_Static_assert(sizeof(hvgpu_occupancy_available_smem_req_t) == 16, "hvgpu_occupancy_available_smem_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_available_smem_rep {
     uint64_t bytes;
 } hvgpu_occupancy_available_smem_rep_t;
+_Static_assert(sizeof(hvgpu_occupancy_available_smem_rep_t) == 8, "hvgpu_occupancy_available_smem_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_launch_kernel_ex_req {
     uint64_t function;
@@ -506,6 +554,7 @@ typedef struct __attribute__((packed)) hvgpu_launch_kernel_ex_req {
     uint32_t params_len;
     uint32_t attrs_len;
 } hvgpu_launch_kernel_ex_req_t;
+_Static_assert(sizeof(hvgpu_launch_kernel_ex_req_t) == 52, "hvgpu_launch_kernel_ex_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_tiled_req {
     uint32_t dtype;
@@ -520,10 +569,12 @@ typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_tiled_req {
     uint32_t l2_promotion;
     uint32_t oob_fill;
 } hvgpu_tensor_map_encode_tiled_req_t;
+_Static_assert(sizeof(hvgpu_tensor_map_encode_tiled_req_t) == 48, "hvgpu_tensor_map_encode_tiled_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_tiled_rep {
     uint32_t map_len;
 } hvgpu_tensor_map_encode_tiled_rep_t;
+_Static_assert(sizeof(hvgpu_tensor_map_encode_tiled_rep_t) == 4, "hvgpu_tensor_map_encode_tiled_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_req {
     uint32_t which;
@@ -537,94 +588,115 @@ typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_req {
     uint32_t shared_mem;
     uint32_t attrs_len;
 } hvgpu_occupancy_clusters_req_t;
+_Static_assert(sizeof(hvgpu_occupancy_clusters_req_t) == 44, "hvgpu_occupancy_clusters_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_occupancy_clusters_rep {
     int32_t value;
 } hvgpu_occupancy_clusters_rep_t;
+_Static_assert(sizeof(hvgpu_occupancy_clusters_rep_t) == 4, "hvgpu_occupancy_clusters_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_attributes_req {
     uint64_t function;
     uint32_t count;
 } hvgpu_func_get_attributes_req_t;
+_Static_assert(sizeof(hvgpu_func_get_attributes_req_t) == 12, "hvgpu_func_get_attributes_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_get_attributes_rep {
     uint32_t known;
     uint32_t values_len;
 } hvgpu_func_get_attributes_rep_t;
+_Static_assert(sizeof(hvgpu_func_get_attributes_rep_t) == 8, "hvgpu_func_get_attributes_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_create_req {
     uint32_t flags;
 } hvgpu_stream_create_req_t;
+_Static_assert(sizeof(hvgpu_stream_create_req_t) == 4, "hvgpu_stream_create_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_create_rep {
     uint64_t stream;
 } hvgpu_stream_create_rep_t;
+_Static_assert(sizeof(hvgpu_stream_create_rep_t) == 8, "hvgpu_stream_create_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_destroy_req {
     uint64_t stream;
 } hvgpu_stream_destroy_req_t;
+_Static_assert(sizeof(hvgpu_stream_destroy_req_t) == 8, "hvgpu_stream_destroy_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_synchronize_req {
     uint64_t stream;
 } hvgpu_stream_synchronize_req_t;
+_Static_assert(sizeof(hvgpu_stream_synchronize_req_t) == 8, "hvgpu_stream_synchronize_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_query_req {
     uint64_t stream;
 } hvgpu_stream_query_req_t;
+_Static_assert(sizeof(hvgpu_stream_query_req_t) == 8, "hvgpu_stream_query_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_wait_event_req {
     uint64_t stream;
     uint64_t event;
     uint32_t flags;
 } hvgpu_stream_wait_event_req_t;
+_Static_assert(sizeof(hvgpu_stream_wait_event_req_t) == 20, "hvgpu_stream_wait_event_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_create_priority_req {
     uint32_t flags;
     int32_t priority;
 } hvgpu_stream_create_priority_req_t;
+_Static_assert(sizeof(hvgpu_stream_create_priority_req_t) == 8, "hvgpu_stream_create_priority_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_create_priority_rep {
     uint64_t stream;
 } hvgpu_stream_create_priority_rep_t;
+_Static_assert(sizeof(hvgpu_stream_create_priority_rep_t) == 8, "hvgpu_stream_create_priority_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_priority_range_rep {
     int32_t least;
     int32_t greatest;
 } hvgpu_stream_priority_range_rep_t;
+_Static_assert(sizeof(hvgpu_stream_priority_range_rep_t) == 8, "hvgpu_stream_priority_range_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_create_req {
     uint32_t flags;
 } hvgpu_event_create_req_t;
+_Static_assert(sizeof(hvgpu_event_create_req_t) == 4, "hvgpu_event_create_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_create_rep {
     uint64_t event;
 } hvgpu_event_create_rep_t;
+_Static_assert(sizeof(hvgpu_event_create_rep_t) == 8, "hvgpu_event_create_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_destroy_req {
     uint64_t event;
 } hvgpu_event_destroy_req_t;
+_Static_assert(sizeof(hvgpu_event_destroy_req_t) == 8, "hvgpu_event_destroy_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_record_req {
     uint64_t event;
     uint64_t stream;
 } hvgpu_event_record_req_t;
+_Static_assert(sizeof(hvgpu_event_record_req_t) == 16, "hvgpu_event_record_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_query_req {
     uint64_t event;
 } hvgpu_event_query_req_t;
+_Static_assert(sizeof(hvgpu_event_query_req_t) == 8, "hvgpu_event_query_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_synchronize_req {
     uint64_t event;
 } hvgpu_event_synchronize_req_t;
+_Static_assert(sizeof(hvgpu_event_synchronize_req_t) == 8, "hvgpu_event_synchronize_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_req {
     uint64_t start;
     uint64_t end;
 } hvgpu_event_elapsed_time_req_t;
+_Static_assert(sizeof(hvgpu_event_elapsed_time_req_t) == 16, "hvgpu_event_elapsed_time_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_rep {
     float ms;
 } hvgpu_event_elapsed_time_rep_t;
+_Static_assert(sizeof(hvgpu_event_elapsed_time_rep_t) == 4, "hvgpu_event_elapsed_time_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_req {
     uint64_t size;
@@ -632,15 +704,18 @@ typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_req {
     uint64_t addr;
     uint64_t flags;
 } hvgpu_mem_address_reserve_req_t;
+_Static_assert(sizeof(hvgpu_mem_address_reserve_req_t) == 32, "hvgpu_mem_address_reserve_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_rep {
     uint64_t dptr;
 } hvgpu_mem_address_reserve_rep_t;
+_Static_assert(sizeof(hvgpu_mem_address_reserve_rep_t) == 8, "hvgpu_mem_address_reserve_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_address_free_req {
     uint64_t dptr;
     uint64_t size;
 } hvgpu_mem_address_free_req_t;
+_Static_assert(sizeof(hvgpu_mem_address_free_req_t) == 16, "hvgpu_mem_address_free_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_create_req {
     uint64_t size;
@@ -650,14 +725,17 @@ typedef struct __attribute__((packed)) hvgpu_mem_create_req {
     int32_t location_id;
     uint32_t alloc_flags;
 } hvgpu_mem_create_req_t;
+_Static_assert(sizeof(hvgpu_mem_create_req_t) == 28, "hvgpu_mem_create_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_create_rep {
     uint64_t handle;
 } hvgpu_mem_create_rep_t;
+_Static_assert(sizeof(hvgpu_mem_create_rep_t) == 8, "hvgpu_mem_create_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_release_req {
     uint64_t handle;
 } hvgpu_mem_release_req_t;
+_Static_assert(sizeof(hvgpu_mem_release_req_t) == 8, "hvgpu_mem_release_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_map_req {
     uint64_t dptr;
@@ -666,49 +744,60 @@ typedef struct __attribute__((packed)) hvgpu_mem_map_req {
     uint64_t handle;
     uint64_t flags;
 } hvgpu_mem_map_req_t;
+_Static_assert(sizeof(hvgpu_mem_map_req_t) == 40, "hvgpu_mem_map_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_unmap_req {
     uint64_t dptr;
     uint64_t size;
 } hvgpu_mem_unmap_req_t;
+_Static_assert(sizeof(hvgpu_mem_unmap_req_t) == 16, "hvgpu_mem_unmap_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_set_access_req {
     uint64_t dptr;
     uint64_t size;
     uint32_t descs_len;
 } hvgpu_mem_set_access_req_t;
+_Static_assert(sizeof(hvgpu_mem_set_access_req_t) == 20, "hvgpu_mem_set_access_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_access_req {
     uint64_t dptr;
 } hvgpu_mem_get_access_req_t;
+_Static_assert(sizeof(hvgpu_mem_get_access_req_t) == 8, "hvgpu_mem_get_access_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_access_rep {
     uint64_t flags;
 } hvgpu_mem_get_access_rep_t;
+_Static_assert(sizeof(hvgpu_mem_get_access_rep_t) == 8, "hvgpu_mem_get_access_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_req {
     uint32_t option;
 } hvgpu_mem_get_granularity_req_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_req_t) == 4, "hvgpu_mem_get_granularity_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_rep {
     uint64_t granularity;
 } hvgpu_mem_get_granularity_rep_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_rep_t) == 8, "hvgpu_mem_get_granularity_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_retain_handle_req {
     uint64_t dptr;
 } hvgpu_mem_retain_handle_req_t;
+_Static_assert(sizeof(hvgpu_mem_retain_handle_req_t) == 8, "hvgpu_mem_retain_handle_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_retain_handle_rep {
     uint64_t handle;
 } hvgpu_mem_retain_handle_rep_t;
+_Static_assert(sizeof(hvgpu_mem_retain_handle_rep_t) == 8, "hvgpu_mem_retain_handle_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_handle_info_req {
     uint64_t handle;
 } hvgpu_mem_handle_info_req_t;
+_Static_assert(sizeof(hvgpu_mem_handle_info_req_t) == 8, "hvgpu_mem_handle_info_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_handle_info_rep {
     uint64_t size;
 } hvgpu_mem_handle_info_rep_t;
+_Static_assert(sizeof(hvgpu_mem_handle_info_rep_t) == 8, "hvgpu_mem_handle_info_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_create_req {
     uint32_t type;
@@ -718,59 +807,71 @@ typedef struct __attribute__((packed)) hvgpu_mem_pool_create_req {
     uint64_t max_size;
     uint32_t usage;
 } hvgpu_mem_pool_create_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_create_req_t) == 28, "hvgpu_mem_pool_create_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_create_rep {
     uint64_t pool;
 } hvgpu_mem_pool_create_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_create_rep_t) == 8, "hvgpu_mem_pool_create_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_destroy_req {
     uint64_t pool;
 } hvgpu_mem_pool_destroy_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_destroy_req_t) == 8, "hvgpu_mem_pool_destroy_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_default_rep {
     uint64_t pool;
 } hvgpu_mem_pool_default_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_default_rep_t) == 8, "hvgpu_mem_pool_default_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_async_req {
     uint64_t size;
     uint64_t pool;
     uint64_t stream;
 } hvgpu_mem_alloc_async_req_t;
+_Static_assert(sizeof(hvgpu_mem_alloc_async_req_t) == 24, "hvgpu_mem_alloc_async_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_async_rep {
     uint64_t dptr;
 } hvgpu_mem_alloc_async_rep_t;
+_Static_assert(sizeof(hvgpu_mem_alloc_async_rep_t) == 8, "hvgpu_mem_alloc_async_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_free_async_req {
     uint64_t dptr;
     uint64_t stream;
 } hvgpu_mem_free_async_req_t;
+_Static_assert(sizeof(hvgpu_mem_free_async_req_t) == 16, "hvgpu_mem_free_async_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_set_attribute_req {
     uint64_t pool;
     int32_t attrib;
     uint64_t value;
 } hvgpu_mem_pool_set_attribute_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_set_attribute_req_t) == 20, "hvgpu_mem_pool_set_attribute_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_get_attribute_req {
     uint64_t pool;
     int32_t attrib;
 } hvgpu_mem_pool_get_attribute_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_get_attribute_req_t) == 12, "hvgpu_mem_pool_get_attribute_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_get_attribute_rep {
     uint64_t value;
 } hvgpu_mem_pool_get_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_get_attribute_rep_t) == 8, "hvgpu_mem_pool_get_attribute_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_trim_to_req {
     uint64_t pool;
     uint64_t keep;
 } hvgpu_mem_pool_trim_to_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_trim_to_req_t) == 16, "hvgpu_mem_pool_trim_to_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_attach_req {
     uint32_t kind;
     uint32_t flags;
     uint64_t size;
 } hvgpu_shm_attach_req_t;
+_Static_assert(sizeof(hvgpu_shm_attach_req_t) == 16, "hvgpu_shm_attach_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_attach_rep {
     uint32_t region;
@@ -778,26 +879,31 @@ typedef struct __attribute__((packed)) hvgpu_shm_attach_rep {
     uint64_t size;
     uint32_t token_len;
 } hvgpu_shm_attach_rep_t;
+_Static_assert(sizeof(hvgpu_shm_attach_rep_t) == 20, "hvgpu_shm_attach_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_detach_req {
     uint32_t region;
 } hvgpu_shm_detach_req_t;
+_Static_assert(sizeof(hvgpu_shm_detach_req_t) == 4, "hvgpu_shm_detach_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_alloc_req {
     uint32_t region;
     uint32_t reserved;
     uint64_t size;
 } hvgpu_shm_alloc_req_t;
+_Static_assert(sizeof(hvgpu_shm_alloc_req_t) == 16, "hvgpu_shm_alloc_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_alloc_rep {
     uint64_t offset;
 } hvgpu_shm_alloc_rep_t;
+_Static_assert(sizeof(hvgpu_shm_alloc_rep_t) == 8, "hvgpu_shm_alloc_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_shm_free_req {
     uint32_t region;
     uint32_t reserved;
     uint64_t offset;
 } hvgpu_shm_free_req_t;
+_Static_assert(sizeof(hvgpu_shm_free_req_t) == 16, "hvgpu_shm_free_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memcpy_htod_shm_req {
     uint64_t dst;
@@ -807,6 +913,7 @@ typedef struct __attribute__((packed)) hvgpu_memcpy_htod_shm_req {
     uint64_t size;
     uint64_t stream;
 } hvgpu_memcpy_htod_shm_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_htod_shm_req_t) == 40, "hvgpu_memcpy_htod_shm_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_shm_req {
     uint32_t region;
@@ -816,34 +923,41 @@ typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_shm_req {
     uint64_t size;
     uint64_t stream;
 } hvgpu_memcpy_dtoh_shm_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_dtoh_shm_req_t) == 40, "hvgpu_memcpy_dtoh_shm_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
     uint64_t function;
     uint32_t config;
 } hvgpu_func_set_cache_config_req_t;
+_Static_assert(sizeof(hvgpu_func_set_cache_config_req_t) == 12, "hvgpu_func_set_cache_config_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_begin_capture_req {
     uint64_t stream;
     uint32_t mode;
 } hvgpu_stream_begin_capture_req_t;
+_Static_assert(sizeof(hvgpu_stream_begin_capture_req_t) == 12, "hvgpu_stream_begin_capture_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_begin_capture_rep {
     uint64_t id;
     uint64_t graph;
 } hvgpu_stream_begin_capture_rep_t;
+_Static_assert(sizeof(hvgpu_stream_begin_capture_rep_t) == 16, "hvgpu_stream_begin_capture_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_end_capture_req {
     uint64_t stream;
 } hvgpu_stream_end_capture_req_t;
+_Static_assert(sizeof(hvgpu_stream_end_capture_req_t) == 8, "hvgpu_stream_end_capture_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_end_capture_rep {
     uint64_t graph;
 } hvgpu_stream_end_capture_rep_t;
+_Static_assert(sizeof(hvgpu_stream_end_capture_rep_t) == 8, "hvgpu_stream_end_capture_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_capture_info_req {
     uint64_t stream;
     uint32_t nodes;
 } hvgpu_stream_capture_info_req_t;
+_Static_assert(sizeof(hvgpu_stream_capture_info_req_t) == 12, "hvgpu_stream_capture_info_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_stream_capture_info_rep {
     uint32_t status;
@@ -852,51 +966,62 @@ typedef struct __attribute__((packed)) hvgpu_stream_capture_info_rep {
     uint64_t graph;
     uint32_t nodes_len;
 } hvgpu_stream_capture_info_rep_t;
+_Static_assert(sizeof(hvgpu_stream_capture_info_rep_t) == 28, "hvgpu_stream_capture_info_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_instantiate_req {
     uint64_t graph;
     uint64_t flags;
 } hvgpu_graph_instantiate_req_t;
+_Static_assert(sizeof(hvgpu_graph_instantiate_req_t) == 16, "hvgpu_graph_instantiate_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_instantiate_rep {
     uint64_t exec;
 } hvgpu_graph_instantiate_rep_t;
+_Static_assert(sizeof(hvgpu_graph_instantiate_rep_t) == 8, "hvgpu_graph_instantiate_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_launch_req {
     uint64_t exec;
     uint64_t stream;
 } hvgpu_graph_launch_req_t;
+_Static_assert(sizeof(hvgpu_graph_launch_req_t) == 16, "hvgpu_graph_launch_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_upload_req {
     uint64_t exec;
     uint64_t stream;
 } hvgpu_graph_upload_req_t;
+_Static_assert(sizeof(hvgpu_graph_upload_req_t) == 16, "hvgpu_graph_upload_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_destroy_req {
     uint64_t graph;
 } hvgpu_graph_destroy_req_t;
+_Static_assert(sizeof(hvgpu_graph_destroy_req_t) == 8, "hvgpu_graph_destroy_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_exec_destroy_req {
     uint64_t exec;
 } hvgpu_graph_exec_destroy_req_t;
+_Static_assert(sizeof(hvgpu_graph_exec_destroy_req_t) == 8, "hvgpu_graph_exec_destroy_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_get_nodes_req {
     uint64_t graph;
     uint32_t max;
 } hvgpu_graph_get_nodes_req_t;
+_Static_assert(sizeof(hvgpu_graph_get_nodes_req_t) == 12, "hvgpu_graph_get_nodes_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_get_nodes_rep {
     uint64_t count;
     uint32_t nodes_len;
 } hvgpu_graph_get_nodes_rep_t;
+_Static_assert(sizeof(hvgpu_graph_get_nodes_rep_t) == 12, "hvgpu_graph_get_nodes_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_create_req {
     uint32_t flags;
 } hvgpu_graph_create_req_t;
+_Static_assert(sizeof(hvgpu_graph_create_req_t) == 4, "hvgpu_graph_create_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_create_rep {
     uint64_t graph;
 } hvgpu_graph_create_rep_t;
+_Static_assert(sizeof(hvgpu_graph_create_rep_t) == 8, "hvgpu_graph_create_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_kernel_node_req {
     uint64_t graph;
@@ -911,10 +1036,12 @@ typedef struct __attribute__((packed)) hvgpu_graph_add_kernel_node_req {
     uint32_t deps_len;
     uint32_t params_len;
 } hvgpu_graph_add_kernel_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_kernel_node_req_t) == 52, "hvgpu_graph_add_kernel_node_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_kernel_node_rep {
     uint64_t node;
 } hvgpu_graph_add_kernel_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_kernel_node_rep_t) == 8, "hvgpu_graph_add_kernel_node_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_memset_node_req {
     uint64_t graph;
@@ -926,10 +1053,12 @@ typedef struct __attribute__((packed)) hvgpu_graph_add_memset_node_req {
     uint64_t height;
     uint32_t deps_len;
 } hvgpu_graph_add_memset_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_memset_node_req_t) == 52, "hvgpu_graph_add_memset_node_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_memset_node_rep {
     uint64_t node;
 } hvgpu_graph_add_memset_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_memset_node_rep_t) == 8, "hvgpu_graph_add_memset_node_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_memcpy_node_req {
     uint64_t graph;
@@ -940,19 +1069,23 @@ typedef struct __attribute__((packed)) hvgpu_graph_add_memcpy_node_req {
     uint64_t size;
     uint32_t deps_len;
 } hvgpu_graph_add_memcpy_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_memcpy_node_req_t) == 44, "hvgpu_graph_add_memcpy_node_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_memcpy_node_rep {
     uint64_t node;
 } hvgpu_graph_add_memcpy_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_memcpy_node_rep_t) == 8, "hvgpu_graph_add_memcpy_node_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_empty_node_req {
     uint64_t graph;
     uint32_t deps_len;
 } hvgpu_graph_add_empty_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_empty_node_req_t) == 12, "hvgpu_graph_add_empty_node_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_empty_node_rep {
     uint64_t node;
 } hvgpu_graph_add_empty_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_empty_node_rep_t) == 8, "hvgpu_graph_add_empty_node_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_event_node_req {
     uint64_t graph;
@@ -961,16 +1094,19 @@ typedef struct __attribute__((packed)) hvgpu_graph_add_event_node_req {
     uint64_t event;
     uint32_t deps_len;
 } hvgpu_graph_add_event_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_event_node_req_t) == 28, "hvgpu_graph_add_event_node_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_event_node_rep {
     uint64_t node;
 } hvgpu_graph_add_event_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_event_node_rep_t) == 8, "hvgpu_graph_add_event_node_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_add_dependencies_req {
     uint64_t graph;
     uint32_t from_nodes_len;
     uint32_t to_nodes_len;
 } hvgpu_graph_add_dependencies_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_dependencies_req_t) == 16, "hvgpu_graph_add_dependencies_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_exec_kernel_node_set_params_req {
     uint64_t exec;
@@ -985,17 +1121,20 @@ typedef struct __attribute__((packed)) hvgpu_graph_exec_kernel_node_set_params_r
     uint32_t shared_mem;
     uint32_t params_len;
 } hvgpu_graph_exec_kernel_node_set_params_req_t;
+_Static_assert(sizeof(hvgpu_graph_exec_kernel_node_set_params_req_t) == 56, "hvgpu_graph_exec_kernel_node_set_params_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_exec_update_req {
     uint64_t exec;
     uint64_t graph;
 } hvgpu_graph_exec_update_req_t;
+_Static_assert(sizeof(hvgpu_graph_exec_update_req_t) == 16, "hvgpu_graph_exec_update_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_graph_exec_update_rep {
     uint32_t result;
     uint32_t reserved;
     uint64_t error_node;
 } hvgpu_graph_exec_update_rep_t;
+_Static_assert(sizeof(hvgpu_graph_exec_update_rep_t) == 16, "hvgpu_graph_exec_update_rep_t");
 
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
@@ -1005,7 +1144,8 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint32_t message_len;
 } hvgpu_error_rep_t;
 
-/* Statuses: CUDA's CUresult numbers, then hvgpu's own from 10000. */
+/* Statuses: CUDA's CUresult numbers, then hvgpu's own from HVGPU_STATUS_OWN_BASE. */
+#define HVGPU_STATUS_OWN_BASE 10000
 enum hvgpu_status {
     HVGPU_STATUS_CUDA_SUCCESS = 0,
     HVGPU_STATUS_CUDA_ERROR_INVALID_VALUE = 1,
@@ -1023,12 +1163,16 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_INVALID_PTX = 218,
     HVGPU_STATUS_CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     HVGPU_STATUS_CUDA_ERROR_INVALID_SOURCE = 300,
+    HVGPU_STATUS_CUDA_ERROR_FILE_NOT_FOUND = 301,
     HVGPU_STATUS_CUDA_ERROR_INVALID_HANDLE = 400,
+    HVGPU_STATUS_CUDA_ERROR_ILLEGAL_STATE = 401,
     HVGPU_STATUS_CUDA_ERROR_NOT_FOUND = 500,
     HVGPU_STATUS_CUDA_ERROR_NOT_READY = 600,
     HVGPU_STATUS_CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    HVGPU_STATUS_CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    HVGPU_STATUS_CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
     HVGPU_STATUS_CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
     HVGPU_STATUS_CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
     HVGPU_STATUS_CUDA_ERROR_MISALIGNED_ADDRESS = 716,
@@ -1061,6 +1205,61 @@ enum hvgpu_status {
     HVGPU_STATUS_HVGPU_ERROR_TOO_MANY_CONNECTIONS = 10009,
 };
 
+/* CUDA's own names for the statuses, for C that has no cuda.h of its own (the
+ * guest's shim defines HVGPU_WIRE_CUDA_NAMES; host C that sits beside the real
+ * driver's headers does not). */
+#ifdef HVGPU_WIRE_CUDA_NAMES
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_STUB_LIBRARY = 34,
+    CUDA_ERROR_INSUFFICIENT_DRIVER = 35,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    CUDA_ERROR_INVALID_SOURCE = 300,
+    CUDA_ERROR_FILE_NOT_FOUND = 301,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712,
+    CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED = 713,
+    CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
+    CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716,
+    CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
+    CUDA_ERROR_INVALID_PC = 718,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
+    CUDA_ERROR_MPS_SERVER_NOT_READY = 807,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_MERGE = 902,
+    CUDA_ERROR_STREAM_CAPTURE_UNMATCHED = 903,
+    CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
+    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+#endif
+
 /* A status's name and description; 0 for numbers the table does not name. */
 static inline int hvgpu_status_text(int status, const char **name, const char **text) {
     switch (status) {
@@ -1080,12 +1279,16 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 218: *name = "CUDA_ERROR_INVALID_PTX"; *text = "the PTX could not be compiled"; return 1;
     case 222: *name = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; *text = "the PTX version is newer than the driver"; return 1;
     case 300: *name = "CUDA_ERROR_INVALID_SOURCE"; *text = "the source could not be compiled"; return 1;
+    case 301: *name = "CUDA_ERROR_FILE_NOT_FOUND"; *text = "file not found"; return 1;
     case 400: *name = "CUDA_ERROR_INVALID_HANDLE"; *text = "invalid resource handle"; return 1;
+    case 401: *name = "CUDA_ERROR_ILLEGAL_STATE"; *text = "the resource is not in a state the operation allows"; return 1;
     case 500: *name = "CUDA_ERROR_NOT_FOUND"; *text = "named symbol not found"; return 1;
     case 600: *name = "CUDA_ERROR_NOT_READY"; *text = "work is still pending"; return 1;
     case 700: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; *text = "a kernel accessed an illegal address"; return 1;
     case 701: *name = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; *text = "too many resources requested for launch"; return 1;
     case 702: *name = "CUDA_ERROR_LAUNCH_TIMEOUT"; *text = "the launch timed out"; return 1;
+    case 712: *name = "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"; *text = "the host memory is already registered"; return 1;
+    case 713: *name = "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"; *text = "the host memory is not registered"; return 1;
     case 714: *name = "CUDA_ERROR_HARDWARE_STACK_ERROR"; *text = "a kernel's call stack overflowed"; return 1;
     case 715: *name = "CUDA_ERROR_ILLEGAL_INSTRUCTION"; *text = "a kernel executed an illegal instruction"; return 1;
     case 716: *name = "CUDA_ERROR_MISALIGNED_ADDRESS"; *text = "a kernel accessed a misaligned address"; return 1;

@@ -1,0 +1,232 @@
+/* Driver entry points for kernel launches: parameter layouts, packing, launches.
+ *
+ * A function carries its parameter layout, fetched from the agent
+ * (cuFuncGetParamInfo on the real function) at the first launch, so a launch
+ * is one one-way frame built from kernelParams or from the `extra` buffer.
+ * Must not guess a layout: a kernel whose layout cannot be had is not launched.
+ * A launch runs on the vGPU its function lives on (module.c resolves it).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim.h"
+
+#define MAX_PARAMS 32764
+
+static pthread_mutex_t layout_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static CUresult layout(struct hv_func *f) {
+    if (__atomic_load_n(&f->nparams, __ATOMIC_ACQUIRE) >= 0) return CUDA_SUCCESS;
+    pthread_mutex_lock(&layout_lock);
+    CUresult r = CUDA_SUCCESS;
+    if (f->nparams < 0) {
+        hvgpu_func_get_param_info_req_t q = { 0 };
+        static unsigned char rep[4 + MAX_PARAMS * 2];
+        uint32_t n = 0;
+        r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_GET_PARAM_INFO, &q, sizeof q, NULL, 0, rep,
+                                         sizeof rep, &n, NULL, 0));
+        if (!r) {
+            uint32_t len = 0;
+            if (n >= 4) memcpy(&len, rep, 4);
+            if (len > (n >= 4 ? n - 4 : 0)) len = n >= 4 ? n - 4 : 0;
+            int count = (int)(len / 8);
+            free(f->offsets);
+            free(f->sizes);
+            f->offsets = calloc((size_t)count + 1, sizeof *f->offsets);
+            f->sizes = calloc((size_t)count + 1, sizeof *f->sizes);
+            if (!f->offsets || !f->sizes) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                uint32_t end = 0;
+                for (int i = 0; i < count && !r; i++) {
+                    memcpy(&f->offsets[i], rep + 4 + 8 * i, 4);
+                    memcpy(&f->sizes[i], rep + 8 + 8 * i, 4);
+                    /* Each parameter is copied where this says, into a buffer of MAX_PARAMS:
+                       the agent's word is checked (in 64 bits: an end past 2^32 must not
+                       wrap into a small one). */
+                    uint64_t at = (uint64_t)f->offsets[i] + f->sizes[i];
+                    if (at > MAX_PARAMS) r = CUDA_ERROR_INVALID_VALUE;
+                    else if (at > end) end = (uint32_t)at;
+                }
+                if (!r) {
+                    f->params_size = end;
+                    __atomic_store_n(&f->nparams, count, __ATOMIC_RELEASE);
+                }
+            }
+            if (r) {
+                if (hv_trace_enabled())
+                    hv_log("the agent's parameter layout of %s runs past %d bytes: refused",
+                           f->name ? f->name : "a kernel", MAX_PARAMS);
+                free(f->offsets);
+                free(f->sizes);
+                f->offsets = f->sizes = NULL;
+            }
+        }
+    }
+    pthread_mutex_unlock(&layout_lock);
+    return r;
+}
+
+HV_EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) {
+    if (!f) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = layout(f);
+    if (r) return r;
+    if (index >= (size_t)f->nparams) return CUDA_ERROR_INVALID_VALUE;
+    if (offset) *offset = f->offsets[index];
+    if (size) *size = f->sizes[index];
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset, size_t *size) {
+    return cuFuncGetParamInfo(k, index, offset, size);
+}
+
+#define LAUNCH_PARAM_END ((void *)0)
+#define LAUNCH_PARAM_BUFFER_POINTER ((void *)1)
+#define LAUNCH_PARAM_BUFFER_SIZE ((void *)2)
+
+/* Packs the parameters as the kernel lays them out (from kernelParams or `extra`).
+   A refusal says why under HVGPU_SHIM_TRACE: the program only sees the status. */
+static CUresult refuse_pack(struct hv_func *f, const char *why) {
+    if (hv_trace_enabled())
+        hv_log("launch of %s refused: %s (%d parameters, %u bytes)", f->name ? f->name : "?",
+               why, f->nparams, f->params_size);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
+                     uint32_t *size) {
+    CUresult r = layout(f);
+    if (r) return r;
+    uint32_t need = f->params_size;
+    if (need > MAX_PARAMS) return refuse_pack(f, "parameters larger than the shim carries");
+    if (params) {
+        for (int i = 0; i < f->nparams; i++) {
+            if (!params[i]) return refuse_pack(f, "a NULL entry in kernelParams");
+            memcpy(buf + f->offsets[i], params[i], f->sizes[i]);
+        }
+    } else if (extra) {
+        void *src = NULL;
+        size_t len = (size_t)-1;
+        for (int i = 0; extra[i] != LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == LAUNCH_PARAM_BUFFER_POINTER) src = extra[i + 1];
+            else if (extra[i] == LAUNCH_PARAM_BUFFER_SIZE) len = *(size_t *)extra[i + 1];
+            else return refuse_pack(f, "an unknown key in `extra`");
+        }
+        if (!src && need) return refuse_pack(f, "`extra` without a parameter buffer");
+        if (len != (size_t)-1 && len < need)
+            return refuse_pack(f, "`extra`'s buffer is smaller than the parameters");
+        if (need) memcpy(buf, src, need);
+    } else if (need) {
+        return refuse_pack(f, "neither kernelParams nor `extra` for a kernel with parameters");
+    }
+    *size = need;
+    return CUDA_SUCCESS;
+}
+
+CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
+                        uint32_t *size, int *device, uint64_t *handle) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = hv_func_resolve(f, device, handle);
+    return r ? r : pack(f, params, extra, buf, size);
+}
+
+/* A launch runs where its function lives; a stream of another vGPU is CUDA's
+   invalid handle (it belongs to another context). */
+static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, uint64_t *handle) {
+    CUresult r = hv_func_resolve(f, device, handle);
+    if (!r && hv_created(stream) && hv_tag_device(stream) != *device)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    if (r && hv_trace_enabled())
+        hv_log("launch of %s refused: %s (%d)", f->name ? f->name : "?", r == CUDA_ERROR_INVALID_HANDLE &&
+               hv_created(stream) ? "its stream is another vGPU's" : "no such function there", r);
+    return r;
+}
+
+static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
+                       void **extra) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + MAX_PARAMS];
+    uint32_t need = 0;
+    int device;
+    uint64_t handle;
+    CUresult r = launch_target(f, stream, &device, &handle);
+    if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
+    if (r) return r;
+    hvgpu_launch_kernel_req_t q = { handle, gx, gy, gz, bx, by, bz, smem, hv_untag(stream), need };
+    memcpy(body, &q, sizeof q);
+    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL, body, (uint32_t)(sizeof q + need),
+                                   NULL, 0));
+}
+
+HV_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                  unsigned bx, unsigned by, unsigned bz, unsigned smem,
+                                  CUstream stream, void **params, void **extra) {
+    return launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra);
+}
+
+HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, void **params,
+                                    void **extra) {
+    static int once;
+    if (!c) return CUDA_ERROR_INVALID_VALUE;
+    if (!c->nattrs)
+        return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params,
+                      extra);
+    if (!f || !c->attrs || c->nattrs > HV_MAX_LAUNCH_ATTRS) return CUDA_ERROR_INVALID_VALUE;
+    if (hv_trace_enabled() > 1)
+        for (unsigned i = 0; i < c->nattrs; i++)
+            hv_log("cuLaunchKernelEx(%s): attribute %d", f->name, c->attrs[i].id);
+    for (unsigned i = 0; i < c->nattrs; i++) {
+        int id = c->attrs[i].id;
+        if (id == 7 || id == 12) /* they name events, which are the executor's */
+            return hv_unsupported("cuLaunchKernelEx with an event attribute", &once);
+    }
+    static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + MAX_PARAMS +
+                                       HV_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
+    uint32_t need = 0;
+    int device;
+    uint64_t handle;
+    CUresult r = launch_target(f, c->stream, &device, &handle);
+    if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
+    if (r) return r;
+    uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
+    memcpy(body + sizeof(hvgpu_launch_kernel_ex_req_t) + need, c->attrs, attrs_len);
+    hvgpu_launch_kernel_ex_req_t q = { handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz,
+                                       c->smem, hv_untag(c->stream), need, attrs_len };
+    memcpy(body, &q, sizeof q);
+    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body,
+                                   (uint32_t)(sizeof q + need + attrs_len), NULL, 0));
+}
+
+/* A TMA descriptor holds a device address of the executor's context, so the
+   host's driver encodes it; the guest gets the 128 bytes. */
+HV_EXPORT CUresult cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, void *address,
+                                          const uint64_t *dims, const uint64_t *strides,
+                                          const uint32_t *box, const uint32_t *element_strides,
+                                          int interleave, int swizzle, int l2, int oob) {
+    if (!map || !dims || !box || !element_strides || rank < 1 || rank > 5 ||
+        (rank > 1 && !strides))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char body[sizeof(hvgpu_tensor_map_encode_tiled_req_t) + 5 * 8 * 2 + 5 * 4 * 2];
+    hvgpu_tensor_map_encode_tiled_req_t q = {
+        (uint32_t)dtype, rank, (uint64_t)(uintptr_t)address, rank * 8, (rank - 1) * 8, rank * 4,
+        rank * 4, (uint32_t)interleave, (uint32_t)swizzle, (uint32_t)l2, (uint32_t)oob };
+    unsigned char *p = body + sizeof q;
+    memcpy(p, dims, rank * 8); p += rank * 8;
+    if (rank > 1) { memcpy(p, strides, (rank - 1) * 8); p += (rank - 1) * 8; }
+    memcpy(p, box, rank * 4); p += rank * 4;
+    memcpy(p, element_strides, rank * 4); p += rank * 4;
+    memcpy(body, &q, sizeof q);
+    unsigned char rep[4 + 128];
+    uint32_t n = 0;
+    CUresult r = hv_call(HVGPU_OP_TENSOR_MAP_ENCODE_TILED, body, (uint32_t)(p - body), NULL, 0,
+                         rep, sizeof rep, &n, NULL, 0);
+    if (r) return r;
+    if (n < sizeof rep) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, rep + 4, 128);
+    return CUDA_SUCCESS;
+}
