@@ -152,7 +152,8 @@ class Agent:
         self.supervisor = Supervisor(config, self.launcher, self.mps, self._watch_lane,
                                      self._unwatch)
         self._inbox: deque = deque()  # Commands, LifecycleEvents, LibvirtLost
-        self._inbox_lock = threading.Lock()
+        # reentrant: stop() may run in a signal handler while this thread holds it
+        self._inbox_lock = threading.RLock()
         self._loop_thread: int | None = None
         self._stopped = False  # no command is taken any more
         self._libvirt_retry: float | None = None  # when to reconnect; None: connected
@@ -257,10 +258,15 @@ class Agent:
                             "through Agent.commands (or the control socket)")
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:  # full (a wake is pending anyway) or closed (stopped)
-            pass
+        # Under the lock, with _shutdown closing the pipe under it too: once closed its
+        # number may belong to another file, which must not get the byte.
+        with self._inbox_lock:
+            if self._wake_w < 0:
+                return
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:  # full: a wake is pending anyway
+                pass
 
     # -- what enters the loop from other threads --------------------------------------
 
@@ -313,23 +319,19 @@ class Agent:
     def _execute(self, command: Command) -> None:
         if not command.future.set_running_or_notify_cancel():
             return
-        args = " ".join(f"{k}={v!r}" for k, v in command.args.items() if v not in (None, False))
         level = logging.DEBUG if command.name in QUERIES else logging.INFO
         try:
             result = command.run()
         except HvgpuError as exc:
-            audit.log(level, "control %s by %s: %s -> refused (%s): %s", command.name,
-                      command.who, args, exc.code, exc)
+            _audit(level, command, f"refused ({exc.code}): {exc}")
             command.future.set_exception(exc)
             return
         except BaseException as exc:  # a bug: the caller hears of it, the agent goes on
             log.exception("control %s failed", command.name)
-            audit.log(level, "control %s by %s: %s -> failed: %r", command.name, command.who,
-                      args, exc)
+            _audit(level, command, f"failed: {exc!r}")
             command.future.set_exception(exc)
             return
-        audit.log(level, "control %s by %s: %s -> ok%s", command.name, command.who, args,
-                  _summary(result))
+        _audit(level, command, "ok" + _summary(result))
         command.future.set_result(result)
 
     # -- libvirt ---------------------------------------------------------------------
@@ -383,7 +385,9 @@ class Agent:
         try:
             self.vms.reconnect(self.slices)  # logs what reconciling changed
             running = self.vms.running()
-        except HvgpuError as exc:
+        except Exception as exc:  # HvgpuError as a rule; anything else must not stop the loop
+            if not isinstance(exc, HvgpuError):
+                log.exception("reconnecting to libvirt failed")
             log.warning("%s; trying again in %g s", exc, self._libvirt_delay)
             self._libvirt_retry = time.monotonic() + self._libvirt_delay
             self._libvirt_delay = min(self._libvirt_delay * 2, LIBVIRT_RETRY_MOST)
@@ -421,8 +425,11 @@ class Agent:
                 detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
                           "the host agent allows (hvgpu agent --max-connections-per-vm); "
                           "close one and connect again")
-        except (HvgpuError, OSError) as exc:  # one guest's failure never stops the agent
-            log.error("cannot serve %s: %s", peer, exc)
+        except Exception as exc:  # one guest's failure never stops the agent
+            if isinstance(exc, (HvgpuError, OSError)):
+                log.error("cannot serve %s: %s", peer, exc)
+            else:
+                log.exception("cannot serve %s", peer)
             route, detail = "refuse", f"the agent could not serve this connection: {exc}"
         if route == "refuse":
             self.router.log_refusal(peer, detail)
@@ -446,10 +453,12 @@ class Agent:
                 try:
                     send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
                 except OSError as exc:
-                    log.warning("slice %s: executor pid %d did not take %s (%s)", record.key,
-                                ex.process.pid, peer, exc)
-                    if record.current is ex:
-                        record.current = None
+                    # Its lane is full (it reads none of it) or gone: it cannot serve, and
+                    # must not linger outside the vGPU's books with guests of its own.
+                    log.warning("slice %s: executor pid %d did not take %s (%s): ended",
+                                record.key, ex.process.pid, peer, exc)
+                    self.supervisor.kill(ex)
+                    self._executor_gone(ex)
                     continue
                 ex.connections += 1
                 log.info("%s connected: slice %s, executor pid %d", peer, record.key,
@@ -671,11 +680,13 @@ class Agent:
                 self.vms.hv.close()
             except HvgpuError:
                 pass
-        for fd in (self._wake_r, self._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        with self._inbox_lock:
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._wake_r = self._wake_w = -1
         try:
             self._selector.close()
         except (OSError, ValueError):
@@ -705,11 +716,36 @@ class Commands:
 
         def call(*args, **kwargs):
             try:
+                if "_inventory" in kwargs:
+                    raise TypeError("got an unexpected keyword argument '_inventory'")
                 named = dict(inspect.signature(method).bind(*args, **kwargs).arguments)
-            except TypeError as exc:  # as the method itself would say
-                raise TypeError(f"{name}: {exc}") from None
+            except TypeError as exc:  # as the method itself would say, and audited
+                refused = TypeError(f"{name}: {exc}")
+                _audit(logging.INFO, Command(name, kwargs, self._who, None),
+                       f"refused (bad-request): {refused}")
+                raise refused from None
+            if "_inventory" in inspect.signature(method).parameters:
+                kwargs["_inventory"] = self._api.read_inventory()  # NVML: here, not on the loop
             return self._agent.call(name, lambda: method(*args, **kwargs), named, self._who)
         return call
+
+
+AUDIT_VALUE_MAX = 200  # characters of one argument in an audit line
+AUDIT_RESULT_MAX = 600  # ... and of the result or the refusal
+
+
+def _clip(text: str, most: int) -> str:
+    return text if len(text) <= most else text[:most] + f"... ({len(text)} characters)"
+
+
+def _audit(level: int, command: Command, result: str) -> None:
+    """One line per control operation: who, what, the result. Every argument and the
+    result are clipped and newlines escaped (reprs), so it stays one journal record."""
+    args = " ".join(f"{k}={_clip(repr(v), AUDIT_VALUE_MAX)}" for k, v in command.args.items()
+                    if v not in (None, False))
+    result = _clip(result.replace("\n", " ").replace("\r", " "), AUDIT_RESULT_MAX)
+    audit.log(level, "control %s by %s: %s -> %s", _clip(command.name, 40),
+              _clip(command.who, 160), args, result)
 
 
 def _summary(result) -> str:

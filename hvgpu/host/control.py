@@ -137,11 +137,27 @@ class ControlAPI:
         log.warning("%s", warning)
         return warning
 
-    def gpus(self, connect: str | None = None) -> list[dict]:
+    def read_inventory(self):
+        """The GPUs as NVML lists them now, or the error reading them: read before a
+        query is run on the agent's loop (Agent.commands does), so that a slow or hung
+        NVML holds up only the caller, never the loop."""
+        try:
+            return self._gpus()
+        except HvgpuError as exc:
+            return exc
+
+    def _inventory(self, given):
+        got = self._gpus() if given is None else given
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def gpus(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
         self._check_connect(connect)
-        rooms = {r.gpu.uuid: r for r in self.slices.rooms()}
+        inventory = self._inventory(_inventory)
+        rooms = {r.gpu.uuid: r for r in self.slices.rooms(gpus=inventory)}
         out = []
-        for g in self._gpus():
+        for g in inventory:
             room = rooms.get(g.uuid)
             d = g.as_dict()
             d.update(reserved_mem=room.mem_reserved if room else 0,
@@ -337,11 +353,11 @@ class ControlAPI:
         self._check_connect(connect)
         return self._described(self.slices.list())
 
-    def status(self, connect: str | None = None) -> list[dict]:
+    def status(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
         """Per slice; ``gpu_utilization`` is the whole GPU's (NVML), not the slice's own."""
         self._check_connect(connect)
         try:
-            util = {g.uuid: g.utilization for g in self._gpus()}
+            util = {g.uuid: g.utilization for g in self._inventory(_inventory)}
         except HvgpuError:
             util = {}
         out = []

@@ -54,6 +54,12 @@ def serve(api, path: str, group: str | None = None) -> grpc.Server:
     def make(name):
         def handler(request, context):
             target = api.as_caller(_caller(context)) if hasattr(api, "as_caller") else api
+            if not isinstance(request, dict):
+                return {"ok": False, "code": "bad-request",
+                        "message": f"{name} takes a JSON object of named arguments"}
+            if any(str(k).startswith("_") for k in request):  # the agent's own, never a caller's
+                return {"ok": False, "code": "bad-request",
+                        "message": f"{name} takes no argument starting with '_'"}
             try:
                 return {"ok": True, "result": getattr(target, name)(**request)}
             except HvgpuError as exc:

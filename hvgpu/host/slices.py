@@ -131,10 +131,12 @@ class SliceManager:
         with self._lock:
             return next((s for s in self.list() if s.cid == cid), None)
 
-    def rooms(self, exclude: VgpuKey | None = None) -> list[GpuRoom]:
-        """Each GPU's reservations, leaving out the vGPU keyed ``exclude``."""
+    def rooms(self, exclude: VgpuKey | None = None, gpus: list[Gpu] | None = None
+              ) -> list[GpuRoom]:
+        """Each GPU's reservations, leaving out the vGPU keyed ``exclude``; ``gpus``: the
+        inventory when the caller has read it already."""
         rooms = []
-        for gpu in self._gpus():
+        for gpu in (self._gpus() if gpus is None else gpus):
             mine = [s for s in self._slices.values()
                     if s.gpu_uuid == gpu.uuid and s.key != exclude]
             rooms.append(GpuRoom(gpu, sum(s.mem for s in mine), sum(s.compute for s in mine)))
