@@ -310,7 +310,7 @@ def _wait(predicate, timeout=60.0):
 @pytest.mark.skipif(shutil.which("virt-admin") is None, reason="no virt-admin (libvirt-clients)")
 def test_the_agent_reconnects_when_libvirtd_drops_its_connection_and_reconciles(agent, caplog):
     dom = agent.define(start=False)
-    agent.api.attach(dom.name, "64M", "25%")
+    agent.api.attach(dom.name, "64M", "25%", allow_time_shared=True)
     own = libvirt.open(URI)  # metadata removed behind the agent's back: no event says so
     own.lookupByName(dom.name).setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, None, None,
                                            hypervisor.NAMESPACE,
