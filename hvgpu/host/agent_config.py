@@ -136,10 +136,10 @@ def _literal(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _example_value(param: click.Parameter):
-    default = param.default
-    if callable(default):
-        default = default()
+def _example_value(owner: click.Context, param: click.Parameter):
+    default = param.get_default(owner, call=True)
+    if not isinstance(default, (str, int, float, list, tuple)):
+        default = None  # none, whatever click calls it (newer ones have a sentinel)
     if param.multiple:
         return list(default or ())
     if default is None:
@@ -162,6 +162,6 @@ def example(ctx: click.Context) -> str:
         if isinstance(param.type, click.Choice):
             text += f" One of: {', '.join(param.type.choices)}."
         lines += ["# " + line for line in textwrap.wrap(text, 76)]
-        lines.append(f"# {key} = {_literal(_example_value(param))}")
+        lines.append(f"# {key} = {_literal(_example_value(owner, param))}")
         lines.append("")
     return "\n".join(lines)
