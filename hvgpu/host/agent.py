@@ -40,6 +40,7 @@ from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.executor import lane
 from hvgpu.host.executor import sandbox
 from hvgpu.host import regions as regions_host
+from hvgpu.host import sdnotify
 from hvgpu.host.launch import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.names import SHM_DIR, VgpuKey
@@ -72,6 +73,7 @@ class AgentConfig:
     mps: bool = True  # start/join an MPS control daemon when it is installed
     device: str | None = None  # executor's GpuDevice factory; tests use a double
     log_level: str = "INFO"
+    log_format: str = "text"  # logs.FORMATS, resolved: what executors write to our stderr
     env: dict = field(default_factory=dict)  # extra environment for executors
     connect: str | None = None  # libvirt URI; None: VMs are known by CID or bound socket only
     placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
@@ -247,6 +249,7 @@ class Agent:
 
     def stop(self) -> None:
         """From any thread (or a signal handler): the loop ends and closes everything."""
+        sdnotify.stopping()  # systemd: the stop is ours, not a crash (a no-op elsewhere)
         self._stop.set()
         self._wake()
 

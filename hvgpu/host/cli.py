@@ -30,6 +30,7 @@ from hvgpu.virtio.protocol import DEFAULT_PORT
 MAX_VCPUS = 255  # x2APIC IDs above 254 need an IOMMU with interrupt remapping, which
 #                  the domain domain-xml prints does not have
 TEST_URI = "test:///default"
+DEFAULT_CONFIG = "/etc/hvgpu/agent.toml"  # agent_config.DEFAULT_PATH (no import at start)
 
 
 def _fail(exc: HvgpuError):
@@ -197,6 +198,29 @@ def _local_shm(text: str) -> int:
         raise click.BadParameter(str(exc), param_hint="--local-shm") from None
 
 
+def _config_option(ctx, param, value):
+    """--config (eager): the file's values become the agent's defaults."""
+    from hvgpu.host.agent_config import apply
+
+    if not ctx.resilient_parsing:
+        apply(ctx, value)
+
+
+def _print_config(ctx, param, value):
+    from hvgpu.host.agent_config import example
+
+    if value and not ctx.resilient_parsing:
+        click.echo(example(ctx))
+        ctx.exit()
+
+
+def _ready_status(runner, control: str) -> str:
+    """The line `systemctl status` shows while the agent serves."""
+    listeners = ", ".join(str(listener.address) for listener in runner.router.listeners)
+    slices = len(runner.slices.list()) if runner.slices is not None else 0
+    return f"serving {slices} slices on {listeners or 'no listener'}; control {control}"
+
+
 @cli.command()
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
@@ -237,9 +261,24 @@ def _local_shm(text: str) -> int:
                    "unconfined by uid. Ignored when the agent is not root.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--log-format", default="auto", show_default=True,
+              type=click.Choice(["auto", "text", "journal", "json"], case_sensitive=False),
+              help="Log lines of the agent and its executors: text (with the time), journal "
+                   "(no time of our own, each line's priority as <N> for journald), json (one "
+                   "object a line: time, level, logger, source, message, extra fields); auto: "
+                   "journal when stderr is systemd's journal, else text.")
+@click.option("--config", metavar="PATH", default=None, is_eager=True, expose_value=False,
+              callback=_config_option,
+              help=f"Read options from this TOML file [default: {DEFAULT_CONFIG}, if it "
+                   "exists]; keys are the long option names (vsock-port = 5170), and the "
+                   "command line overrides them. --print-config shows every key.")
+@click.option("--print-config", is_flag=True, is_eager=True, expose_value=False,
+              callback=_print_config,
+              help="Print a commented configuration file with every key and its default; "
+                   "exit.")
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, local_shm, executor_user, log_level):
+          placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -259,12 +298,15 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     from hvgpu.host.control_lane import default_socket, serve
     from hvgpu.host.inventory import read_gpus
 
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s agent %(levelname)s %(message)s")
+    from hvgpu.host import logs, sdnotify
+
+    log_format = logs.setup(log_level, log_format, "agent")
+    systemd = sdnotify.claim()  # taken out of the environment: no child inherits it
     config = AgentConfig(listen=list(listen), vsock_port=None if no_vsock else vsock_port,
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),
                          state_dir=state_dir or default_state_dir(), mps=not no_mps,
-                         log_level=log_level.upper(), connect=ctx.obj["connect"],
+                         log_level=log_level.upper(), log_format=log_format,
+                         connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
                          executor_user=executor_user, run_dir=default_run_dir(),
                          local_shm=_local_shm(local_shm))
@@ -285,6 +327,8 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     logging.getLogger("hvgpu").info("control lane on unix://%s", path)
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: runner.stop())
+    if systemd:
+        sdnotify.ready(_ready_status(runner, path))
     try:
         runner.serve_forever()
     finally:
@@ -574,12 +618,38 @@ def domain_xml_cmd(ctx, name, memory, vcpus, disk, disk_format, cloud_init, netw
         _fail(exc)
 
 
+_UNIT_DIRS = {"state_dir": "/var/lib/hvgpu", "cache_dir": "/var/cache/hvgpu"}  # the unit's own
+
+
+def _unit_dir(ctx, param, value):
+    if value is None:
+        return None
+    if not value.startswith("/") or any(c.isspace() for c in value):
+        raise click.BadParameter(f"{value!r}: an absolute path without spaces (systemd's "
+                                 "ReadWritePaths= takes it)")
+    return os.path.normpath(value)
+
+
 @cli.command(name="systemd-unit")
 @click.option("--guest", is_flag=True, help="The guest's unit instead of the host agent's.")
-@click.option("--state-dir", default="/var/lib/hvgpu", show_default=True)
+@click.option("--config", metavar="PATH", default=None,
+              help=f"The agent reads this configuration file [default: {DEFAULT_CONFIG}].")
+@click.option("--state-dir", default=None, metavar="DIR", callback=_unit_dir,
+              help="Where the agent keeps slices [default: /var/lib/hvgpu, the unit's "
+                   "StateDirectory]; another is made writable (ReadWritePaths=).")
+@click.option("--cache-dir", default=None, metavar="DIR", callback=_unit_dir,
+              help="Where the agent caches compiled modules [default: /var/cache/hvgpu, the "
+                   "unit's CacheDirectory]; another is made writable (ReadWritePaths=).")
 @click.pass_context
-def systemd_unit(ctx, guest, state_dir):
+def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     """Print a systemd unit for the host agent (or, with --guest, for a VM).
+
+    The agent's unit is hardened (README: "Running the agent as a service"
+    says what each line does and costs): root with a few capabilities, a
+    read-only file system but for /var/lib/hvgpu, /run/hvgpu and
+    /var/cache/hvgpu, NVIDIA's device nodes only, Type=notify. Options of
+    the agent go into /etc/hvgpu/agent.toml (hvgpu agent --print-config);
+    -c given here is written into the unit's command line.
 
     \b
     Examples:
@@ -593,9 +663,16 @@ def systemd_unit(ctx, guest, state_dir):
 
     if guest:
         click.echo(guest_unit("/usr/local/bin/hvgpu-guest"), nl=False)
-    else:
-        exe = _shutil.which("hvgpu") or os.path.abspath(sys.argv[0])
-        click.echo(agent_unit(exe, state_dir, ctx.obj["connect"]), nl=False)
+        return
+    exe = _shutil.which("hvgpu") or os.path.abspath(sys.argv[0])
+    args = ["--connect", ctx.obj["connect"]] if ctx.obj["connect_given"] else []
+    agent_args = ["--config", config] if config else []
+    read_write = []
+    for name, value in (("state_dir", state_dir), ("cache_dir", cache_dir)):
+        if value is not None and value != _UNIT_DIRS[name]:
+            agent_args += ["--" + name.replace("_", "-"), value]
+            read_write.append(value)
+    click.echo(agent_unit(exe, args, agent_args, read_write), nl=False)
 
 
 @cli.command()

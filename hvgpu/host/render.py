@@ -77,9 +77,22 @@ def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: st
                   shmem_name=shmem[0] if shmem else None, shmem_mib=shmem[1] if shmem else None)
 
 
-def agent_unit(hvgpu: str, state_dir: str, connect: str) -> str:
-    return render("systemd/hvgpu-agent.service.j2", hvgpu=hvgpu, state_dir=state_dir,
-                  connect=connect)
+def systemd_quote(arg: str) -> str:
+    """One argument of an Exec*= line as systemd reads it: quoted where it has to be,
+    and "%" and "$" doubled (systemd would expand specifiers and variables)."""
+    text = arg.replace("%", "%%").replace("$", "$$")
+    if text and not any(c in text for c in " \t\"'\\;"):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def agent_unit(hvgpu: str, args: list[str] = (), agent_args: list[str] = (),
+               read_write: list[str] = ()) -> str:
+    """The agent's hardened unit running ``hvgpu ARGS agent AGENT_ARGS``; ``read_write``:
+    directories beyond /var/lib/hvgpu, /run/hvgpu and /var/cache/hvgpu that it writes."""
+    exec_start = " ".join(systemd_quote(a) for a in [hvgpu, *args, "agent", *agent_args])
+    return render("systemd/hvgpu-agent.service.j2", exec_start=exec_start,
+                  read_write=[p.replace("%", "%%") for p in read_write])
 
 
 def guest_unit(hvgpu_guest: str) -> str:

@@ -83,7 +83,8 @@ class Supervisor:
         """An executor process inheriting ``fd``, with the agent's common options; ``vm``:
         whose cache directory it gets (None: a host-local one)."""
         config = self.config
-        args = [*args, "--log-level", config.log_level, "--confine", config.confine]
+        args = [*args, "--log-level", config.log_level, "--log-format", config.log_format,
+                "--confine", config.confine]
         cache = self.launcher.cache_for(vm)
         if cache:
             args += ["--cache-dir", cache]

@@ -292,3 +292,19 @@ def test_demo_with_a_vm_libvirt_lacks_is_an_error_before_anything_is_attached():
     assert result.exit_code == 1
     assert "libvirt has no domain 'nosuch'" in result.output
     assert "attach:" not in result.output
+
+
+def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
+    plain = CliRunner().invoke(cli, ["systemd-unit"])
+    assert plain.exit_code == 0 and " agent\n" in plain.output  # options: agent.toml's
+    assert "\nReadWritePaths=" not in plain.output
+    result = CliRunner().invoke(cli, ["-c", "qemu:///session", "systemd-unit", "--state-dir",
+                                      "/srv/hvgpu/", "--cache-dir", "/var/cache/hvgpu",
+                                      "--config", "/srv/agent.toml"])
+    assert result.exit_code == 0, result.output
+    assert (" --connect qemu:///session agent --config /srv/agent.toml --state-dir /srv/hvgpu\n"
+            in result.output)
+    assert "ReadWritePaths=/srv/hvgpu\n" in result.output
+    assert "ReadWritePaths=/var/cache/hvgpu" not in result.output  # CacheDirectory's own
+    bad = CliRunner().invoke(cli, ["systemd-unit", "--state-dir", "srv"])
+    assert bad.exit_code == 2 and "an absolute path" in bad.output

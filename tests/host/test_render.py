@@ -117,7 +117,59 @@ def test_values_are_escaped_and_missing_values_are_errors():
         render.render("libvirt/domain.xml.j2", name="x")
 
 
-def test_systemd_units():
-    check_golden("hvgpu-agent.service", render.agent_unit("/usr/local/bin/hvgpu",
-                                                          "/var/lib/hvgpu", "qemu:///system"))
-    check_golden("hvgpu-guest-check.service", render.guest_unit("/usr/local/bin/hvgpu-guest"))
+ANALYZE = shutil.which("systemd-analyze")
+
+
+def verify_unit(tmp_path, name: str, text: str) -> None:
+    """``systemd-analyze verify``: every line is one systemd knows, with a value it takes.
+    The executables it names must exist, so they are pointed at /bin/true."""
+    if ANALYZE is None:
+        pytest.skip("systemd-analyze is not installed (systemd)")
+    unit = tmp_path / name
+    unit.write_text(text.replace("/usr/local/bin/hvgpu-guest", "/bin/true")
+                    .replace("/usr/local/bin/hvgpu", "/bin/true"))
+    out = subprocess.run([ANALYZE, "verify", "--man=no", str(unit)], capture_output=True,
+                         text=True, env=dict(os.environ, SYSTEMD_LOG_LEVEL="warning"))
+    # Only what concerns this unit: the host's other units may have their own complaints.
+    mine = [line for line in (out.stderr + out.stdout).splitlines() if name in line]
+    assert out.returncode == 0 and not mine, out.stderr + out.stdout
+
+
+def test_systemd_units(tmp_path):
+    agent = render.agent_unit("/usr/local/bin/hvgpu")
+    check_golden("hvgpu-agent.service", agent)
+    verify_unit(tmp_path, "hvgpu-agent.service", agent)
+    guest = render.guest_unit("/usr/local/bin/hvgpu-guest")
+    check_golden("hvgpu-guest-check.service", guest)
+    verify_unit(tmp_path, "hvgpu-guest-check.service", guest)
+
+
+def test_the_agent_unit_is_hardened():
+    unit = render.agent_unit("/usr/local/bin/hvgpu")
+    lines = {line.split("=", 1)[0]: line.split("=", 1)[1]
+             for line in unit.splitlines() if "=" in line and not line.startswith("#")}
+    assert lines["Type"] == "notify"
+    for key, value in (("ProtectSystem", "strict"), ("ProtectHome", "yes"),
+                       ("PrivateTmp", "yes"), ("NoNewPrivileges", "yes"),
+                       ("DevicePolicy", "closed"), ("StateDirectory", "hvgpu"),
+                       ("RuntimeDirectory", "hvgpu"), ("CacheDirectory", "hvgpu")):
+        assert lines[key] == value, key
+    caps = set(lines["CapabilityBoundingSet"].split())
+    # what starting executors as another user needs, and nothing that rules the host
+    assert {"CAP_SETUID", "CAP_SETGID", "CAP_KILL"} <= caps
+    assert not caps & {"CAP_SYS_ADMIN", "CAP_NET_ADMIN", "CAP_SYS_MODULE", "CAP_SYS_PTRACE"}
+    # every capability granted says why, in the unit itself
+    for cap in caps:
+        assert f"#  {cap}" in unit or f" {cap} " in unit.split("CapabilityBoundingSet")[0], cap
+    # executors' own confinement: Landlock, or a mount namespace in a user namespace
+    assert set(lines["RestrictNamespaces"].split()) == {"user", "mnt"}
+    assert "MemoryDenyWriteExecute" not in lines and "RestrictSUIDSGID" not in lines
+
+
+def test_the_agent_unit_quotes_its_command_line_for_systemd():
+    unit = render.agent_unit("/opt/hvgpu bin/hvgpu", ["--connect", "qemu+ssh://h/system"],
+                             ["--config", "/etc/50%.toml", "--state-dir", "/srv/hvgpu"],
+                             ["/srv/hvgpu"])
+    assert ('ExecStart="/opt/hvgpu bin/hvgpu" --connect qemu+ssh://h/system agent '
+            "--config /etc/50%%.toml --state-dir /srv/hvgpu\n") in unit
+    assert "ReadWritePaths=/srv/hvgpu\n" in unit

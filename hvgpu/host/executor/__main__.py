@@ -27,6 +27,7 @@ import sys
 import threading
 
 from hvgpu.errors import CudaError
+from hvgpu.host import logs
 from hvgpu.host.executor import lane, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
@@ -204,6 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--device", default=DEFAULT_DEVICE)
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-format", default="text", choices=logs.FORMATS,
+                    help="the agent's (its stderr is the agent's)")
     ap.add_argument("--lifeline", type=int, help="read end of the agent's lifeline pipe")
     ap.add_argument("--confine", default="auto", choices=sandbox.MODES)
     ap.add_argument("--allow-read", action="append", default=[], metavar="PATH")
@@ -211,8 +214,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
     who = f"slice {name}" if args.control_fd is not None else args.peer
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s executor[{who}] %(levelname)s %(message)s")
+    logs.setup(args.log_level, args.log_format, f"executor[{who}]")
     # Confined before any guest input is read: first while this process has one
     # thread, then, narrower, once the driver has loaded what it needs.
     sandbox.private_dirs(args.cache_dir)

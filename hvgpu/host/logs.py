@@ -1,0 +1,109 @@
+"""How the agent and its executors write their log lines: text, journal or JSON.
+
+* ``text`` (a terminal): ``TIME SOURCE LEVEL message``, as before.
+* ``journal`` (under systemd, whose journal adds the time itself): no time of
+  our own, and each line starts with the sd-daemon priority prefix ``<N>``
+  (journald takes it for the entry's priority, so ``journalctl -p warning``
+  and colours work; a traceback keeps its priority on every line).
+* ``json`` (log collectors): one object per line with ``time`` (UTC, ISO 8601),
+  ``level``, ``logger``, ``source`` (agent or which executor), ``message``, the
+  record's extra fields where present, and ``exception`` for a traceback.
+
+``auto`` is ``journal`` when stderr is the stream systemd's ``$JOURNAL_STREAM``
+names, else ``text``. The agent resolves it once and passes the concrete
+format to its executors (they write to the agent's stderr). Must not decide
+what is logged or at which level.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+FORMATS = ("auto", "text", "journal", "json")
+# sd-daemon(3) priorities: syslog's numbers
+PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
+            logging.CRITICAL: 2}
+_RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", "taskName"}
+
+
+def under_journal(stream=None, environ=None) -> bool:
+    """True when ``stream`` (stderr) is connected to the journal: systemd sets
+    ``JOURNAL_STREAM=DEV:INODE`` of the stream it gave the service, which a child
+    whose stderr was redirected no longer matches."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("JOURNAL_STREAM", "")
+    stream = sys.stderr if stream is None else stream
+    try:
+        dev, ino = (int(part) for part in value.split(":"))
+        st = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
+
+
+def resolve(fmt: str, stream=None, environ=None) -> str:
+    fmt = fmt.lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: one of {', '.join(FORMATS)}")
+    if fmt == "auto":
+        return "journal" if under_journal(stream, environ) else "text"
+    return fmt
+
+
+def priority(levelno: int) -> int:
+    for level in sorted(PRIORITY, reverse=True):
+        if levelno >= level:
+            return PRIORITY[level]
+    return 7
+
+
+class Formatter(logging.Formatter):
+    """One of FORMATS' lines for records of ``source`` (``agent``, ``executor[...]``)."""
+
+    def __init__(self, fmt: str, source: str):
+        super().__init__()
+        self.fmt = resolve(fmt)
+        self.source = source
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
+        if self.fmt == "json":
+            return self._json(record, message)
+        text = f"{self.source} {record.levelname} {message}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            text += "\n" + self.formatStack(record.stack_info)
+        if self.fmt == "journal":
+            prefix = f"<{priority(record.levelno)}>"
+            return "\n".join(prefix + line for line in text.split("\n"))
+        return f"{self.formatTime(record)} {text}"
+
+    def _json(self, record: logging.LogRecord, message: str) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        obj = {"time": f"{stamp}.{int(record.msecs):03d}Z", "level": record.levelname,
+               "logger": record.name, "source": self.source, "message": message}
+        for key, value in vars(record).items():
+            if key not in _RECORD_FIELDS and not key.startswith("_") and key not in obj:
+                obj[key] = value
+        if record.exc_info:
+            obj["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            obj["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(obj, default=str, ensure_ascii=False)
+
+
+def setup(level: str, fmt: str, source: str, stream=None) -> str:
+    """Log to ``stream`` (stderr) in ``fmt`` at ``level``, unless logging is set up
+    already (a test harness); returns the concrete format."""
+    stream = sys.stderr if stream is None else stream
+    concrete = resolve(fmt, stream)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(Formatter(concrete, source))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
+    return concrete
