@@ -197,6 +197,18 @@ def _local_shm(text: str) -> int:
         raise click.BadParameter(str(exc), param_hint="--local-shm") from None
 
 
+def _metrics_address(ctx, param, value):
+    if value is None:
+        return None
+    from hvgpu.host.metrics import parse_address
+
+    try:
+        parse_address(value)
+    except HvgpuError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @cli.command()
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
@@ -237,9 +249,13 @@ def _local_shm(text: str) -> int:
                    "unconfined by uid. Ignored when the agent is not root.")
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.option("--metrics", default=None, metavar="HOST:PORT", callback=_metrics_address,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics, for example "
+                   "127.0.0.1:9464 [default: off]. 0.0.0.0 shows every VM's name and "
+                   "usage to anyone who can reach the port.")
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, local_shm, executor_user, log_level):
+          placement, max_connections_per_vm, local_shm, executor_user, log_level, metrics):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -267,7 +283,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          log_level=log_level.upper(), connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
                          executor_user=executor_user, run_dir=default_run_dir(),
-                         local_shm=_local_shm(local_shm))
+                         local_shm=_local_shm(local_shm), metrics=metrics)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
