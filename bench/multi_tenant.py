@@ -7,8 +7,12 @@ Every tenant is a separate guest process connected to its own VM's slice
 sockets) and runs the same compute-bound kernel, then a copy-heavy loop, for
 a fixed time, all tenants at once. Reported per tenant: throughput relative to
 one tenant running alone on a 100% slice, against its --compute share; and
-the tenants' aggregate against one native CuPy process. Writes
-multi_tenant.json, multi_tenant.png and multi_tenant.md.
+the tenants' aggregate against one native CuPy process. While tenants run,
+each slice's GPU utilisation is recorded over time from the agent's usage
+snapshot (what `hvgpu agent --metrics` serves; NVML's per-process figures of
+each slice's executor), so this needs no prometheus-client. Writes
+multi_tenant.json, multi_tenant.png, multi_tenant_util.png (matplotlib, when
+importable) and multi_tenant.md.
 """
 
 from __future__ import annotations
@@ -36,6 +40,38 @@ ITERS = 2_000_000  # about 10 ms a launch on a whole H200: launch overhead is no
 COPY_BYTES = int(os.environ.get("HVGPU_BENCH_COPY_BYTES", 64 << 20))
 SCENARIOS = [("alone", [100]), ("50/50", [50, 50]), ("75/25", [75, 25]),
              ("4x25", [25, 25, 25, 25])]
+UTIL_EVERY = 0.5  # seconds between readings of the agent's usage snapshot
+
+
+class UtilRecorder:
+    """Reads the agent's latest usage snapshot every UTIL_EVERY seconds, in a thread:
+    each slice's utilisation (None where the driver gives no per-process figure) and
+    each GPU's, labelled with the scenario running."""
+
+    def __init__(self, agent):
+        self.agent, self.scenario, self.samples = agent, None, []
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self):
+        while not self._stop.wait(UTIL_EVERY):
+            snap = self.agent.snapshot
+            self.samples.append({
+                "t": round(time.monotonic() - self.t0, 3), "scenario": self.scenario,
+                "slices": {f"{v.vm}#{v.device}" if v.device else v.vm: v.util
+                           for v in snap.vgpus},
+                "compute": {f"{v.vm}#{v.device}" if v.device else v.vm: v.compute
+                            for v in snap.vgpus},
+                "gpus": {str(g.index): g.utilization for g in snap.gpus}})
 
 
 def tenant_main(address: str | None, seconds: float, blocks: int) -> None:
@@ -142,7 +178,8 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
     vms = [f"t{i}" for i in range(4)]
     agent = Agent(AgentConfig(listen=[f"unix://{tmp}/{vm}.sock={vm}" for vm in vms],
                               vsock_port=None, cache_dir=str(tmp / "cache"),
-                              state_dir=str(tmp / "state"), mps=True, log_level="WARNING"),
+                              state_dir=str(tmp / "state"), mps=True, log_level="WARNING",
+                              sample_seconds=1.0),
                   gpus=read_gpus)
     agent.start()
     threading.Thread(target=agent.serve_forever, daemon=True).start()
@@ -152,6 +189,7 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
                  "seconds": seconds, "mps": agent.mps.running, "mps_reason": agent.mps.reason,
                  "gpu": read_gpus()[0].name, "gpus": len(read_gpus()),
                  "placement": placement or "best-fit", "scenarios": {}}
+    recorder = UtilRecorder(agent).start()
     try:
         native = run_tenants([None], seconds)[0]
         doc["native"] = native
@@ -161,10 +199,13 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
         for name, shares in SCENARIOS:
             placed = [api.attach(vm, slice_mem, f"{share}%", placement=placement)["gpu_index"]
                       for vm, share in zip(vms, shares)]
+            recorder.scenario = name
             try:
                 results = run_tenants([f"unix://{tmp}/{vm}.sock" for vm in vms[:len(shares)]],
                                       seconds, native["blocks"])
             finally:
+                time.sleep(2)  # the last utilisation readings of this scenario
+                recorder.scenario = None
                 for vm in vms[:len(shares)]:
                     api.detach(vm)
                 time.sleep(0.5)  # executors end with their slices
@@ -187,11 +228,15 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
                 f"{t['share']}% -> {100 * t['relative_to_alone']:.1f}%" for t in tenants)
                 + f"; aggregate {agg / native['kernels_per_s']:.2f} of native", flush=True)
     finally:
+        recorder.stop()
         agent.stop()
+    doc["utilization"] = {"every": UTIL_EVERY, "samples": recorder.samples,
+                          "mean": mean_util(recorder.samples)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "multi_tenant.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "multi_tenant.md").write_text(table(doc))
     plot(doc, out / "multi_tenant.png")
+    plot_util(doc, out / "multi_tenant_util.png")
     print(table(doc))
     return doc
 
@@ -238,6 +283,64 @@ def plot(doc: dict, path: Path) -> None:
     ax.set_title(f"tenants sharing one {doc['gpu']} through hvgpu slices")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def mean_util(samples: list[dict]) -> dict:
+    """{scenario: {slice: mean utilisation while it ran, or None: no figure}}."""
+    sums: dict = {}
+    for s in samples:
+        if s["scenario"] is None:
+            continue
+        for name, util in s["slices"].items():
+            if util is not None:
+                entry = sums.setdefault(s["scenario"], {}).setdefault(name, [0, 0])
+                entry[0] += util
+                entry[1] += 1
+    return {sc: {name: round(total / n, 1) for name, (total, n) in d.items()}
+            for sc, d in sums.items()}
+
+
+def plot_util(doc: dict, path: Path) -> bool:
+    """Each slice's GPU utilisation over time (solid), the GPU's (dashed grey), the
+    scenarios shaded; False (and why, printed) where it cannot be drawn."""
+    samples = doc.get("utilization", {}).get("samples", [])
+    if not any(u is not None for s in samples for u in s["slices"].values()):
+        print("no per-slice utilisation plot: the driver gave no per-process utilisation "
+              "for the executors (the GPU's is in multi_tenant.json)", flush=True)
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no utilisation plot: matplotlib is not installed", flush=True)
+        return False
+    fig, ax = plt.subplots(figsize=(9, 4))
+    names = sorted({n for s in samples for n in s["slices"]})
+    for name in names:
+        ts = [s["t"] for s in samples]
+        ys = [s["slices"].get(name) for s in samples]
+        ax.plot(ts, [float("nan") if y is None else y for y in ys], label=f"slice {name}")
+    for gpu in sorted({g for s in samples for g in s["gpus"]}):
+        ys = [s["gpus"].get(gpu) for s in samples]
+        ax.plot([s["t"] for s in samples], [float("nan") if y is None else y for y in ys],
+                "--", color="grey", linewidth=1, label=f"GPU {gpu}")
+    start = None
+    for i, s in enumerate(samples + [{"scenario": None, "t": None}]):
+        prev = samples[i - 1]["scenario"] if i else None
+        if s["scenario"] != prev:
+            if prev is not None:
+                end = samples[i - 1]["t"]
+                ax.axvspan(start, end, color="#eeeeee", zorder=0)
+                ax.text((start + end) / 2, 103, prev, ha="center", fontsize=8)
+            start = s["t"]
+    ax.set_ylim(0, 110)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("SM utilisation % (NVML, per process)")
+    ax.set_title(f"each slice's utilisation while tenants share one {doc['gpu']}")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return True
 
 
 def main() -> int:

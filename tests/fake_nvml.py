@@ -1,7 +1,9 @@
 """Recorded NVML answers, for tests of the inventory without a driver.
 
 A pynvml-compatible module object built from data; values of the H200 are as
-the GPU machine reported them (143771 MiB, driver 580).
+the GPU machine reported them (143771 MiB, driver 580). A GPU's "processes"
+(pid -> SM utilisation in percent, or None: listed on the GPU with no sample)
+answer the per-process calls; the test changes it as it goes.
 """
 
 from types import SimpleNamespace
@@ -11,7 +13,12 @@ H200 = {"name": "NVIDIA H200", "total": 150109880320, "used": 552402944, "util":
 
 
 class NVMLError(Exception):
-    pass
+    def __init__(self, message="", value=999):
+        super().__init__(message)
+        self.value = value  # nvmlReturn_t, as pynvml's NVMLError has it
+
+
+NVML_ERROR_NOT_FOUND = 6
 
 
 class FakeNvml:
@@ -53,6 +60,20 @@ class FakeNvml:
 
     def nvmlDeviceGetComputeMode(self, h):
         return h["compute_mode"]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [SimpleNamespace(pid=pid, usedGpuMemory=0) for pid in h.get("processes") or {}]
+
+    def nvmlDeviceGetProcessUtilization(self, h, since):
+        if h.get("processes") is None:
+            raise NVMLError("Not Supported", 3)
+        self.clock = getattr(self, "clock", 0) + 1
+        samples = [SimpleNamespace(pid=pid, smUtil=util, memUtil=0, encUtil=0, decUtil=0,
+                                   timeStamp=self.clock)
+                   for pid, util in h["processes"].items() if util is not None]
+        if not samples:
+            raise NVMLError("Not Found", NVML_ERROR_NOT_FOUND)
+        return samples
 
 
 def gpu(uuid, total_gib, used_gib=0, **kw):

@@ -14,7 +14,10 @@ identity: a vsock CID, a listener bound to ``ADDR=VM``) and hands each
 connection, socket and all, to its vGPU's executor (supervisor.py starts
 them: one MPS client per vGPU with the slice's limits), and answers the
 executors' messages on the executor lane (executor/lane.py's table; a bad
-message ends that executor, never the agent). It never reads guest traffic,
+message ends that executor, never the agent). About once a second it
+publishes an immutable snapshot of what every vGPU uses (usage.py), which the
+metrics server (metrics.py, with --metrics) and benchmarks read from their own
+threads; a sampler thread reads NVML utilisation off the loop and posts it. It never reads guest traffic,
 except the first frame of a refused peer, so one guest's copy or crash cannot
 stall another; a process's exit frees everything it held on the GPU.
 
@@ -49,6 +52,7 @@ from hvgpu.host.router import Router, split_binding  # noqa: F401  (split_bindin
 from hvgpu.host.slices import SliceManager
 from hvgpu.host.state import StateStore, lock_state_dir
 from hvgpu.host.supervisor import Supervisor
+from hvgpu.host import usage
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import Listener, receive_message, send_message
 
@@ -91,6 +95,8 @@ class AgentConfig:
     # and page-lock; a VM's limit is its slice's (hvgpu attach --shm).
     local_shm: int = 1 << 30
     shm_dir: str = SHM_DIR  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
+    metrics: str | None = None  # HOST:PORT to serve Prometheus metrics on; None: none
+    sample_seconds: float = usage.SAMPLE_EVERY  # between NVML utilisation readings
 
 
 @dataclass(eq=False)
@@ -124,7 +130,9 @@ class AgentBusy(HvgpuError):
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, gpus: Callable | None = None):
+    def __init__(self, config: AgentConfig, gpus: Callable | None = None, nvml=None):
+        """``gpus``: the inventory (inventory.read_gpus; tests: a double); ``nvml``: a
+        pynvml-like module for the utilisation sampler (tests: a double; None: pynvml)."""
         self.config = config
         self._selector = selectors.DefaultSelector()
         self.router = Router(self._selector)
@@ -163,6 +171,13 @@ class Agent:
         self._stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)  # a full pipe already means "wake up"
+        # What other threads read (usage.Snapshot, immutable; replaced, never changed)
+        self.snapshot: usage.Snapshot = usage.EMPTY
+        self._published = 0.0
+        self._gpu_readings: tuple = ()  # the sampler's latest inventory.Gpu readings
+        self.sampler = usage.Sampler(lambda: self.snapshot, self.post, nvml=nvml,
+                                     fallback=gpus, every=config.sample_seconds)
+        self.metrics = None  # metrics.MetricsServer with --metrics
 
     @property
     def bindings(self) -> dict[Listener, VgpuKey]:
@@ -199,6 +214,13 @@ class Agent:
                      self.slices.store.path)
             if self.config.connect:
                 self._open_libvirt(self.config.connect)
+        self._publish()
+        if self.config.metrics:
+            from hvgpu.host.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self.config.metrics, lambda: self.snapshot)
+        if self.slices is not None or self.metrics is not None:
+            self.sampler.start()
 
     def _open_libvirt(self, uri: str) -> None:
         from hvgpu.host.hypervisor import Hypervisor, start_event_loop
@@ -244,6 +266,8 @@ class Agent:
                 self._reconnect_libvirt()
                 self.router.expire_refusals()
                 self.supervisor.reap()
+                if time.monotonic() - self._published >= usage.PUBLISH_EVERY:
+                    self._publish()
         finally:
             self._shutdown()
 
@@ -314,6 +338,8 @@ class Agent:
                     self._execute(item)
                 elif isinstance(item, LibvirtLost):
                     self._on_libvirt_lost(item)
+                elif isinstance(item, usage.Sampled):
+                    self._on_sampled(item)
                 else:
                     self._on_vm_event(item)
             except Exception:  # a bug: logged, and the loop goes on serving every VM
@@ -405,6 +431,19 @@ class Agent:
                          "slice's executors", vm)
                 self.release_vm(vm)
         log.info("libvirt at %s: connected again", self.vms.hv.uri)
+
+    # -- usage: what other threads may read -----------------------------------------
+
+    def _publish(self) -> None:
+        self.snapshot = usage.snapshot(self.registry, self._gpu_readings)
+        self._published = time.monotonic()
+
+    def _on_sampled(self, sampled: usage.Sampled) -> None:
+        self._gpu_readings = sampled.gpus
+        for (vm, device), util in sampled.util.items():
+            record = self.registry.get(VgpuKey(vm, device))
+            if record is not None:
+                record.util = util
 
     # -- guests ------------------------------------------------------------------------
 
@@ -539,7 +578,10 @@ class Agent:
                 return {"ok": False, "status": exc.status,
                         "message": exc.detail[:lane.REPLY_MESSAGE_MAX]}
         if message is lane.USAGE:
-            return {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+            reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
+            if record is not None and record.util is not None:
+                reply["util"] = record.util
+            return reply
         if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
             return {"count": len(self.registry.keys_of(ex.key.vm))}
         if message is lane.REGION:
@@ -548,6 +590,9 @@ class Agent:
         if message is lane.RELEASE:
             if ledger is not None:
                 ledger.release(ex, msg["n"])
+        elif message is lane.STATS:
+            if record is not None:
+                usage.take_stats(record, ex, msg)
         elif message is lane.CLOSED:
             ex.connections = max(0, ex.connections - 1)
             log.info("%s disconnected from slice %s", msg["peer"], ex.key)
@@ -671,6 +716,10 @@ class Agent:
             if isinstance(item, Command) and item.future.set_running_or_notify_cancel():
                 item.future.set_exception(AgentStopped("the agent stopped before running "
                                                        f"{item.name}; nothing was changed"))
+        self.sampler.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
         self.router.close()
         self.supervisor.shutdown(self.registry.executors())
         for record in self.registry.records.values():

@@ -136,7 +136,13 @@ def _literal(value) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+# Options off by default whose placeholder would not load: what the example shows.
+EXAMPLES = {"metrics": "127.0.0.1:9464"}
+
+
 def _example_value(owner: click.Context, param: click.Parameter):
+    if param.name in EXAMPLES:
+        return EXAMPLES[param.name]
     default = param.get_default(owner, call=True)
     if not isinstance(default, (str, int, float, list, tuple)):
         default = None  # none, whatever click calls it (newer ones have a sentinel)

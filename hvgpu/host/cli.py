@@ -221,6 +221,18 @@ def _ready_status(runner, control: str) -> str:
     return f"serving {slices} slices on {listeners or 'no listener'}; control {control}"
 
 
+def _metrics_address(ctx, param, value):
+    if value is None:
+        return None
+    from hvgpu.host.metrics import parse_address
+
+    try:
+        parse_address(value)
+    except HvgpuError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return value
+
+
 @cli.command()
 @click.option("--listen", "listen", multiple=True, metavar="ADDR[=VM]",
               help="Also listen on ADDR (repeatable): unix:///path, "
@@ -267,6 +279,10 @@ def _ready_status(runner, control: str) -> str:
                    "(no time of our own, each line's priority as <N> for journald), json (one "
                    "object a line: time, level, logger, source, message, extra fields); auto: "
                    "journal when stderr is systemd's journal, else text.")
+@click.option("--metrics", default=None, metavar="HOST:PORT", callback=_metrics_address,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics, for example "
+                   "127.0.0.1:9464 [default: off]. 0.0.0.0 shows every VM's name and "
+                   "usage to anyone who can reach the port.")
 @click.option("--config", metavar="PATH", default=None, is_eager=True, expose_value=False,
               callback=_config_option,
               help=f"Read options from this TOML file [default: {DEFAULT_CONFIG}, if it "
@@ -278,7 +294,8 @@ def _ready_status(runner, control: str) -> str:
                    "exit.")
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format):
+          placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format,
+          metrics):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -309,7 +326,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
                          executor_user=executor_user, run_dir=default_run_dir(),
-                         local_shm=_local_shm(local_shm))
+                         local_shm=_local_shm(local_shm), metrics=metrics)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()

@@ -52,6 +52,7 @@ class SliceExecutor:
     started: float = field(default_factory=time.monotonic)
     gone: float | None = None  # when its channel ended
     record: object = field(default=None, repr=False)  # the VgpuRecord it was started for
+    reported: dict = field(default_factory=dict)  # its last STATS (usage.take_stats)
 
 
 @dataclass(eq=False)
@@ -61,6 +62,11 @@ class VgpuRecord:
     current: SliceExecutor | None = None
     retiring: list[SliceExecutor] = field(default_factory=list)
     generations: int = 0  # executors started for it so far
+    # What its executors did, added up over all of them (usage.take_stats): counters
+    # by name, and failed calls by status name
+    counters: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+    util: int | None = None  # GPU utilisation of its executors, as NVML last said
 
     @property
     def key(self) -> VgpuKey:

@@ -31,7 +31,7 @@ from hvgpu.host import logs
 from hvgpu.host.executor import lane, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
-from hvgpu.host.executor.control import AgentLink, RemoteQuota
+from hvgpu.host.executor.control import AgentLink, RemoteQuota, Stats
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.session import Session
 from hvgpu.host.executor.staging import StagingPool
@@ -82,6 +82,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
     shared = regions.Shared(shm, link.region, vgpu)
     staging = StagingPool(device) if device is not None else None
     heartbeat = Heartbeat()
+    stats = Stats(link)
     sessions: dict[str, tuple[Session, threading.Thread]] = {}
     lock = threading.Lock()
     retiring = threading.Event()
@@ -90,6 +91,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
         try:
             session.serve()  # ends closed, whatever happened
         finally:
+            stats.ended(session)
             with lock:
                 sessions.pop(key, None)
                 idle = not sessions
@@ -112,6 +114,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
                               on_poisoned=poison, shared=shared)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
+            stats.add(session)
             with lock:
                 sessions[key] = (session, thread)
             thread.start()
@@ -121,6 +124,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 sessions.pop(key, None)
             if session is not None:
                 session.close()
+                stats.ended(session)
             else:
                 sock.close()
             try:
@@ -185,6 +189,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             pass
     for _, thread in live:
         thread.join(timeout=10)
+    stats.close()  # after its guests' sessions ended: their last counts go too
     if staging is not None:
         staging.close()
     if device is not None:

@@ -1,9 +1,10 @@
 """The executor's end of the executor lane (hvgpu.host.executor.lane).
 
 A slice's executor receives guest connections and orders (retire) from the
-agent, and asks the agent to reserve and release memory in the slice's quota
-ledger. Every message is encoded and checked by the lane's table. Must not
-serve guests itself (sessions do).
+agent, asks the agent to reserve and release memory in the slice's quota
+ledger, and reports what its guests did (STATS: the agent's metrics). Every
+message is encoded and checked by the lane's table. Must not serve guests
+itself (sessions do), and never makes a session's thread wait for a report.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from hvgpu.virtio.transport import receive_message, send_message
 log = logging.getLogger("hvgpu.executor")
 
 REPLY_TIMEOUT = 30.0  # the agent answers at once; longer means it is gone or stuck
+STATS_EVERY = 2.0  # seconds between reports while the counts change
+_COUNTERS = ("launches", "round_trips", "to_gpu", "from_gpu")
 
 
 class AgentLink:
@@ -110,6 +113,94 @@ class RemoteQuota:
             raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
         return reply["used"], reply["limit"]
 
+    def utilization(self) -> int | None:
+        """The vGPU's GPU utilisation in percent (0..100) as the agent last read it from
+        NVML for this vGPU's executors; None where the driver gives no such figure."""
+        return self.link.request(lane.USAGE).get("util")
+
     def vgpus(self) -> int:
         """How many vGPUs the slice's VM has now."""
         return self.link.request(lane.VGPUS).get("count", 1)
+
+
+class Stats:
+    """Totals of this executor's guests since it started (sessions that ended, plus
+    those still serving), sent to the agent by a thread of their own every
+    :data:`STATS_EVERY` seconds while they change, and once more at exit. The agent
+    adds up what each executor reports, so its counters outlive any executor."""
+
+    def __init__(self, link: AgentLink, every: float = STATS_EVERY):
+        self.link, self.every = link, every
+        self._lock = threading.Lock()  # the sessions' set and what ended
+        self._send_lock = threading.Lock()  # one report at a time, in order
+        self._live: set = set()
+        self._ended = dict.fromkeys(_COUNTERS, 0)
+        self._ended_errors: dict[int, int] = {}
+        self._sent: dict | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, session) -> None:
+        with self._lock:
+            self._live.add(session)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="hvgpu-stats",
+                                                daemon=True)
+                self._thread.start()
+
+    def ended(self, session) -> None:
+        """The session closed: its final counts join the totals."""
+        counts = session.stats()
+        with self._lock:
+            if session not in self._live:
+                return
+            self._live.discard(session)
+            _add(self._ended, self._ended_errors, counts)
+
+    def totals(self) -> dict:
+        with self._lock:
+            live = list(self._live)
+            totals, errors = dict(self._ended), dict(self._ended_errors)
+        for session in live:
+            _add(totals, errors, session.stats())
+        return {**{k: min(v, lane.MAX_COUNT) for k, v in totals.items()},
+                "errors": _commonest(errors)}
+
+    def send(self) -> None:
+        """A report, if anything changed since the last one."""
+        with self._send_lock:
+            totals = self.totals()
+            if totals == self._sent:
+                return
+            try:
+                self.link.send(lane.STATS, **totals)
+            except OSError:  # the agent is gone or going: nobody to tell
+                return
+            self._sent = totals
+
+    def close(self) -> None:
+        """The last report (the executor is ending)."""
+        self._stop.set()
+        self.send()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.send()
+            except Exception:  # a report lost is a metric late, never a guest's failure
+                log.debug("reporting stats failed", exc_info=True)
+
+
+def _add(totals: dict, errors: dict, counts: dict) -> None:
+    for k in _COUNTERS:
+        totals[k] += counts[k]
+    for status, n in counts["errors"].items():
+        errors[status] = errors.get(status, 0) + n
+
+
+def _commonest(errors: dict[int, int]) -> dict[str, int]:
+    """Counts by status as the lane carries them: statuses it can name, the commonest
+    if there are more than a report holds."""
+    named = [(n, s) for s, n in errors.items() if 0 < s <= lane.MAX_STATUS and n > 0]
+    named.sort(reverse=True)
+    return {str(s): min(n, lane.MAX_COUNT) for n, s in named[:lane.STATS_STATUSES_MAX]}

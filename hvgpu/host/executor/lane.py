@@ -27,6 +27,9 @@ MAX_DATAGRAM = 8192  # every message is far smaller; a larger one is a broken pe
 MAX_BYTES = 1 << 50  # no GPU has a PiB: a larger size is a broken peer
 MAX_ID = (1 << 53) - 1  # exact in every JSON reader
 REPLY_MESSAGE_MAX = 2048
+MAX_COUNT = (1 << 53) - 1  # a counter beyond this is a broken peer (and inexact in JSON)
+MAX_STATUS = (1 << 31) - 1
+STATS_STATUSES_MAX = 64  # distinct statuses one STATS names; an executor keeps the commonest
 
 TO_AGENT = "executor->agent"
 TO_EXECUTOR = "agent->executor"
@@ -41,10 +44,10 @@ class LaneError(HvgpuError):
 @dataclass(frozen=True)
 class Field:
     name: str
-    type: type  # int, str or bool
+    type: type  # int, str, bool, or dict: counts by status ({"700": 3}, keys in lo..hi)
     lo: int = 0  # ints: the bounds, inclusive
     hi: int = MAX_BYTES
-    size: int = 256  # strs: the most characters
+    size: int = 256  # strs: the most characters; dicts: the most entries
     optional: bool = False
 
 
@@ -73,6 +76,9 @@ REPLY = Message("reply", TO_EXECUTOR, (
     Field("used", int, 0, MAX_BYTES, optional=True),
     Field("limit", int, 0, MAX_BYTES, optional=True),
     Field("count", int, 0, MAX_VGPUS, optional=True),
+    # USAGE: the vGPU's GPU utilisation in percent, as NVML last gave it for its
+    # executors' processes; absent where the driver gives no such figure.
+    Field("util", int, 0, 100, optional=True),
 ), doc="the answer to the request with the same id")
 RESERVE = Message("reserve", TO_AGENT, (_ID, _SIZE),
                   doc="take n bytes from the slice's quota; replied ok, or status+message")
@@ -83,6 +89,16 @@ CLOSED = Message("closed", TO_AGENT, (_PEER,), doc="a guest connection ended")
 POISONED = Message("poisoned", TO_AGENT, (Field("status", int, 1, (1 << 31) - 1),),
                    doc="a kernel fault poisoned this process's CUDA: retire it now")
 
+STATS = Message("stats", TO_AGENT, (
+    Field("launches", int, 0, MAX_COUNT),
+    Field("round_trips", int, 0, MAX_COUNT),
+    Field("to_gpu", int, 0, MAX_COUNT),
+    Field("from_gpu", int, 0, MAX_COUNT),
+    Field("errors", dict, 1, MAX_STATUS, size=STATS_STATUSES_MAX),
+), doc="what this executor's guests did since it started: kernel launches, frames that "
+       "waited for a reply, bytes copied each way, failed calls by CUDA status; totals, "
+       "sent every few seconds while they change and at exit")
+
 REGION = Message("region", TO_AGENT, (_ID,),
                  doc="open the VM's shared-memory device region; answered by REGION_FD, or "
                      "by a REPLY with status+message")
@@ -90,7 +106,8 @@ REGION_FD = Message("region_fd", TO_EXECUTOR, (_ID, Field("size", int, 1, MAX_BY
                     doc="the VM's region file, opened read-write, size bytes long")
 
 TABLE: dict[str, Message] = {m.op: m for m in (CONN, RETIRE, REPLY, RESERVE, RELEASE, USAGE,
-                                               VGPUS, CLOSED, POISONED, REGION, REGION_FD)}
+                                               VGPUS, CLOSED, POISONED, STATS, REGION,
+                                               REGION_FD)}
 REQUESTS = (RESERVE, USAGE, VGPUS, REGION)  # those that carry an id and wait for an answer
 
 
@@ -113,10 +130,29 @@ def _check(message: Message, fields: dict) -> dict:
         elif f.type is bool:
             if not isinstance(value, bool):
                 raise LaneError(f"{message.op}: {f.name} is {value!r}, not true/false")
+        elif f.type is dict:
+            _check_counts(message, f, value)
         elif not isinstance(value, str) or len(value) > f.size:
             raise LaneError(f"{message.op}: {f.name} is not a text of at most {f.size} "
                             "characters")
     return fields
+
+
+def _check_counts(message: Message, f: Field, value) -> None:
+    """Counts by status: at most f.size entries, each a status (a decimal key in
+    f.lo..f.hi, written as JSON writes an int) and a count in 0..MAX_COUNT."""
+    if not isinstance(value, dict) or len(value) > f.size:
+        raise LaneError(f"{message.op}: {f.name} is not an object of at most {f.size} "
+                        "entries")
+    for key, count in value.items():
+        if not (isinstance(key, str) and 0 < len(key) <= 10 and key.isdigit()
+                and key.isascii() and str(int(key)) == key and f.lo <= int(key) <= f.hi):
+            raise LaneError(f"{message.op}: {f.name} has the key {str(key)[:20]!r}, not a "
+                            f"status in {f.lo}..{f.hi}")
+        if isinstance(count, bool) or not isinstance(count, int) \
+                or not 0 <= count <= MAX_COUNT:
+            raise LaneError(f"{message.op}: {f.name}[{key}] is {str(count)[:30]}, not a count "
+                            f"in 0..{MAX_COUNT}")
 
 
 def encode(message: Message, /, **fields) -> bytes:

@@ -154,6 +154,7 @@ class Session:
             code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
         self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
         self.by_op: dict[int, int] = {}  # op << 1 | one-way -> frames (see op_counts)
+        self.errors: dict[int, int] = {}  # CUDA status -> the guest's calls that failed with it
         self.burst = self._launch_burst()
 
     def _launch_burst(self) -> LaunchBurst | None:
@@ -343,6 +344,7 @@ class Session:
         self.graphs.invalidate(stream)
 
     def _burst_failed(self, status: int, op: int, seq: int) -> None:
+        self.errors[status] = self.errors.get(status, 0) + 1
         if status in P.STICKY_STATUSES:
             self.on_poisoned(status)
         err = CudaError(status, _DRIVER_CALL.get(op, P.op_name(op)))
@@ -394,6 +396,7 @@ class Session:
         return True
 
     def _failed(self, hdr, oneway: bool, err: CudaError, body=None) -> None:
+        self.errors[err.status] = self.errors.get(err.status, 0) + 1
         if err.status in P.STICKY_STATUSES:
             self.on_poisoned(err.status)
         log.debug("%s: %s seq %d failed: %s", self.peer, P.op_name(hdr.op), hdr.seq, err)
@@ -413,6 +416,7 @@ class Session:
 
     def _fatal(self, op: int, seq: int, exc: ProtocolError) -> None:
         status = P.HV_OVERSIZE if exc.code == "oversize" else P.HV_BAD_FRAME
+        self.errors[status] = self.errors.get(status, 0) + 1
         log.warning("%s: closing the connection: %s", self.peer, exc)
         try:
             self._reply_error(op, seq, status, f"{exc}; closing the connection")
@@ -543,6 +547,17 @@ class Session:
         if self.owns_device:
             _quietly(self.device.close)
         self.device = None
+
+    def stats(self) -> dict:
+        """What this guest did so far, for the executor's STATS to the agent; read from
+        another thread while the session runs (copies of its counters, never a lock the
+        session takes)."""
+        c = self.counts
+        by_op, errors = dict(self.by_op), dict(self.errors)  # each copy is one step
+        return {"launches": c["launches"], "to_gpu": c["h2d_bytes"],
+                "from_gpu": c["d2h_bytes"],
+                "round_trips": sum(n for key, n in by_op.items() if not key & 1),
+                "errors": errors}
 
     def op_counts(self) -> str:
         """The frames this guest sent, per op, busiest first: "LAUNCH_KERNEL 900 one-way,
