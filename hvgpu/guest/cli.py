@@ -299,7 +299,7 @@ def parser() -> argparse.ArgumentParser:
 def docs_command(what: str, shell: str | None = None) -> int:
     from hvgpu import clidoc
 
-    cmd = clidoc.from_argparse(parser(), "this VM's GPU slices, served by the host's hvgpu agent")
+    cmd = clidoc.from_argparse(parser())
     if what == "man":
         print(clidoc.man_page(cmd, __version__, see_also=["hvgpu"]), end="")
     else:
