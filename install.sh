@@ -38,8 +38,28 @@ else
     echo "install.sh: not root: the agent will run executors as your own user" >&2
 fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
-echo "install.sh: installing hvgpu[$extra] into .venv (CuPy and cuda-bindings are large downloads)"
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extra]"
+
+# pip draws its progress bar only on a terminal (and never with -q). In a log (CI,
+# ssh without -t, | tee) each download is said instead, numbered, with the megabytes
+# downloaded so far.
+downloads() {
+    awk '/^ *Downloading .*\((.*B)\)/ {
+             s = $0; sub(/.*\(/, "", s); sub(/\).*/, "", s); split(s, a, " ")
+             mb = a[2] == "kB" ? a[1] / 1000 : a[2] == "GB" ? a[1] * 1000 : a[1]
+             n += 1; total += mb; name = $2; sub(/.*\//, "", name)
+             printf "install.sh: download %d: %s (%s), %.1f MB so far\n", n, name, s, total
+             fflush(); next }
+         /^Requirement already satisfied/ { next }
+         { print; fflush() }'
+}
+echo "install.sh: installing hvgpu[$extra] into .venv: its dependencies are downloaded" \
+     "first (CuPy, cuda-bindings and NVIDIA's CUDA wheels are a few hundred MB)"
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -e ".[$extra]")
+if [ -t 1 ]; then
+    "${pip[@]}" --progress-bar on
+else
+    PYTHONUNBUFFERED=1 "${pip[@]}" --progress-bar off | downloads
+fi
 if [ "$(id -u)" = 0 ] && ! su -s /bin/sh hvgpu -c "$PWD/.venv/bin/python -c 'import hvgpu'" >/dev/null 2>&1; then
     echo "install.sh: warning: user hvgpu cannot run $PWD/.venv/bin/python (a directory above" \
          "it is not searchable?); the agent refuses to start executors until it can:" \

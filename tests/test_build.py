@@ -1,6 +1,6 @@
 """The C libraries that should build did build.
 
-setup.py marks both optional, so that an install without a C compiler still
+build_c.py marks every one optional, so that an install without a C compiler still
 succeeds (the shim is then reported missing, the launch loop falls back to
 Python). That must not hide a broken build: where a C compiler is present, each
 library must exist and be newer than every source it is built from.
@@ -29,18 +29,18 @@ LIBRARIES = {
 
 
 def _setup_sources() -> list[str]:
-    tree = ast.parse((ROOT / "setup.py").read_text())
+    tree = ast.parse((ROOT / "build_c.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "SOURCES"
                                                 for t in node.targets):
             return ast.literal_eval(node.value)
-    raise AssertionError("setup.py has no SOURCES list")
+    raise AssertionError("build_c.py has no SOURCES list")
 
 
 def test_setup_builds_every_shim_source():
     listed = _setup_sources()
     on_disk = sorted(p.name for p in SHIM.glob("*.c"))
-    assert sorted(listed) == on_disk, "setup.py's SOURCES and hvgpu/guest/shim/*.c differ"
+    assert sorted(listed) == on_disk, "build_c.py's SOURCES and hvgpu/guest/shim/*.c differ"
 
 
 @pytest.mark.skipif(CC is None, reason="no C compiler: the libraries are optional there")

@@ -6,6 +6,8 @@
     hvgpu-guest coverage [--json] which CUDA driver entry points the shim implements
     hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
     hvgpu-guest install           give group hvgpu the VM's shared-memory device (udev rule)
+    hvgpu-guest completion SHELL  a bash, zsh or fish completion script
+    hvgpu-guest man               the man page (roff)
 
 Every listing takes --json. Output into a pipe that closes early
 (``hvgpu-guest coverage | head -2``) ends the command quietly, as it ends cat.
@@ -236,7 +238,9 @@ def main(argv=None) -> int:
         return 128 + signal.SIGPIPE
 
 
-def _main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command's definition: what it parses, and what its man page and shell
+    completion are generated from."""
     ap = argparse.ArgumentParser(
         prog="hvgpu-guest", description="This VM's GPU slices, served by the host's hvgpu agent.",
         epilog=f"The agent is reached at ${ENV_ADDRESS}, else vsock://{P.HOST_CID}:"
@@ -276,7 +280,37 @@ def _main(argv=None) -> int:
     p.add_argument("--root", default="/", metavar="DIR",
                    help="install the rule under DIR instead (an image being built); leaves "
                         "this system's group and devices alone")
-    args = ap.parse_args(argv)
+    p = sub.add_parser("completion", help="print a shell completion script",
+                       description="Print the completion script for SHELL, generated from "
+                                   "this command's definition.",
+                       epilog="bash: hvgpu-guest completion bash > "
+                              "/etc/bash_completion.d/hvgpu-guest (or eval \"$(hvgpu-guest "
+                              "completion bash)\" in ~/.bashrc); zsh: hvgpu-guest completion "
+                              "zsh > ~/.zfunc/_hvgpu-guest; fish: hvgpu-guest completion fish "
+                              "> ~/.config/fish/completions/hvgpu-guest.fish")
+    p.add_argument("shell", choices=["bash", "zsh", "fish"])
+    sub.add_parser("man", help="print this command's man page (roff: man -l <(hvgpu-guest man))",
+                   description="Print the man page of hvgpu-guest, generated from this "
+                               "command's definition, as roff: read it with man -l, or "
+                               "install it as /usr/local/share/man/man1/hvgpu-guest.1.")
+    return ap
+
+
+def docs_command(what: str, shell: str | None = None) -> int:
+    from hvgpu import clidoc
+
+    cmd = clidoc.from_argparse(parser())
+    if what == "man":
+        print(clidoc.man_page(cmd, __version__, see_also=["hvgpu"]), end="")
+    else:
+        print(clidoc.COMPLETIONS[shell](cmd), end="")
+    return 0
+
+
+def _main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.command in ("man", "completion"):
+        return docs_command(args.command, getattr(args, "shell", None))
     if args.command == "install":
         return install_command(args.root)
     if args.command == "run":

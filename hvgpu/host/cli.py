@@ -725,8 +725,46 @@ def demo(ctx, size, vm):
         _fail(exc)
 
 
+COMPLETE_VAR = "_HVGPU_COMPLETE"  # click's own: the script calls hvgpu back with it set
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the shell completion script for SHELL.
+
+    Completion is click's, from this command's definition: subcommands,
+    options and their choices.
+
+    \b
+    bash: hvgpu completion bash > /etc/bash_completion.d/hvgpu
+          (or: eval "$(hvgpu completion bash)" in ~/.bashrc)
+    zsh:  hvgpu completion zsh > ~/.zfunc/_hvgpu   (~/.zfunc on $fpath)
+    fish: hvgpu completion fish > ~/.config/fish/completions/hvgpu.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    script = get_completion_class(shell)(cli, {}, "hvgpu", COMPLETE_VAR)
+    click.echo(script.source())
+
+
+@cli.command()
+def man():
+    """Print the man page of hvgpu (roff).
+
+    Generated from this command's definition. Read it with
+    `man -l <(hvgpu man)`, or install it as
+    /usr/local/share/man/man1/hvgpu.1.
+    """
+    from hvgpu.clidoc import man_page
+    from hvgpu.host.manpage import from_click
+
+    click.echo(man_page(from_click(cli, "hvgpu"), __version__,
+                        see_also=["hvgpu-guest", "virsh"]), nl=False)
+
+
 def main():
-    cli(prog_name="hvgpu")
+    cli(prog_name="hvgpu", complete_var=COMPLETE_VAR)
 
 
 if __name__ == "__main__":

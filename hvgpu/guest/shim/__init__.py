@@ -27,8 +27,8 @@ def library() -> Path:
     if not LIBRARY.exists():
         raise ShimMissing(
             f"the hvgpu libcuda.so.1 shim is not built ({LIBRARY} is missing): install a C "
-            "compiler (e.g. apt install gcc) and reinstall hvgpu (pip install --force-reinstall "
-            "--no-deps hvgpu)")
+            "compiler (e.g. apt install gcc) and reinstall hvgpu-guest (pip install "
+            "--force-reinstall --no-deps hvgpu-guest; hvgpu where that is what is installed)")
     return LIBRARY
 
 

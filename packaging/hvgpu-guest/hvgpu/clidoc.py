@@ -1,0 +1,1 @@
+../../../hvgpu/clidoc.py

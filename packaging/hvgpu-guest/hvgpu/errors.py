@@ -1,0 +1,1 @@
+../../../hvgpu/errors.py
