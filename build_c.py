@@ -2,7 +2,7 @@
 
 Two distributions build from this one source tree and import this file from their
 setup.py: ``hvgpu`` (the top-level project: host and guest) builds
-``GUEST_LIBRARIES + HOST_LIBRARIES``; ``hvgpu-guest`` (packaging/hvgpu-guest, the
+``GUEST_LIBRARIES + HOST_LIBRARIES``; ``hvgpu-guest`` (guest-dist/hvgpu-guest, the
 guest runtime alone) builds ``GUEST_LIBRARIES``. A new guest library is one more
 ``PlainC`` in ``GUEST_LIBRARIES``: both distributions then build and ship it.
 

@@ -1,7 +1,7 @@
 """Builds hvgpu's C libraries as part of every install of the ``hvgpu`` distribution.
 
 Everything else is declared in pyproject.toml. The libraries, and how they are
-built, are in build_c.py, which the guest distribution (packaging/hvgpu-guest)
+built, are in build_c.py, which the guest distribution (guest-dist/hvgpu-guest)
 shares: this one builds the guest's (the ``libcuda.so.1`` shim) and the host's
 (the executor's loop of one-way frames, ``liblaunch_burst.so``).
 

@@ -1,6 +1,6 @@
 """Both distributions build (sdist, then the wheel from that sdist) and install alone.
 
-``hvgpu-guest`` (packaging/hvgpu-guest) is the guest runtime alone: no host code and no
+``hvgpu-guest`` (guest-dist/hvgpu-guest) is the guest runtime alone: no host code and no
 dependency, its shim built at install, one wheel for every CPython 3. ``hvgpu`` (the
 top-level project) is the host and holds the guest's files too, byte for byte: the two
 are alternatives, one per environment. Each wheel is installed into an empty venv from
@@ -31,7 +31,7 @@ from tests.conftest import REPO
 
 pytestmark = pytest.mark.packaging
 
-GUEST_PROJECT = REPO / "packaging" / "hvgpu-guest"
+GUEST_PROJECT = REPO / "guest-dist" / "hvgpu-guest"
 HOST_ONLY_DEPENDENCIES = {"libvirt-python", "cupy-cuda12x", "cupy-cuda13x", "nvidia-ml-py",
                           "pynvml", "grpcio", "cuda-bindings", "click", "jinja2", "numpy"}
 # A command run from an installed venv must not see this checkout.
