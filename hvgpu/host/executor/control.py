@@ -110,6 +110,14 @@ class RemoteQuota:
             raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
         return reply["used"], reply["limit"]
 
+    def utilization(self) -> int | None:
+        """The slice's GPU utilisation in percent, as the agent last measured it; None
+        where it does not know (its USAGE reply has no util)."""
+        reply = self.link.request(lane.USAGE)
+        if "used" not in reply:
+            raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
+        return reply.get("util")
+
     def vgpus(self) -> int:
         """How many vGPUs the slice's VM has now."""
         return self.link.request(lane.VGPUS).get("count", 1)
