@@ -4,7 +4,9 @@ Everything else is declared in pyproject.toml. Both are plain C (no Python
 API), compiled by setuptools' build_ext because that is what pip runs on
 every install, so a user never compiles them by hand:
 
-- the guest's ``libcuda.so.1`` shim;
+- the guest's ``libcuda.so.1`` shim, and its ``libnvidia-ml.so.1`` (NVML, sources
+  in hvgpu/guest/nvml/, sharing the shim's wire.c), built beside it so that what
+  puts the shim on the library path puts both;
 - the host executor's loop of one-way frames (``liblaunch_burst.so``, loaded with
   ctypes).
 
@@ -32,9 +34,13 @@ SOURCES = ["wire.c", "state.c", "device.c", "context.c", "memory.c", "vmm.c", "p
            "poolcache.c", "module.c", "launches.c", "occupancy.c", "stream.c", "dark.c",
            "proc.c", "stubs.c", "crash.c", "region.c", "shared.c", "pcopy.c", "graph.c",
            "graph_guest.c"]
+NVML = "hvgpu.guest.shim.libnvidia_ml"
+NVML_DIR = os.path.join("hvgpu", "guest", "nvml")
+NVML_SOURCES = [os.path.join(NVML_DIR, s) for s in ("nvml.c", "stubs.c")] + [
+    os.path.join(SHIM_DIR, "wire.c")]
 BURST = "hvgpu.host.executor.liblaunch_burst"
 # extension name -> file name: C libraries, not CPython modules
-PLAIN_C = {SHIM: "libcuda.so.1", BURST: "liblaunch_burst.so"}
+PLAIN_C = {SHIM: "libcuda.so.1", NVML: "libnvidia-ml.so.1", BURST: "liblaunch_burst.so"}
 
 
 class BuildPlainC(build_ext):
@@ -79,6 +85,8 @@ class BuildPlainC(build_ext):
                              f"({name}): {why}\n"
                              + ("the guest's libcuda.so.1 shim is missing: hvgpu-guest run "
                                 "will refuse to start programs\n" if name == SHIM else
+                                "NVML tools in the VM (nvidia-ml-py, nvitop, gpustat) will "
+                                "see no GPU\n" if name == NVML else
                                 "the executor will serve every frame through its slower "
                                 "Python path\n")
                              + f"{bar}\n\n")
@@ -97,6 +105,16 @@ setup(
             include_dirs=[WIRE_INCLUDE],
             extra_compile_args=FLAGS,
             extra_link_args=["-Wl,-soname,libcuda.so.1", "-pthread"],
+            optional=True,
+        ),
+        Extension(
+            NVML,
+            sources=NVML_SOURCES,
+            depends=[os.path.join(NVML_DIR, "nvml_api.def"), os.path.join(SHIM_DIR, "shim.h"),
+                     WIRE_HEADER],
+            include_dirs=[WIRE_INCLUDE, SHIM_DIR],
+            extra_compile_args=FLAGS,
+            extra_link_args=["-Wl,-soname,libnvidia-ml.so.1", "-pthread"],
             optional=True,
         ),
         Extension(

@@ -319,7 +319,8 @@ def ldconfig_command(write: bool) -> int:
     except ShimMissing as exc:
         print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
         return 1
-    text = f"# hvgpu: the vGPU's libcuda.so.1 shim (hvgpu-guest ldconfig)\n{shim_dir}\n"
+    text = (f"# hvgpu: the vGPU's libcuda.so.1 and libnvidia-ml.so.1 (hvgpu-guest ldconfig)\n"
+            f"{shim_dir}\n")
     if not write:
         print(f"# {LDCONFIG_SNIPPET} (write it with: hvgpu-guest ldconfig --write; needs root)")
         print(text, end="")
@@ -331,7 +332,7 @@ def ldconfig_command(write: bool) -> int:
         print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {LDCONFIG_SNIPPET} and ran ldconfig: programs now load {shim_dir}/libcuda.so.1 "
-          f"(undo: rm {LDCONFIG_SNIPPET} && ldconfig)")
+          f"and libnvidia-ml.so.1 (undo: rm {LDCONFIG_SNIPPET} && ldconfig)")
     return 0
 
 
@@ -398,8 +399,9 @@ def _main(argv=None) -> int:
     p = sub.add_parser(
         "run", help="run a command with the libcuda shim in place",
         description="Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, "
-                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 first on "
-                    "the library path, and its driver calls go to the host's agent.",
+                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 (and "
+                    "libnvidia-ml.so.1, for NVML tools) first on the library path, and its "
+                    "driver calls go to the host's agent.",
         epilog="example: hvgpu-guest run -- python3 -c 'import cupy; print(cupy.arange(3) * 2)'")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p = sub.add_parser("coverage", help="list the CUDA driver entry points the shim implements",

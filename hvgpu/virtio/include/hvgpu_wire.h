@@ -20,6 +20,8 @@
 #define HVGPU_HOST_CID 2
 #define HVGPU_MAX_BODY 1048576u
 #define HVGPU_MAX_PAYLOAD 1073741824ull
+#define HVGPU_MAX_PROCESSES 64 /* rows of VGPU_PROCESSES */
+#define HVGPU_MAX_PROCESS_NAME 64 /* characters of a process's name */
 #define HVGPU_FLAG_ONEWAY 0x01
 #define HVGPU_FLAG_REPLY 0x02
 #define HVGPU_FLAG_PROGRESS 0x04
