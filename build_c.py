@@ -45,9 +45,10 @@ class PlainC(Extension):
 
     ``without`` says what the install lacks when the library did not build."""
 
-    def __init__(self, name, filename, sources, *, without, depends=(), link_args=()):
+    def __init__(self, name, filename, sources, *, without, depends=(), link_args=(),
+                 include=()):
         super().__init__(name, sources=list(sources), depends=list(depends) + [WIRE_HEADER],
-                         include_dirs=[WIRE_INCLUDE], extra_compile_args=FLAGS,
+                         include_dirs=[WIRE_INCLUDE, *include], extra_compile_args=FLAGS,
                          extra_link_args=list(link_args) + ["-pthread"], optional=True)
         self.filename = filename
         self.without = without
@@ -66,13 +67,26 @@ SHIM = PlainC(
     without="the guest's libcuda.so.1 shim is missing: hvgpu-guest run will refuse to "
             "start programs")
 
+# The VM's NVML (pynvml, nvitop, gpustat, PyTorch's queries), answered by the agent; it
+# shares the shim's wire code and sits beside it, so what puts one on the library path
+# puts both.
+NVML_DIR = os.path.join("hvgpu", "guest", "nvml")
+NVML = PlainC(
+    "hvgpu.guest.shim.libnvidia_ml", "libnvidia-ml.so.1",
+    [os.path.join(NVML_DIR, s) for s in ("nvml.c", "stubs.c")] + [os.path.join(SHIM_DIR,
+                                                                              "wire.c")],
+    depends=[os.path.join(NVML_DIR, "nvml_api.def"), os.path.join(SHIM_DIR, "shim.h")],
+    include=[SHIM_DIR],
+    link_args=["-Wl,-soname,libnvidia-ml.so.1"],
+    without="NVML tools in the VM (nvidia-ml-py, nvitop, gpustat) will see no GPU")
+
 BURST = PlainC(
     "hvgpu.host.executor.liblaunch_burst", "liblaunch_burst.so",
     [os.path.join("hvgpu", "host", "executor", "launch_burst.c")],
     without="the executor will serve every frame through its slower Python path")
 
 # Everything a VM needs: both distributions build these.
-GUEST_LIBRARIES = [SHIM]
+GUEST_LIBRARIES = [SHIM, NVML]
 # The host's alone: only the hvgpu distribution builds these.
 HOST_LIBRARIES = [BURST]
 

@@ -2,7 +2,8 @@
 
 Everything else is declared in pyproject.toml. The libraries, and how they are
 built, are in build_c.py, which the guest distribution (guest-dist/hvgpu-guest)
-shares: this one builds the guest's (the ``libcuda.so.1`` shim) and the host's
+shares: this one builds the guest's (the ``libcuda.so.1`` shim and its
+``libnvidia-ml.so.1``) and the host's
 (the executor's loop of one-way frames, ``liblaunch_burst.so``).
 
 Without a C compiler the install still succeeds: ``hvgpu-guest run`` then says

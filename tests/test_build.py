@@ -24,6 +24,10 @@ LIBRARIES = {
     "shim": (SHIM / "libcuda.so.1",
              sorted(SHIM.glob("*.c")) + sorted(SHIM.glob("*.h")) + sorted(SHIM.glob("*.def"))
              + [WIRE_HEADER]),
+    "NVML library": (SHIM / "libnvidia-ml.so.1",
+                     sorted((ROOT / "hvgpu" / "guest" / "nvml").glob("*.[ch]"))
+                     + [ROOT / "hvgpu" / "guest" / "nvml" / "nvml_api.def", SHIM / "wire.c",
+                        SHIM / "shim.h", WIRE_HEADER]),
     "launch loop": (EXECUTOR / "liblaunch_burst.so", [EXECUTOR / "launch_burst.c", WIRE_HEADER]),
 }
 

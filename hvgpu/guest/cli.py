@@ -1,7 +1,8 @@
 """``hvgpu-guest``: what this VM's vGPU is, from inside the VM.
 
     hvgpu-guest info [--json]     the vGPU: name, memory (= quota), compute share
-    hvgpu-guest smi [--json]      an nvidia-smi-like view of the slice
+    hvgpu-guest smi [--json]      an nvidia-smi-like view of the slice and the VM's processes
+        [-l SECONDS] [--query-gpu=FIELDS --format=csv[,noheader][,nounits]]
     hvgpu-guest run -- CMD ARGS   run an unmodified CUDA program on the vGPU (libcuda shim)
     hvgpu-guest coverage [--json] which CUDA driver entry points the shim implements
     hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
@@ -23,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from hvgpu import __version__
@@ -41,7 +43,7 @@ def collect(agent: str | None = None) -> dict:
     """Everything ``info`` and ``smi`` show, as one dict: every vGPU of this VM."""
     address = default_address(0, agent)
     try:
-        conn = Connection(address)
+        conn = Connection(address, monitor=True)
     except TransportError as exc:
         raise TransportError(
             f"{exc}\nIn a VM this needs a vsock device and a GPU slice: on the host, "
@@ -54,7 +56,7 @@ def collect(agent: str | None = None) -> dict:
         agent_version, version, peer = conn.agent, conn.version, conn.peer
     for index in range(1, count):
         try:
-            with Connection(default_address(index, agent)) as other:
+            with Connection(default_address(index, agent), monitor=True) as other:
                 gpus.append(_vgpu(index, other)[1])
         except (HvgpuError, OSError) as exc:
             gpus.append({"index": index, "error": str(exc)})
@@ -82,11 +84,50 @@ def _vgpu(index: int, conn: Connection) -> tuple[str, dict]:
     vm, quota, used, compute = conn.call("SLICE_INFO")
     dev = Device(connection=conn)
     major, minor = dev.compute_capability
+    values = conn.call("DEVICE_GET_ATTRIBUTES", 0, max(_PCI_ATTRIBUTES))[0]
+    domain, bus, device = (int.from_bytes(values[4 * (a - 1):4 * a], "little")
+                           for a in _PCI_ATTRIBUTES)
     return vm, {"index": index, "address": str(conn.address), "name": dev.name,
                 "uuid": dev.uuid, "memory_total": quota, "memory_used": used,
                 "compute_share": compute, "multiprocessors": dev.multiprocessor_count,
                 "compute_capability": f"{major}.{minor}",
-                "driver_version": conn.call("DRIVER_GET_VERSION")[0]}
+                "pci_bus_id": f"{domain:08X}:{bus:02X}:{device:02X}.0",
+                "driver_version": conn.call("DRIVER_GET_VERSION")[0],
+                "utilization_gpu": _utilization(conn), "processes": _processes(conn)}
+
+
+# CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, _PCI_BUS_ID, _PCI_DEVICE_ID: the bus id the CUDA
+# shim gives (cuDeviceGetPCIBusId, from the same one-round-trip table, 0 where the driver
+# has none), so that the listings agree
+_PCI_ATTRIBUTES = (50, 33, 34)
+
+
+def _utilization(conn: Connection) -> int | None:
+    """The slice's GPU utilisation in percent; None where the host does not measure it
+    (or is older than this command)."""
+    try:
+        known, gpu = conn.call("VGPU_UTILIZATION")
+    except CudaError as exc:
+        if exc.status == P.HV_UNKNOWN_OP:
+            return None
+        raise
+    return gpu if known else None
+
+
+def _processes(conn: Connection) -> list[dict] | None:
+    """This VM's processes on the vGPU (pid as the VM numbers it, name, bytes held);
+    None where the agent does not list them."""
+    try:
+        count, pids, used, names = conn.call("VGPU_PROCESSES")
+    except CudaError as exc:
+        if exc.status == P.HV_UNKNOWN_OP:
+            return None
+        raise
+    names = names.split("\0") if count else []
+    return [{"pid": int.from_bytes(pids[4 * i:4 * i + 4], "little"),
+             "name": names[i] if i < len(names) else "",
+             "used_memory": int.from_bytes(used[8 * i:8 * i + 8], "little")}
+            for i in range(min(count, len(pids) // 4, len(used) // 8))]
 
 
 def info_text(d: dict) -> str:
@@ -105,26 +146,117 @@ def info_text(d: dict) -> str:
     return "\n".join(lines)
 
 
+def _box(sections: list[tuple[list[str] | None, list[list[str]], set[int], int]]) -> str:
+    """Tables stacked in one box, every line as wide as the widest: each section is
+    (headers or None, rows, indexes of right-aligned columns, the column that widens);
+    column widths come from the contents, and a narrower section's widening column
+    takes up the rest."""
+    natural = []
+    for headers, rows, _, _ in sections:
+        cols = [headers, *rows] if headers else rows
+        widths = [max(len(r[i]) for r in cols) for i in range(len(cols[0]))]
+        natural.append(widths)
+    total = max(sum(w) + 3 * (len(w) - 1) for w in natural)
+    lines: list[str] = []
+    for (headers, rows, right, flex), widths in zip(sections, natural):
+        widths = list(widths)
+        widths[flex] += total - (sum(widths) + 3 * (len(widths) - 1))
+        bar = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+        def line(cells, widths=widths, right=right):
+            return "| " + " | ".join(c.rjust(w) if i in right else c.ljust(w)
+                                     for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+        lines.append(bar)
+        if headers:
+            lines += [line(headers), bar]
+        lines += [line(r) for r in rows]
+    lines.append(lines[-len(sections[-1][1]) - (3 if sections[-1][0] else 1)])
+    return "\n".join(lines)
+
+
+def _util(g: dict) -> str:
+    return "N/A" if g.get("utilization_gpu") is None else f"{g['utilization_gpu']}%"
+
+
 def smi_text(d: dict) -> str:
-    v = d["gpus"][0]["driver_version"]
-    width = 78
-    bar = "+" + "-" * (width - 2) + "+"
-    head = f"hvgpu-guest {__version__}   CUDA driver {v // 1000}.{v % 1000 // 10}   {d['agent']}"
-    rows = []
+    good = [g for g in d["gpus"] if "error" not in g]
+    v = good[0]["driver_version"] if good else 0
+    title = (f"hvgpu-guest {__version__}   {d['agent']}   CUDA driver {v // 1000}.{v % 1000 // 10}"
+             f"   VM {d['vm'] or '(the whole GPU: host-local connection)'}")
+    gpus = []
     for g in d["gpus"]:
         if "error" in g:
-            rows.append(f"{g['index']:>3}  cannot be reached")
+            gpus.append([str(g["index"]), "cannot be reached", "", "", "", "", ""])
             continue
-        share = f"{g['compute_share']}%" if g["compute_share"] else "shared"
-        rows.append(f"{g['index']:>3}  {g['name'][:30]:30}  "
-                    f"{'vGPU of ' + (d['vm'] or 'host'):>30}")
-        rows.append(f"     {_gib(g['memory_used']):>10} / {_gib(g['memory_total']):<10}  "
-                    f"compute {share:>7}  SMs {g['multiprocessors']:>4}  "
-                    f"cc {g['compute_capability']}")
-    return "\n".join([bar, "| " + head.ljust(width - 4) + " |", bar,
-                      "| GPU  Name                            " + "Slice".rjust(30) + "   |",
-                      "|      Memory used / quota     " + " " * 44 + "|", bar,
-                      *["| " + r.ljust(width - 4) + " |" for r in rows], bar])
+        gpus.append([str(g["index"]), g["name"], g["pci_bus_id"],
+                     f"{_gib(g['memory_used'])} / {_gib(g['memory_total'])}", _util(g),
+                     f"{g['compute_share']}%" if g["compute_share"] else "time-shared",
+                     g["compute_capability"]])
+    procs = [[str(g["index"]), str(p["pid"]), p["name"] or "?", _gib(p["used_memory"])]
+             for g in good for p in (g.get("processes") or [])]
+    sections = [(None, [[title]], set(), 0),
+                (["GPU", "Name", "Bus-Id", "Memory used / quota", "GPU-Util", "Compute",
+                  "CC"], gpus, {0, 4, 5}, 1)]
+    if procs:
+        sections.append((["GPU", "PID", "Process name", "GPU Memory"], procs, {0, 1, 3}, 2))
+    else:
+        unknown = any(g.get("processes") is None for g in good)
+        sections.append((["Processes"], [["the agent does not list processes" if unknown
+                                          else "No running processes found"]], set(), 0))
+    return _box(sections)
+
+
+# nvidia-smi's --query-gpu fields that mean something for a vGPU: (unit, value of a vGPU)
+QUERY_FIELDS = {
+    "index": ("", lambda d, g: g["index"]),
+    "count": ("", lambda d, g: len(d["gpus"])),
+    "name": ("", lambda d, g: g["name"]),
+    "uuid": ("", lambda d, g: g["uuid"]),
+    "pci.bus_id": ("", lambda d, g: g["pci_bus_id"]),
+    "driver_version": ("", lambda d, g: None),  # the host's display driver: not told to a VM
+    "memory.total": ("MiB", lambda d, g: g["memory_total"] >> 20),
+    "memory.used": ("MiB", lambda d, g: g["memory_used"] >> 20),
+    "memory.free": ("MiB", lambda d, g: max(0, g["memory_total"] - g["memory_used"]) >> 20),
+    "utilization.gpu": ("%", lambda d, g: g.get("utilization_gpu")),
+    "compute_cap": ("", lambda d, g: g["compute_capability"]),
+}
+QUERY_ALIASES = {"gpu_name": "name", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
+                 "memory.total [MiB]": "memory.total"}
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_query(fields: str, fmt: str) -> tuple[list[str], bool, bool]:
+    """(fields, header, units) of --query-gpu FIELDS --format=csv[,noheader][,nounits]."""
+    names = [f.strip() for f in fields.split(",") if f.strip()]
+    unknown = [f for f in names if QUERY_ALIASES.get(f, f) not in QUERY_FIELDS]
+    if unknown or not names:
+        raise UsageError(f"--query-gpu: {'unknown field ' + ', '.join(unknown) if unknown else 'no field named'}"
+                         f"; a vGPU answers: {', '.join(QUERY_FIELDS)}")
+    opts = [o.strip() for o in (fmt or "").split(",")]
+    if not opts or opts[0] != "csv" or set(opts[1:]) - {"noheader", "nounits"}:
+        raise UsageError(f"--format={fmt or ''}: use --format=csv[,noheader][,nounits]")
+    return names, "noheader" not in opts, "nounits" not in opts
+
+
+def query_text(d: dict, names: list[str], header: bool, units: bool) -> str:
+    lines = []
+    if header:
+        lines.append(", ".join(f"{n} [{QUERY_FIELDS[QUERY_ALIASES.get(n, n)][0]}]"
+                               if units and QUERY_FIELDS[QUERY_ALIASES.get(n, n)][0] else n
+                               for n in names))
+    for g in d["gpus"]:
+        cells = []
+        for n in names:
+            unit, value = QUERY_FIELDS[QUERY_ALIASES.get(n, n)]
+            got = value(d, g) if "error" not in g or n in ("index", "count") else None
+            cells.append("[N/A]" if got is None else
+                         f"{got} {unit}" if units and unit else str(got))
+        lines.append(", ".join(cells))
+    return "\n".join(lines)
 
 
 LDCONFIG_SNIPPET = Path("/etc/ld.so.conf.d/00-hvgpu.conf")
@@ -189,7 +321,8 @@ def ldconfig_command(write: bool) -> int:
     except ShimMissing as exc:
         print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
         return 1
-    text = f"# hvgpu: the vGPU's libcuda.so.1 shim (hvgpu-guest ldconfig)\n{shim_dir}\n"
+    text = (f"# hvgpu: the vGPU's libcuda.so.1 and libnvidia-ml.so.1 (hvgpu-guest ldconfig)\n"
+            f"{shim_dir}\n")
     if not write:
         print(f"# {LDCONFIG_SNIPPET} (write it with: hvgpu-guest ldconfig --write; needs root)")
         print(text, end="")
@@ -201,7 +334,7 @@ def ldconfig_command(write: bool) -> int:
         print(f"hvgpu-guest ldconfig: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {LDCONFIG_SNIPPET} and ran ldconfig: programs now load {shim_dir}/libcuda.so.1 "
-          f"(undo: rm {LDCONFIG_SNIPPET} && ldconfig)")
+          f"and libnvidia-ml.so.1 (undo: rm {LDCONFIG_SNIPPET} && ldconfig)")
     return 0
 
 
@@ -251,14 +384,28 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("info", help="list this VM's vGPUs (memory = quota, compute share)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser("smi", help="an nvidia-smi-like view of the slice")
+    p = sub.add_parser(
+        "smi", help="an nvidia-smi-like view of the slice",
+        description="This VM's vGPUs as nvidia-smi shows GPUs: memory (= quota) and use, the "
+                    "slice's utilisation where the host measures it, and the VM's processes "
+                    "on each vGPU.",
+        epilog="example: hvgpu-guest smi --query-gpu=index,name,memory.used,memory.total "
+               "--format=csv,noheader -l 5")
     p.add_argument("--json", action="store_true",
                    help="machine-readable output (what info --json prints)")
+    p.add_argument("-l", "--loop", type=float, metavar="SECONDS",
+                   help="show it again every SECONDS until Ctrl-C")
+    p.add_argument("--query-gpu", metavar="FIELDS",
+                   help=f"comma-separated fields, as nvidia-smi names them: "
+                        f"{', '.join(QUERY_FIELDS)} (needs --format=csv)")
+    p.add_argument("--format", metavar="csv[,noheader][,nounits]",
+                   help="the output of --query-gpu")
     p = sub.add_parser(
         "run", help="run a command with the libcuda shim in place",
         description="Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, "
-                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 first on "
-                    "the library path, and its driver calls go to the host's agent.",
+                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 (and "
+                    "libnvidia-ml.so.1, for NVML tools) first on the library path, and its "
+                    "driver calls go to the host's agent.",
         epilog="example: hvgpu-guest run -- python3 -c 'import cupy; print(cupy.arange(3) * 2)'")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
     p = sub.add_parser("coverage", help="list the CUDA driver entry points the shim implements",
@@ -320,22 +467,62 @@ def _main(argv=None) -> int:
         return coverage_command(args.json, args.missing)
     if args.command == "ldconfig":
         return ldconfig_command(args.write)
+    if args.command == "smi":
+        return smi_command(args)
+    d = _collect_or_say(args.agent)
+    if d is None:
+        return 1
+    print(json.dumps(d, indent=2) if args.json else info_text(d))
+    return 0
+
+
+def _collect_or_say(agent: str | None) -> dict | None:
+    """collect(), or None once the reason is on stderr."""
     try:
-        d = collect(args.agent)
+        return collect(agent)
     except CudaError as exc:
         if exc.status == P.HV_NO_SLICE:
             print(f"hvgpu-guest: no GPU slice is attached to this VM: {exc}", file=sys.stderr)
         else:
             print(f"hvgpu-guest: error: {exc}", file=sys.stderr)
-        return 1
     except HvgpuError as exc:
         print(f"hvgpu-guest: {exc}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(d, indent=2))
-    else:
-        print(info_text(d) if args.command == "info" else smi_text(d))
-    return 0
+    return None
+
+
+def smi_command(args) -> int:
+    """smi once, or every -l SECONDS until Ctrl-C (which ends it with status 0)."""
+    query = None
+    try:
+        if args.query_gpu is not None:
+            query = parse_query(args.query_gpu, args.format)
+        elif args.format is not None:
+            raise UsageError("--format goes with --query-gpu=FIELDS")
+        if args.loop is not None and not 0 < args.loop <= 86400:
+            raise UsageError(f"-l {args.loop:g}: give a number of seconds above 0")
+    except UsageError as exc:
+        print(f"hvgpu-guest smi: {exc}", file=sys.stderr)
+        return 2
+    first = True
+    try:
+        while True:
+            d = _collect_or_say(args.agent)
+            if d is None:
+                return 1
+            if args.json:
+                print(json.dumps(d, indent=2))
+            elif query is not None:
+                names, header, units = query
+                print(query_text(d, names, header and first, units))
+            else:
+                print(smi_text(d) + ("\n" if args.loop else ""))
+            sys.stdout.flush()
+            if args.loop is None:
+                return 0
+            first = False
+            time.sleep(args.loop)
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import struct
+import sys
 import threading
 import time
 
@@ -94,12 +95,26 @@ def default_address(device: int = 0, text: str | None = None) -> Address:
                        "one address per device, comma-separated")
 
 
+def process_name() -> str:
+    """This process as ``ps`` and nvidia-smi name it: its argv[0]."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            first = f.read(4096).split(b"\0", 1)[0]
+        if first:
+            return first.decode(errors="replace")
+    except OSError:
+        pass
+    return sys.argv[0] if sys.argv and sys.argv[0] else "python"
+
+
 class Connection:
     """A handshaken connection to the agent; one CUDA context on the host."""
 
-    def __init__(self, address: Address | str | None = None, *, timeout: float | None = None):
+    def __init__(self, address: Address | str | None = None, *, timeout: float | None = None,
+                 monitor: bool = False):
         """``timeout``: seconds for connecting and of silence while waiting for the
-        agent (default $HVGPU_TIMEOUT, else 60; 0: none)."""
+        agent (default $HVGPU_TIMEOUT, else 60; 0: none). ``monitor``: the connection
+        only looks (hvgpu-guest smi), so the vGPU does not list it among its processes."""
         self.address = parse_address(address) if isinstance(address, str) else (
             address or default_address())
         self.timeout = timeout_seconds() if timeout is None else (
@@ -125,9 +140,11 @@ class Connection:
         wanted = P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS | P.CAP_SHM_DEVICE
         if self.address.scheme == "unix":  # descriptors (memfds) travel on these alone
             wanted |= P.CAP_SHM_MEMFD
+        if monitor:
+            wanted |= P.CAP_MONITOR
         version, _, caps, max_payload, _, peer, agent = self.call(
             "HELLO", P.VERSION, P.MIN_VERSION, wanted,
-            f"hvgpu-guest {__version__} pid {os.getpid()}")
+            P.client_text(f"hvgpu-guest {__version__}", os.getpid(), process_name()))
         self.version, self.caps, self.peer, self.agent = version, caps, peer, agent
         self.max_payload = max_payload
 

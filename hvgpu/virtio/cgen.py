@@ -40,7 +40,8 @@ def render_header() -> str:
     return env.get_template("hvgpu_wire.h.j2").render(
         version=P.VERSION, min_version=P.MIN_VERSION, magic=P.MAGIC,
         default_port=P.DEFAULT_PORT, host_cid=P.HOST_CID, max_body=P.MAX_BODY,
-        max_payload=P.MAX_PAYLOAD, header_size=P.HEADER.size, status_base=P.HV_STATUS_BASE, fixed_size=_fixed_size,
+        max_payload=P.MAX_PAYLOAD, max_processes=P.MAX_PROCESSES,
+        max_process_name=P.MAX_PROCESS_NAME, header_size=P.HEADER.size, status_base=P.HV_STATUS_BASE, fixed_size=_fixed_size,
         flags=sorted(((name, getattr(P, name)) for name in dir(P) if name.startswith("FLAG_")),
                      key=lambda item: item[1]),
         caps=[(name, getattr(P, name)) for name in dir(P) if name.startswith("CAP_")],

@@ -46,6 +46,33 @@ CAP_PARAM_INFO = 1 << 1  # FUNC_GET_PARAM_INFO is served from cuFuncGetParamInfo
 CAP_PROGRESS = 1 << 2  # the guest accepts FLAG_PROGRESS frames (and the agent sends them)
 CAP_SHM_MEMFD = 1 << 3  # SHM_ATTACH of a memfd passed with the frame (unix sockets)
 CAP_SHM_DEVICE = 1 << 4  # the VM has a shared-memory device (ivshmem) to SHM_ATTACH
+# The guest only looks (the NVML library, hvgpu-guest smi): its connection is not one of
+# the vGPU's processes in VGPU_PROCESSES. The agent echoes it.
+CAP_MONITOR = 1 << 5
+
+# HELLO's client: the guest software's name, then, where the guest states which of the
+# VM's processes it speaks for, "; pid PID; NAME" (its pid inside the VM and its name,
+# argv[0]): what VGPU_PROCESSES lists. It is the guest's word, shown to its own VM only.
+MAX_PROCESS_NAME = 64  # characters of a process's name kept
+MAX_PROCESSES = 64  # VGPU_PROCESSES lists at most this many
+
+
+def client_text(software: str, pid: int, name: str) -> str:
+    """HELLO's client for ``software`` speaking for process ``pid`` called ``name``."""
+    return f"{software}; pid {pid}; {name}"
+
+
+def parse_client(text: str) -> tuple[int, str]:
+    """(pid, name) a HELLO's client states; (0, "") where it states none. The name keeps
+    printable ASCII alone (it is shown in terminals), cut at MAX_PROCESS_NAME."""
+    parts = text.split("; ", 2)
+    if len(parts) != 3 or not parts[1].startswith("pid ") or not parts[1][4:].isdigit():
+        return 0, ""
+    pid = int(parts[1][4:]) if len(parts[1]) <= 14 else 0
+    if not 0 < pid < 1 << 31:
+        return 0, ""
+    name = "".join(c if " " <= c <= "~" else "?" for c in parts[2][:MAX_PROCESS_NAME])
+    return pid, name
 
 # Field types: name -> struct code ("" marks a variable-length field).
 SCALARS = {"u8": "B", "u16": "H", "u32": "I", "i32": "i", "u64": "Q",
@@ -117,6 +144,15 @@ OPS: tuple[Op, ...] = (
     Op(0x17, "DEVICE_GET_ATTRIBUTES", SYNC, _f("i32 device, u32 count"), _f("bytes values"),
        doc="Attributes 1..count at once as i32 each (0 where the driver has none): "
            "the shim's cache, filled in one round trip."),
+    Op(0x18, "VGPU_PROCESSES", SYNC, (),
+       _f("u32 count, bytes pids, bytes used, str names"),
+       doc="The processes of this VM that have a connection to this vGPU (not those that "
+           "only look, CAP_MONITOR), one row per pid, at most MAX_PROCESSES: pids u32 "
+           "each (as the VM numbers them, from their HELLO), used the bytes of the slice "
+           "each holds (u64 each), names NUL-separated. Never another VM's."),
+    Op(0x19, "VGPU_UTILIZATION", SYNC, (), _f("u32 known, u32 gpu"),
+       doc="The slice's GPU utilisation in percent over the driver's last sample period, "
+           "where the host knows it (known 1); known 0: not measured here."),
     Op(0x20, "CTX_SYNCHRONIZE", SYNC),
     Op(0x21, "MEM_GET_INFO", SYNC, (), _f("u64 free, u64 total")),
     Op(0x28, "CTX_GET_LIMIT", SYNC, _f("i32 limit"), _f("u64 value"),

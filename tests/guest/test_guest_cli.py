@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import venv
@@ -11,6 +12,7 @@ import venv
 import pytest
 
 from hvgpu.guest.cli import main, shm_text
+from hvgpu.guest.client import Connection
 from hvgpu.guest.region import ENV_SYSFS
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 from tests.guest.fake_sysfs import MiB, add_device
@@ -57,7 +59,76 @@ def test_info_says_whether_a_shared_memory_device_is_there_and_mappable(agent, t
 def test_smi_view(agent, capsys):
     assert main(["--agent", agent.vm_address("vm1"), "smi"]) == 0
     out = capsys.readouterr().out
-    assert "vGPU of vm1" in out and "/ 256 MiB" in out and "compute     25%" in out
+    assert "VM vm1" in out and "0 MiB / 256 MiB" in out and "|     25% |" in out
+    assert "No running processes found" in out  # smi itself is no process of the vGPU
+    assert "|      N/A |" in out  # this agent measures no utilisation: said, not made up
+
+
+def test_smi_box_is_aligned_and_lists_the_vms_processes(agent, capsys):
+    with Connection(agent.vm_address("vm1")) as conn:
+        conn.call("MEM_ALLOC", 48 << 20)
+        assert main(["--agent", agent.vm_address("vm1"), "smi"]) == 0
+        out = capsys.readouterr().out
+    lines = out.rstrip("\n").splitlines()
+    assert len({len(line) for line in lines}) == 1, out
+    assert all(line[0] in "+|" and line[-1] in "+|" for line in lines), out
+    row = next(line for line in lines if f" {os.getpid()} |" in line)
+    assert "48 MiB" in row and "python" in row, row
+    assert "48 MiB / 256 MiB" in out
+
+
+def test_smi_json_has_processes_and_utilisation(agent, capsys):
+    with Connection(agent.vm_address("vm1")) as conn:
+        conn.call("MEM_ALLOC", 16 << 20)
+        assert main(["--agent", agent.vm_address("vm1"), "smi", "--json"]) == 0
+    g = json.loads(capsys.readouterr().out)["gpus"][0]
+    assert g["utilization_gpu"] is None
+    assert g["processes"] == [{"pid": os.getpid(), "name": g["processes"][0]["name"],
+                               "used_memory": 16 << 20}]
+
+
+def test_smi_query_gpu_as_csv(agent, capsys):
+    with Connection(agent.vm_address("vm1")) as conn:
+        conn.call("MEM_ALLOC", 32 << 20)
+        assert main(["--agent", agent.vm_address("vm1"), "smi",
+                     "--query-gpu=index,name,memory.total,memory.used,memory.free,"
+                     "utilization.gpu,uuid,pci.bus_id,driver_version", "--format=csv"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert header == ("index, name, memory.total [MiB], memory.used [MiB], memory.free [MiB], "
+                      "utilization.gpu [%], uuid, pci.bus_id, driver_version")
+    assert row.startswith("0, hvgpu fake GPU, 256 MiB, 32 MiB, 224 MiB, [N/A], GPU-00010203-")
+    assert row.endswith(", 00000000:00:00.0, [N/A]")
+    assert main(["--agent", agent.vm_address("vm1"), "smi", "--query-gpu=memory.total,count",
+                 "--format=csv,noheader,nounits"]) == 0
+    assert capsys.readouterr().out == "256, 1\n"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--query-gpu=index,temperature.gpu", "--format=csv"],
+     "unknown field temperature.gpu; a vGPU answers: index, count, name, uuid"),
+    (["--query-gpu=index", "--format=xml"], "use --format=csv[,noheader][,nounits]"),
+    (["--format=csv"], "--format goes with --query-gpu"),
+    (["-l", "0"], "give a number of seconds above 0"),
+])
+def test_smi_refuses_what_it_cannot_answer(agent, capsys, args, said):
+    assert main(["--agent", agent.vm_address("vm1"), "smi", *args]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_smi_loop_ends_cleanly_on_ctrl_c(agent):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "hvgpu.guest.cli", "--agent",
+                             agent.vm_address("vm1"), "smi", "--query-gpu=index,memory.total",
+                             "--format=csv", "-l", "0.2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        seen = [proc.stdout.readline() for _ in range(3)]  # the header once, then rows
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert seen == ["index, memory.total [MiB]\n", "0, 256 MiB\n", "0, 256 MiB\n"]
+    assert proc.returncode == 0 and "Traceback" not in err, err
 
 
 def test_smi_takes_json_as_every_listing_does(agent, capsys):

@@ -1,5 +1,8 @@
 """The guest's libcuda.so.1 shim: where the built library is, and what it implements.
 
+Its NVML counterpart, libnvidia-ml.so.1, is built into this directory too, so
+whatever puts the shim on the library path puts NVML there with it.
+
 The C sources beside this file are compiled into ``libcuda.so.1`` at install
 time (setup.py). This module only finds the library and reads its coverage
 table through ctypes; it must not load it into a process that runs CUDA work
@@ -15,6 +18,7 @@ from hvgpu.errors import HvgpuError
 
 HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libcuda.so.1"
+NVML_LIBRARY = HERE / "libnvidia-ml.so.1"  # built beside it (sources: hvgpu/guest/nvml/)
 
 
 class ShimMissing(HvgpuError):

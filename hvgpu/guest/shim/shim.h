@@ -66,6 +66,11 @@ struct hv_library {
     struct hv_func *kernels;         /* cuLibraryGetKernel's, one per name */
 };
 
+/* Each library that builds wire.c (this shim, the NVML library) says who it is in
+   HELLO, and the capabilities it asks for. */
+extern const char hv_client_software[];
+extern const uint64_t hv_client_caps;
+
 /* wire.c: this process's connections to the agent, one per vGPU. Calls go to the
    device of the thread's current context, or to the one hv_route() names. */
 CUresult hv_ensure(void);                 /* connect and handshake once */

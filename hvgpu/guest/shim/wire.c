@@ -618,18 +618,29 @@ static CUresult handshake_locked(struct wire *w) {
                addr, why[0] ? why : strerror(errno));
         return CUDA_ERROR_NO_DEVICE;
     }
-    const char client[] = "hvgpu libcuda shim";
+    /* Who speaks, and for which process of the VM (the VM's processes on the vGPU are
+       listed by these): protocol.py's client_text. */
+    char argv0[HVGPU_MAX_PROCESS_NAME + 1] = "";
+    FILE *f = fopen("/proc/self/cmdline", "re");
+    if (f) {
+        size_t got = fread(argv0, 1, sizeof argv0 - 1, f);
+        argv0[got] = 0;
+        fclose(f);
+    }
+    char client[64 + sizeof argv0];
+    int clen = snprintf(client, sizeof client, "%s; pid %d; %s", hv_client_software,
+                        (int)getpid(), argv0[0] ? argv0 : "?");
+    if (clen < 0) clen = 0;
+    if ((size_t)clen >= sizeof client) clen = (int)sizeof client - 1;
     unsigned char body[sizeof(hvgpu_hello_req_t) + sizeof client];
-    hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION,
-                              HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS |
-                              HVGPU_CAP_SHM_MEMFD | HVGPU_CAP_SHM_DEVICE,
-                              (uint32_t)(sizeof client - 1) };
+    hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION, hv_client_caps,
+                              (uint32_t)clen };
     memcpy(body, &req, sizeof req);
-    memcpy(body + sizeof req, client, sizeof client - 1);
+    memcpy(body + sizeof req, client, (size_t)clen);
     unsigned char rep[512];
     uint32_t n = 0;
     w->state = ST_READY; /* call_locked needs it; undone below on failure */
-    CUresult r = call_locked(w, HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + sizeof client - 1),
+    CUresult r = call_locked(w, HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + (size_t)clen),
                              NULL, 0, rep, sizeof rep, &n, NULL, 0);
     if (r != CUDA_SUCCESS) {
         if (w->state == ST_READY) {

@@ -112,7 +112,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             session = Session(sock, device, peer=peer, cache=cache, device_error=error,
                               quota=quota, owns_device=False, slice_name=name, compute=compute,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
-                              on_poisoned=poison, shared=shared)
+                              on_poisoned=poison, shared=shared, neighbours=neighbours)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             stats.add(session)
             with lock:
@@ -131,6 +131,11 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 link.send(lane.CLOSED, peer=peer)
             except OSError:
                 pass
+
+    def neighbours() -> list[Session]:
+        """This executor's sessions: the connections of this VM's vGPU, no other's."""
+        with lock:
+            return [s for s, _ in sessions.values()]
 
     poisoned = threading.Event()
 

@@ -114,9 +114,12 @@ class RemoteQuota:
         return reply["used"], reply["limit"]
 
     def utilization(self) -> int | None:
-        """The vGPU's GPU utilisation in percent (0..100) as the agent last read it from
-        NVML for this vGPU's executors; None where the driver gives no such figure."""
-        return self.link.request(lane.USAGE).get("util")
+        """The slice's GPU utilisation in percent, as the agent last measured it; None
+        where it does not know (its USAGE reply has no util)."""
+        reply = self.link.request(lane.USAGE)
+        if "used" not in reply:
+            raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
+        return reply.get("util")
 
     def vgpus(self) -> int:
         """How many vGPUs the slice's VM has now."""

@@ -83,7 +83,9 @@ REPLY = Message("reply", TO_EXECUTOR, (
 RESERVE = Message("reserve", TO_AGENT, (_ID, _SIZE),
                   doc="take n bytes from the slice's quota; replied ok, or status+message")
 RELEASE = Message("release", TO_AGENT, (_SIZE,), doc="give n reserved bytes back")
-USAGE = Message("usage", TO_AGENT, (_ID,), doc="replied with used and limit")
+USAGE = Message("usage", TO_AGENT, (_ID,),
+                doc="replied with used and limit, and util (the slice's GPU utilisation in "
+                    "percent) where the agent knows it")
 VGPUS = Message("vgpus", TO_AGENT, (_ID,), doc="replied with count: the VM's vGPUs now")
 CLOSED = Message("closed", TO_AGENT, (_PEER,), doc="a guest connection ended")
 POISONED = Message("poisoned", TO_AGENT, (Field("status", int, 1, (1 << 31) - 1),),

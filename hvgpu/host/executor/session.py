@@ -102,7 +102,8 @@ class Session:
                  compute: int = 0, vgpus: Callable[[], int] | None = None,
                  staging: StagingPool | None = None, heartbeat: Heartbeat | None = None,
                  on_poisoned: Callable[[int], None] | None = None,
-                 shared: regions.Shared | None = None):
+                 shared: regions.Shared | None = None,
+                 neighbours: Callable[[], list] | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.send_lock = threading.Lock()
@@ -119,6 +120,11 @@ class Session:
         self.vgpus = vgpus or (lambda: 1)
         # Called with the status of a kernel fault, which poisons the whole process.
         self.on_poisoned = on_poisoned or (lambda status: None)
+        self.owns_device = owns_device
+        # Every session of this executor (this VM's vGPU alone): VGPU_PROCESSES lists them.
+        self.neighbours = neighbours or (lambda: [self])
+        self.client_pid, self.client_name = 0, ""  # the process the guest says it is
+        self.monitor = False  # the guest only looks (CAP_MONITOR): it is no process here
         self.owns_device = owns_device
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
@@ -383,7 +389,8 @@ class Session:
             log.warning("%s: refused protocol v%d..v%d", self.peer, min_version, version)
             return False
         self.version = chosen
-        mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS
+        mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS \
+            | P.CAP_MONITOR
         if self.device is not None:
             mycaps |= self.shared.caps
             if self.reader.fds is None:  # descriptors travel on unix sockets only
@@ -393,6 +400,8 @@ class Session:
                  f"hvgpu {__version__}")
         self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[_HELLO].encode(reply)))
         self.progress = bool(caps & P.CAP_PROGRESS)
+        self.monitor = bool(caps & P.CAP_MONITOR)
+        self.client_pid, self.client_name = P.parse_client(client)
         return True
 
     def _failed(self, hdr, oneway: bool, err: CudaError, body=None) -> None:
@@ -657,6 +666,23 @@ class Session:
             return ("", self.device.total_mem(), 0, 0)
         used, limit = self.quota.usage()
         return (self.slice_name, limit, used, self.compute)
+
+    def op_vgpu_processes(self, hdr):
+        rows: dict[int, list] = {}  # pid -> [name, bytes]: one row per process
+        for session in self.neighbours():
+            if session.monitor or session.closed or session.version == 0:
+                continue
+            row = rows.setdefault(session.client_pid, [session.client_name, 0])
+            row[1] += max(0, session.charged)
+        listed = sorted(rows.items())[:P.MAX_PROCESSES]
+        return (len(listed), b"".join(pid.to_bytes(4, "little") for pid, _ in listed),
+                b"".join(used.to_bytes(8, "little") for _, (_, used) in listed),
+                "\0".join(name for _, (name, _) in listed))
+
+    def op_vgpu_utilization(self, hdr):
+        ask = getattr(self.quota, "utilization", None)  # None: the whole GPU, no slice
+        util = ask() if ask is not None else None
+        return (0, 0) if util is None else (1, util)
 
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()

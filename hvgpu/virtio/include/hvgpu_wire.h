@@ -20,10 +20,13 @@
 #define HVGPU_HOST_CID 2
 #define HVGPU_MAX_BODY 1048576u
 #define HVGPU_MAX_PAYLOAD 1073741824ull
+#define HVGPU_MAX_PROCESSES 64 /* rows of VGPU_PROCESSES */
+#define HVGPU_MAX_PROCESS_NAME 64 /* characters of a process's name */
 #define HVGPU_FLAG_ONEWAY 0x01
 #define HVGPU_FLAG_REPLY 0x02
 #define HVGPU_FLAG_PROGRESS 0x04
 
+#define HVGPU_CAP_MONITOR 0x20ull
 #define HVGPU_CAP_NVRTC 0x1ull
 #define HVGPU_CAP_PARAM_INFO 0x2ull
 #define HVGPU_CAP_PROGRESS 0x4ull
@@ -58,6 +61,8 @@ enum hvgpu_op {
     HVGPU_OP_DEVICE_TOTAL_MEM = 0x15,
     HVGPU_OP_SLICE_INFO = 0x16,  /* The guest's slice: VM name, quota, in use, compute share in percent (0: none reserved). vm is empty when the connection has the whole GPU. */
     HVGPU_OP_DEVICE_GET_ATTRIBUTES = 0x17,  /* Attributes 1..count at once as i32 each (0 where the driver has none): the shim's cache, filled in one round trip. */
+    HVGPU_OP_VGPU_PROCESSES = 0x18,  /* The processes of this VM that have a connection to this vGPU (not those that only look, CAP_MONITOR), one row per pid, at most MAX_PROCESSES: pids u32 each (as the VM numbers them, from their HELLO), used the bytes of the slice each holds (u64 each), names NUL-separated. Never another VM's. */
+    HVGPU_OP_VGPU_UTILIZATION = 0x19,  /* The slice's GPU utilisation in percent over the driver's last sample period, where the host knows it (known 1); known 0: not measured here. */
     HVGPU_OP_CTX_SYNCHRONIZE = 0x20,
     HVGPU_OP_MEM_GET_INFO = 0x21,
     HVGPU_OP_CTX_GET_LIMIT = 0x28,  /* cuCtxGetLimit of the executor's context; limit is CUlimit's number. */
@@ -178,6 +183,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_DEVICE_TOTAL_MEM: return "DEVICE_TOTAL_MEM";
     case HVGPU_OP_SLICE_INFO: return "SLICE_INFO";
     case HVGPU_OP_DEVICE_GET_ATTRIBUTES: return "DEVICE_GET_ATTRIBUTES";
+    case HVGPU_OP_VGPU_PROCESSES: return "VGPU_PROCESSES";
+    case HVGPU_OP_VGPU_UTILIZATION: return "VGPU_UTILIZATION";
     case HVGPU_OP_CTX_SYNCHRONIZE: return "CTX_SYNCHRONIZE";
     case HVGPU_OP_MEM_GET_INFO: return "MEM_GET_INFO";
     case HVGPU_OP_CTX_GET_LIMIT: return "CTX_GET_LIMIT";
@@ -353,6 +360,20 @@ typedef struct __attribute__((packed)) hvgpu_device_get_attributes_rep {
     uint32_t values_len;
 } hvgpu_device_get_attributes_rep_t;
 _Static_assert(sizeof(hvgpu_device_get_attributes_rep_t) == 4, "hvgpu_device_get_attributes_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_vgpu_processes_rep {
+    uint32_t count;
+    uint32_t pids_len;
+    uint32_t used_len;
+    uint32_t names_len;
+} hvgpu_vgpu_processes_rep_t;
+_Static_assert(sizeof(hvgpu_vgpu_processes_rep_t) == 16, "hvgpu_vgpu_processes_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_vgpu_utilization_rep {
+    uint32_t known;
+    uint32_t gpu;
+} hvgpu_vgpu_utilization_rep_t;
+_Static_assert(sizeof(hvgpu_vgpu_utilization_rep_t) == 8, "hvgpu_vgpu_utilization_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_get_info_rep {
     uint64_t free;
