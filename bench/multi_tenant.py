@@ -183,7 +183,7 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
                   gpus=read_gpus)
     agent.start()
     threading.Thread(target=agent.serve_forever, daemon=True).start()
-    api = ControlAPI(agent, read_gpus)
+    api = agent.commands(ControlAPI(agent, read_gpus), who="bench/multi_tenant.py")
     doc: dict = {"benchmark": "multi_tenant", "when": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                      time.gmtime()),
                  "seconds": seconds, "mps": agent.mps.running, "mps_reason": agent.mps.reason,
@@ -197,7 +197,8 @@ def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None 
               flush=True)
         alone = None
         for name, shares in SCENARIOS:
-            placed = [api.attach(vm, slice_mem, f"{share}%", placement=placement)["gpu_index"]
+            placed = [api.attach(vm, slice_mem, f"{share}%", placement=placement,
+                                 allow_time_shared=not agent.mps.running)["gpu_index"]
                       for vm, share in zip(vms, shares)]
             recorder.scenario = name
             try:

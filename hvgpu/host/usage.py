@@ -134,7 +134,10 @@ def snapshot(registry, gpus: tuple) -> Snapshot:
             round_trips=c.get("round_trips", 0), to_gpu=c.get("to_gpu", 0),
             from_gpu=c.get("from_gpu", 0), restarts=max(0, record.generations - 1),
             errors=tuple(sorted(record.errors.items())),
-            pids=tuple(e.process.pid for e in record.executors()), util=record.util))
+            # An MPS client's work is the MPS server's in NVML's per-process figures: a
+            # vGPU served under MPS has no figure of its own (None, never a 0).
+            pids=tuple(e.process.pid for e in record.executors() if not e.mps),
+            util=record.util))
     out = [GpuUsage(g.index, g.uuid, g.name, g.memory_total, g.memory_used,
                     reserved.get(g.uuid, 0), g.utilization) for g in gpus]
     read = {g.uuid for g in gpus}
