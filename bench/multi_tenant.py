@@ -320,7 +320,12 @@ def plot_util(doc: dict, path: Path) -> bool:
     for name in names:
         ts = [s["t"] for s in samples]
         ys = [s["slices"].get(name) for s in samples]
-        ax.plot(ts, [float("nan") if y is None else y for y in ys], label=f"slice {name}")
+        measured = any(y is not None for y in ys)
+        line, = ax.plot(ts, [float("nan") if y is None else y for y in ys],
+                        label=f"slice {name}" + ("" if measured else " (no per-process figure)"))
+        shares = [s.get("compute", {}).get(name) for s in samples]
+        ax.plot(ts, [float("nan") if y is None else y for y in shares], ":",
+                color=line.get_color(), linewidth=1.5, label=f"share of {name}")
     for gpu in sorted({g for s in samples for g in s["gpus"]}):
         ys = [s["gpus"].get(gpu) for s in samples]
         ax.plot([s["t"] for s in samples], [float("nan") if y is None else y for y in ys],
@@ -336,7 +341,7 @@ def plot_util(doc: dict, path: Path) -> bool:
             start = s["t"]
     ax.set_ylim(0, 110)
     ax.set_xlabel("seconds")
-    ax.set_ylabel("SM utilisation % (NVML, per process)")
+    ax.set_ylabel("% (solid: NVML per process; dotted: --compute share)")
     ax.set_title(f"each slice's utilisation while tenants share one {doc['gpu']}")
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
