@@ -16,6 +16,8 @@ know any one option.
 
 from __future__ import annotations
 
+import os
+import stat
 import textwrap
 import tomllib
 
@@ -48,12 +50,41 @@ def settable(ctx: click.Context) -> dict[str, tuple[click.Context, click.Paramet
     return keys
 
 
+def _check_trusted(path: str, st: os.stat_result, given: bool) -> None:
+    """The file sets who executors run as, who may drive the control socket and where
+    guests connect: as sshd and sudo do, refuse one (or a directory above it) that
+    someone other than root or the agent's own user may write. Not as root (a user's
+    own agent), a file named with --config is the user's to trust."""
+    me = os.geteuid()
+    if me != 0 and given:
+        return
+    owners = {0, me}
+    checks = [(path, st)]
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        checks.append((parent, os.stat(parent)))
+        up = os.path.dirname(parent)
+        if up == parent:
+            break
+        parent = up
+    for where, info in checks:
+        sticky_dir = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+        if info.st_uid not in owners or (info.st_mode & 0o022 and not sticky_dir):
+            raise click.BadParameter(
+                f"{path}: not trusted: {where} is owned by uid {info.st_uid} with mode "
+                f"{stat.S_IMODE(info.st_mode):04o}, so someone other than root may change "
+                "the agent's options (who executors run as, who may use the control "
+                f"socket); make it root's and not group- or world-writable "
+                f"(chown root: {where}; chmod go-w {where})", param_hint="--config")
+
+
 def read(path: str | None) -> tuple[str, dict]:
     """(path, table) of the file; ``path`` None: the default one, which may be missing."""
     given = path is not None
     path = path or DEFAULT_PATH
     try:
         with open(path, "rb") as f:
+            _check_trusted(path, os.fstat(f.fileno()), given)
             return path, tomllib.load(f)
     except FileNotFoundError:
         if given:

@@ -66,9 +66,11 @@ def parse_client(text: str) -> tuple[int, str]:
     """(pid, name) a HELLO's client states; (0, "") where it states none. The name keeps
     printable ASCII alone (it is shown in terminals), cut at MAX_PROCESS_NAME."""
     parts = text.split("; ", 2)
-    if len(parts) != 3 or not parts[1].startswith("pid ") or not parts[1][4:].isdigit():
+    digits = parts[1][4:] if len(parts) == 3 and parts[1].startswith("pid ") else ""
+    # ASCII digits alone: str.isdigit() takes "²" (which int() refuses) and "١٢"
+    if not (0 < len(digits) <= 10 and all("0" <= c <= "9" for c in digits)):
         return 0, ""
-    pid = int(parts[1][4:]) if len(parts[1]) <= 14 else 0
+    pid = int(digits)
     if not 0 < pid < 1 << 31:
         return 0, ""
     name = "".join(c if " " <= c <= "~" else "?" for c in parts[2][:MAX_PROCESS_NAME])

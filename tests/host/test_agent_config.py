@@ -3,6 +3,7 @@ line overrides it, and a bad key, type or value is refused naming the file and k
 
 from __future__ import annotations
 
+import os
 import tomllib
 
 import click
@@ -109,3 +110,25 @@ def test_a_missing_file_is_an_error_only_when_named(tmp_path, captured, monkeypa
     monkeypatch.setattr(agent_config, "DEFAULT_PATH", str(tmp_path / "absent.toml"))
     result, config = captured(["agent", "--no-vsock"])
     assert config is not None, result.output  # the default one may be missing
+
+
+TRUSTING = 'executor-user = "root"\ncontrol-group = "users"\nlisten = ["tcp://0.0.0.0:5170"]\n'
+
+
+@pytest.mark.parametrize("file_mode, dir_mode", [(0o666, 0o755), (0o664, 0o755),
+                                                 (0o644, 0o777)])
+def test_a_config_others_may_write_is_refused(tmp_path, file_mode, dir_mode):
+    """It can make executors root and open the control socket to a group: a file (or a
+    directory above it) that others may write is refused, as sudo refuses such a
+    sudoers file."""
+    etc = tmp_path / "etc-hvgpu"
+    etc.mkdir()
+    path = etc / "agent.toml"
+    path.write_text(TRUSTING)
+    os.chmod(path, file_mode)
+    os.chmod(etc, dir_mode)
+    with pytest.raises(click.BadParameter, match="not trusted"):
+        agent_config.read(str(path))
+    os.chmod(path, 0o644)
+    os.chmod(etc, 0o755)
+    assert agent_config.read(str(path))[1]["executor-user"] == "root"

@@ -17,6 +17,7 @@ import pytest
 from hvgpu.guest import client as client_module
 from hvgpu.guest.client import Connection
 from hvgpu.host.agent import Agent
+from hvgpu.virtio import protocol as P
 from tests.conftest import FAKE_DEVICE, RunningAgent
 
 M = 1 << 20
@@ -77,3 +78,26 @@ def test_utilisation_is_the_agents_when_it_knows_it(running, monkeypatch):
     monkeypatch.setattr(Agent, "_answer", with_util)
     with Connection(running.vm_address("vm1")) as vm1:
         assert vm1.call("VGPU_UTILIZATION") == (1, 42)
+
+
+@pytest.mark.parametrize("text", ["x; pid \u00b2; y", "x; pid \u0661\u0662; y",
+                                  "x; pid 99999999999; y", "x; pid ; y"])
+def test_a_stated_pid_is_ascii_digits_or_none(text):
+    """str.isdigit() takes "²" (which int() refuses: the session died after HELLO) and
+    Arabic-Indic digits (read as another pid)."""
+    assert P.parse_client(text) == (0, "")
+
+
+def test_a_superscript_pid_leaves_the_session_serving(tmp_path, monkeypatch):
+    from hvgpu.guest import client as client_module
+    from tests.conftest import FAKE_DEVICE, RunningAgent
+
+    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
+    try:
+        agent.api.attach("vm1", "64M")
+        monkeypatch.setattr(client_module.P, "client_text",
+                            lambda software, pid, name: "evil; pid \u00b2; x")
+        with Connection(agent.vm_address("vm1")) as vm1:
+            vm1.call("PING")
+    finally:
+        agent.stop()

@@ -124,35 +124,48 @@ static void text_of(const unsigned char *rep, uint32_t n, size_t fixed, uint32_t
     out[len] = 0;
 }
 
-/* Name, UUID and attributes of vGPU d, asked once (they do not change). */
+/* Name, UUID and attributes of vGPU d, asked once (they do not change). Filled in a
+   local copy and published once under the lock: threads that already hold a handle
+   read them meanwhile. A reply shorter than its fixed part is the host's error, never
+   read past its end. */
 static nvmlReturn_t learn(struct nvml_dev *dev) {
     if (__atomic_load_n(&dev->known, __ATOMIC_ACQUIRE)) return NVML_SUCCESS;
     int d = dev->index;
+    struct nvml_dev got = { 0 };
     unsigned char rep[4 + 4 * ATTRS + 256];
     uint32_t n = 0, len;
     hvgpu_device_get_name_req_t nq = { 0 };
     CUresult r = on(d, HVGPU_OP_DEVICE_GET_NAME, &nq, sizeof nq, rep, sizeof rep, &n);
     if (r) return from_cuda(r);
+    if (n < 4) return NVML_ERROR_UNKNOWN;
     memcpy(&len, rep, 4);
-    text_of(rep, n, 4, len, dev->name, sizeof dev->name);
+    text_of(rep, n, 4, len, got.name, sizeof got.name);
     hvgpu_device_get_uuid_req_t uq = { 0 };
     if ((r = on(d, HVGPU_OP_DEVICE_GET_UUID, &uq, sizeof uq, rep, sizeof rep, &n))) return from_cuda(r);
+    if (n < 4 + 16) return NVML_ERROR_UNKNOWN;
     memcpy(&len, rep, 4);
-    if (n < 4 + 16 || len < 16) return NVML_ERROR_UNKNOWN;
+    if (len < 16) return NVML_ERROR_UNKNOWN;
     const unsigned char *u = rep + 4;
-    snprintf(dev->uuid, sizeof dev->uuid,
+    snprintf(got.uuid, sizeof got.uuid,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
              u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
              u[14], u[15]);
     hvgpu_device_get_attributes_req_t aq = { 0, ATTRS };
     if ((r = on(d, HVGPU_OP_DEVICE_GET_ATTRIBUTES, &aq, sizeof aq, rep, sizeof rep, &n)))
         return from_cuda(r);
+    if (n < 4) return NVML_ERROR_UNKNOWN;
     memcpy(&len, rep, 4);
-    memset(dev->attrs, 0, sizeof dev->attrs);
     if (len > n - 4) len = n - 4;
     if (len > 4 * ATTRS) len = 4 * ATTRS;
-    memcpy(dev->attrs + 1, rep + 4, len);
-    __atomic_store_n(&dev->known, 1, __ATOMIC_RELEASE);
+    memcpy(got.attrs + 1, rep + 4, len);
+    pthread_mutex_lock(&lock);
+    if (!dev->known) {
+        memcpy(dev->name, got.name, sizeof dev->name);
+        memcpy(dev->uuid, got.uuid, sizeof dev->uuid);
+        memcpy(dev->attrs, got.attrs, sizeof dev->attrs);
+        __atomic_store_n(&dev->known, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lock);
     return NVML_SUCCESS;
 }
 
@@ -175,8 +188,9 @@ static nvmlReturn_t device_of(nvmlDevice_t h, struct nvml_dev **out) {
 
 static nvmlReturn_t copy_text(const char *text, char *out, unsigned int length) {
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
-    if (strlen(text) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(out, text, strlen(text) + 1);
+    size_t size = strlen(text) + 1; /* once: the check and the copy see one length */
+    if (size > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(out, text, size);
     return NVML_SUCCESS;
 }
 
@@ -243,9 +257,12 @@ HV_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
 HV_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
     if (!version) return NVML_ERROR_INVALID_ARGUMENT;
     hvgpu_driver_get_version_rep_t v;
-    CUresult r = on(0, HVGPU_OP_DRIVER_GET_VERSION, NULL, 0, &v, sizeof v, NULL);
-    if (!r) *version = v.version;
-    return from_cuda(r);
+    uint32_t n = 0;
+    CUresult r = on(0, HVGPU_OP_DRIVER_GET_VERSION, NULL, 0, &v, sizeof v, &n);
+    if (r) return from_cuda(r);
+    if (n < sizeof v) return NVML_ERROR_UNKNOWN; /* a short reply: nothing to say */
+    *version = v.version;
+    return NVML_SUCCESS;
 }
 
 HV_EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
@@ -405,8 +422,10 @@ HV_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pc
 static nvmlReturn_t slice_memory(struct nvml_dev *dev, unsigned long long *total,
                                  unsigned long long *used) {
     unsigned char rep[sizeof(hvgpu_slice_info_rep_t) + 256];
-    CUresult r = on(dev->index, HVGPU_OP_SLICE_INFO, NULL, 0, rep, sizeof rep, NULL);
+    uint32_t n = 0;
+    CUresult r = on(dev->index, HVGPU_OP_SLICE_INFO, NULL, 0, rep, sizeof rep, &n);
     if (r) return from_cuda(r);
+    if (n < sizeof(hvgpu_slice_info_rep_t)) return NVML_ERROR_UNKNOWN;
     hvgpu_slice_info_rep_t s;
     memcpy(&s, rep, sizeof s);
     *total = s.mem;
@@ -447,9 +466,10 @@ HV_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtiliza
     DEVICE(h, dev);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
     hvgpu_vgpu_utilization_rep_t v;
-    CUresult r = on(dev->index, HVGPU_OP_VGPU_UTILIZATION, NULL, 0, &v, sizeof v, NULL);
+    uint32_t n = 0;
+    CUresult r = on(dev->index, HVGPU_OP_VGPU_UTILIZATION, NULL, 0, &v, sizeof v, &n);
     if (r) return r == CUDA_ERROR_NOT_SUPPORTED ? NVML_ERROR_NOT_SUPPORTED : from_cuda(r);
-    if (!v.known) return NVML_ERROR_NOT_SUPPORTED;
+    if (n < sizeof v || !v.known) return NVML_ERROR_NOT_SUPPORTED;
     u->gpu = v.gpu > 100 ? 100 : v.gpu;
     u->memory = 0;
     return NVML_SUCCESS;
