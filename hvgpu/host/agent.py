@@ -686,15 +686,6 @@ class Agent:
         returns the vGPUs whose open connections keep older MPS limits for now."""
         return self._apply(self.registry.sync())
 
-    def slice_attached(self, key: VgpuKey, mem: int) -> None:
-        self.slices_changed()
-
-    def slice_detached(self, key: VgpuKey) -> None:
-        self.slices_changed()
-
-    def slice_resized(self, key: VgpuKey, mem: int, compute: int) -> bool:
-        return key in self.slices_changed()
-
     def release_vm(self, vm: str) -> None:
         """End the executors of every vGPU of a VM; its slices and ledgers stay."""
         for key in self.registry.keys_of(vm):
@@ -766,17 +757,19 @@ class Commands:
         if name.startswith("_") or not callable(method):
             raise AttributeError(name)
 
+        signature = inspect.signature(method)
+
         def call(*args, **kwargs):
             try:
                 if "_inventory" in kwargs:
                     raise TypeError("got an unexpected keyword argument '_inventory'")
-                named = dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+                named = dict(signature.bind(*args, **kwargs).arguments)
             except TypeError as exc:  # as the method itself would say, and audited
                 refused = TypeError(f"{name}: {exc}")
                 _audit(logging.INFO, Command(name, kwargs, self._who, None),
                        f"refused (bad-request): {refused}")
                 raise refused from None
-            if "_inventory" in inspect.signature(method).parameters:
+            if "_inventory" in signature.parameters:
                 kwargs["_inventory"] = self._api.read_inventory()  # NVML: here, not on the loop
             return self._agent.call(name, lambda: method(*args, **kwargs), named, self._who)
         return call

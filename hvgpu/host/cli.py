@@ -221,16 +221,10 @@ def _ready_status(runner, control: str) -> str:
     return f"serving {slices} slices on {listeners or 'no listener'}; control {control}"
 
 
-def _metrics_address(ctx, param, value):
-    if value is None:
-        return None
+def _metrics_address(text):
     from hvgpu.host.metrics import parse_address
 
-    try:
-        parse_address(value)
-    except HvgpuError as exc:
-        raise click.BadParameter(str(exc)) from None
-    return value
+    return parse_address(text)
 
 
 @cli.command()
@@ -279,7 +273,8 @@ def _metrics_address(ctx, param, value):
                    "(no time of our own, each line's priority as <N> for journald), json (one "
                    "object a line: time, level, logger, source, message, extra fields); auto: "
                    "journal when stderr is systemd's journal, else text.")
-@click.option("--metrics", default=None, metavar="HOST:PORT", callback=_metrics_address,
+@click.option("--metrics", default=None, metavar="HOST:PORT",
+              callback=_checked(_metrics_address),
               help="Serve Prometheus metrics at http://HOST:PORT/metrics, for example "
                    "127.0.0.1:9464 [default: off]. 0.0.0.0 shows every VM's name and "
                    "usage to anyone who can reach the port.")

@@ -233,8 +233,7 @@ class ControlAPI:
             if by_libvirt:
                 vms.plug_regions(new, tx)
                 vms.record(self.slices.of_vm(vm), tx)
-            for s in new:
-                self.agent.slice_attached(s.key, size)
+            self.agent.slices_changed()
         d = new[0].as_dict()
         d["vgpus"] = [s.as_dict() for s in new]
         if by_libvirt and hybrid is not None:
@@ -285,8 +284,7 @@ class ControlAPI:
         elif libvirt_vm:
             vms.forget(vm, unplug)
         self.slices.detach(vm, device)
-        for g in gone:
-            self.agent.slice_detached(g.key)
+        self.agent.slices_changed()  # the vGPUs' guests are disconnected, executors end
         d = gone[0].as_dict()
         d["vgpus"] = [g.as_dict() for g in gone]
         return d
@@ -328,7 +326,7 @@ class ControlAPI:
                                                   shm=before[2]), "slice record")
             if by_libvirt:
                 vms.record(self.slices.of_vm(vm), tx)
-        pending = self.agent.slice_resized(key, s.mem, s.compute)
+        pending = key in self.agent.slices_changed()
         d = s.as_dict()
         d["pending"] = pending
         if unenforced:
