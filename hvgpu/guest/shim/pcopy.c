@@ -125,7 +125,10 @@ void hv_copy(void *dst, const void *src, size_t n) {
         return;
     }
     int parts = helpers + 1;
-    size_t each = (n / parts + PCOPY_ALIGN - 1) & ~(PCOPY_ALIGN - 1);
+    /* Every byte has a part: the share is rounded up before it is aligned, or a share
+       that n / parts already aligns would leave the n % parts last bytes to nobody. */
+    size_t share = n / parts + (n % parts != 0);
+    size_t each = (share + PCOPY_ALIGN - 1) & ~(PCOPY_ALIGN - 1);
     pthread_mutex_lock(&lock);
     job_dst = dst;
     job_src = src;
