@@ -66,6 +66,11 @@ _LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 # Ending a capture is never skipped for an earlier one-way frame's error (which waits for
 # the next call): the capture would go on here while the guest believes it over.
 _END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
+# A synchronisation that reports an earlier one-way frame's error still waits for the
+# work it names first, as the driver's does: a program that logs the error and goes on
+# must not find the GPU still busy with what it believed finished.
+_WAITS = frozenset(P.OP[name] for name in ("CTX_SYNCHRONIZE", "STREAM_SYNCHRONIZE",
+                                           "EVENT_SYNCHRONIZE"))
 # Where each op that names a stream has it, among its fixed fields.
 _STREAM_FIELD = {code: c.names.index("stream") for code, c in codec.REQUEST.items()
                  if "stream" in c.names}
@@ -258,6 +263,8 @@ class Session:
                 continue
             if not oneway and self.deferred is not None and hdr.op != _END_CAPTURE:
                 self.reader.skip_payload()
+                if hdr.op in _WAITS:
+                    self._wait_before_telling(hdr, body)
                 err, op, seq = self.deferred
                 self.deferred = None
                 self._reply_error(hdr.op, hdr.seq, err.status, err.detail, failed_op=op,
@@ -286,6 +293,15 @@ class Session:
             self.reader.skip_payload()
         if not oneway and result is not _ALREADY_REPLIED:
             self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[hdr.op].encode(result or ())))
+
+    def _wait_before_telling(self, hdr, body) -> None:
+        """Carries out a synchronisation whose reply will be an earlier error: its own
+        failure (a bad handle, the sticky error itself) changes nothing of that reply."""
+        try:
+            if self.device is not None:
+                self.handlers[hdr.op](hdr, *codec.REQUEST[hdr.op].decode(body))
+        except (CudaError, ProtocolError) as exc:
+            log.debug("%s: %s before a deferred error: %s", self.peer, P.op_name(hdr.op), exc)
 
     def _refuse_payload(self, hdr) -> CudaError | None:
         """Why this frame's payload is not accepted, or None."""
