@@ -146,6 +146,15 @@ static CUresult launch_target(struct hv_func *f, CUstream stream, int *device, u
     return r;
 }
 
+/* Refused here, as the driver refuses it at the call: sent one-way, the refusal would
+   only surface at a later call, after the program went on as if it ran. */
+static CUresult checked(struct hv_func *f, int device, uint64_t handle, unsigned gx,
+                        unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem) {
+    const unsigned grid[3] = { gx, gy, gz }, block[3] = { bx, by, bz };
+    return HV_ON(device, hv_launch_check(f, handle, grid, block, smem));
+}
+
 static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
                        void **extra) {
@@ -155,6 +164,7 @@ static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz,
     int device;
     uint64_t handle;
     CUresult r = launch_target(f, stream, &device, &handle);
+    if (!r) r = checked(f, device, handle, gx, gy, gz, bx, by, bz, smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
     if (r) return r;
     hvgpu_launch_kernel_req_t q = { handle, gx, gy, gz, bx, by, bz, smem, hv_untag(stream), need };
@@ -191,6 +201,7 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
     int device;
     uint64_t handle;
     CUresult r = launch_target(f, c->stream, &device, &handle);
+    if (!r) r = checked(f, device, handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
     if (r) return r;
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);

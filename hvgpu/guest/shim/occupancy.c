@@ -147,6 +147,50 @@ out:
     return r;
 }
 
+/* CUdevice_attribute numbers of the limits a launch is held to. */
+enum { DEV_MAX_THREADS = 1, DEV_MAX_BLOCK_X = 2, DEV_MAX_GRID_X = 5 };
+#define ATTR_MAX_THREADS 0      /* CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK */
+
+/* What the driver's cuLaunchKernel refuses at the call, from what the guest holds: the
+   vGPU's limits (fetched at init) and the function's attributes (fetched once per
+   function, then kept as occupancy queries keep them). A limit the agent did not give
+   (0) is not applied: the executor's driver still judges the launch. */
+CUresult hv_launch_check(struct hv_func *f, uint64_t handle, const unsigned grid[3],
+                         const unsigned block[3], unsigned smem) {
+    const int *dev = hv_attrs[hv_routed_device()];
+    uint64_t threads = 1;
+    for (int i = 0; i < 3; i++) {
+        if (!grid[i] || !block[i]) return CUDA_ERROR_INVALID_VALUE;
+        int most_block = dev[DEV_MAX_BLOCK_X + i], most_grid = dev[DEV_MAX_GRID_X + i];
+        if ((most_block > 0 && block[i] > (unsigned)most_block) ||
+            (most_grid > 0 && grid[i] > (unsigned)most_grid))
+            return CUDA_ERROR_INVALID_VALUE;
+        threads *= block[i];
+    }
+    if (dev[DEV_MAX_THREADS] > 0 && threads > (uint64_t)dev[DEV_MAX_THREADS])
+        return CUDA_ERROR_INVALID_VALUE;
+    struct hv_answers *a = answers(f);
+    if (!a) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = fill(a, handle);
+    if (!r) {
+        /* the function's own limits: its registers bound its block, its static shared
+           memory and the attribute set (or not) bound the dynamic shared memory */
+        if ((a->known >> ATTR_MAX_THREADS & 1) && a->attr[ATTR_MAX_THREADS] > 0 &&
+            threads > (uint64_t)a->attr[ATTR_MAX_THREADS])
+            r = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+        else if ((a->known >> ATTR_MAX_DYNAMIC_SHARED & 1) &&
+                 a->attr[ATTR_MAX_DYNAMIC_SHARED] >= 0 &&
+                 smem > (unsigned)a->attr[ATTR_MAX_DYNAMIC_SHARED])
+            r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&f->lock);
+    if (r && hv_trace_enabled())
+        hv_log("launch of %s <<<(%u,%u,%u),(%u,%u,%u),%u>>> refused as the driver refuses it "
+               "(%d)", f->name ? f->name : "?", grid[0], grid[1], grid[2], block[0], block[1],
+               block[2], smem, r);
+    return r;
+}
+
 static CUresult set_cache_config(struct hv_func *f, uint64_t handle, int config) {
     struct hv_answers *a = answers(f);
     if (!a) return CUDA_ERROR_OUT_OF_MEMORY;

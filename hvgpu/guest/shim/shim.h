@@ -155,6 +155,10 @@ void hv_graph_event_done(CUevent event);
 CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
                         uint32_t *size, int *device, uint64_t *handle);
 CUresult hv_capture_refuse(CUstream stream, const char *what);
+/* occupancy.c: a launch configuration the driver would refuse, refused with its status
+   (on the function's vGPU, routed there). */
+CUresult hv_launch_check(struct hv_func *f, uint64_t handle, const unsigned grid[3],
+                         const unsigned block[3], unsigned smem);
 /* module.c: where a function runs and its handle there: a module's function on its
    module's vGPU; a library kernel on the routed vGPU (looked up there the first time). */
 CUresult hv_func_resolve(struct hv_func *f, int *device, uint64_t *handle);
