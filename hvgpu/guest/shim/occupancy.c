@@ -177,7 +177,7 @@ CUresult hv_launch_check(struct hv_func *f, uint64_t handle, const unsigned grid
            memory and the attribute set (or not) bound the dynamic shared memory */
         if ((a->known >> ATTR_MAX_THREADS & 1) && a->attr[ATTR_MAX_THREADS] > 0 &&
             threads > (uint64_t)a->attr[ATTR_MAX_THREADS])
-            r = CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
+            r = CUDA_ERROR_INVALID_VALUE; /* the driver's status for it (seen on the H200) */
         else if ((a->known >> ATTR_MAX_DYNAMIC_SHARED & 1) &&
                  a->attr[ATTR_MAX_DYNAMIC_SHARED] >= 0 &&
                  smem > (unsigned)a->attr[ATTR_MAX_DYNAMIC_SHARED])

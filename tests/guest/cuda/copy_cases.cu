@@ -138,6 +138,8 @@ static int one(bool drv, int dir, const char *kind, bool async, size_t n, size_t
         if (!r) r = (int)cudaMemset(ddst, POISON, dst_len);
         c.src = (char *)dsrc + soff; c.dst = (char *)ddst + doff;
     }
+    // The set-up ran on the legacy stream; the case's stream does not wait for it.
+    if (!r) r = (int)cudaDeviceSynchronize();
     if (!r) {
         if (graph) r = captured(c, drv, s);
         else {
