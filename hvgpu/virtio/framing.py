@@ -7,6 +7,10 @@ holds grows with the bytes that arrived, never with what a header announces:
 a peer that announces a large body or payload and then goes quiet costs only
 what it sent.
 
+A reader given ``mid_frame_silence`` raises :class:`PeerSilent` when the peer
+sends part of a frame and then nothing for that long: between frames a peer may
+be idle as long as it likes, but a frame begun is held in memory until it ends.
+
 A socket given a silence timeout (:func:`set_silence_timeout`) raises
 :class:`PeerSilent` when the peer sends nothing, or takes nothing, for that
 long; a busy peer says it is still there with progress frames
@@ -20,6 +24,7 @@ session's job.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 from typing import Callable, NamedTuple
@@ -136,8 +141,9 @@ class FrameReader:
 
     def __init__(self, sock: socket.socket, bufsize: int = 64 << 10,
                  max_body: int = P.MAX_BODY, max_payload: int = P.MAX_PAYLOAD,
-                 accept_fds: bool = False):
+                 accept_fds: bool = False, mid_frame_silence: float | None = None):
         self.sock = sock
+        self.mid_frame_silence = mid_frame_silence
         # Descriptors the peer sent (SCM_RIGHTS, unix sockets only), oldest first; the
         # frame that announces one takes it (take_fd), the reader closes the rest.
         self.fds: list[int] | None = [] if accept_fds else None
@@ -160,6 +166,24 @@ class FrameReader:
             if flags & socket.MSG_DONTWAIT:
                 raise
             raise PeerSilent("the peer sent nothing for the connection's timeout") from None
+
+    def _recv_begun(self, view: memoryview) -> int:
+        """A receive of the rest of a frame already begun: with ``mid_frame_silence``,
+        the peer must send something within it. Data already there costs no wait and
+        no extra system call."""
+        silence = self.mid_frame_silence
+        if not silence:
+            return self._recv_into(view)
+        while True:
+            try:
+                return self._recv_into(view, socket.MSG_DONTWAIT)
+            except _SILENT:
+                pass
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            if not poller.poll(silence * 1000):
+                raise PeerSilent(f"the peer sent part of a frame and then nothing for "
+                                 f"{silence:g} s")
 
     def _recvmsg_into(self, view: memoryview, flags: int) -> int:
         got, ancillary, _, _ = self.sock.recvmsg_into([view], _FD_SPACE,
@@ -194,7 +218,8 @@ class FrameReader:
                 self.buf[:n] = self.buf[self.start:self.end]
             self.start, self.end = 0, n
         while self.end - self.start < need:
-            got = self._recv_into(self.view[self.end:])
+            view = self.view[self.end:]
+            got = self._recv_begun(view) if self.end > self.start else self._recv_into(view)
             if got == 0:
                 if self.end == self.start:
                     raise PeerClosed("peer closed the connection")
@@ -269,7 +294,7 @@ class FrameReader:
             self.start += have
         pos = have
         while pos < n:
-            got = self._recv_into(dest[pos:])
+            got = self._recv_begun(dest[pos:])
             if got == 0:
                 raise ConnectionLost(f"peer vanished mid-payload ({pos} of {n} bytes)")
             pos += got

@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
-from hvgpu.host.executor import nvrtc_policy
+from hvgpu.host.executor import admission, nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
@@ -95,6 +95,13 @@ _PAYLOAD_LIMITS = {P.OP["MODULE_LOAD_DATA"]: (MAX_MODULE_IMAGE, "module image"),
                    P.OP["MODULE_COMPILE"]: (MAX_SOURCE, "source"),
                    P.OP["MODULE_COMPILE_HEADERS"]: (MAX_SOURCE, "source with its headers")}
 _TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
+# A frame begun and then left unfinished holds memory here until it ends: past this
+# much silence in its middle the connection is closed (between frames a guest may be
+# idle as long as it likes).
+MID_FRAME_SILENCE = 60.0
+# How long a compilation waits for the VM's compiler slot before it is refused: two
+# compilations that each reach their limits (compiler.py: 60 CPU s, 150 s in all).
+COMPILE_WAIT = 300.0
 _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
 
 
@@ -108,7 +115,8 @@ class Session:
                  staging: StagingPool | None = None, heartbeat: Heartbeat | None = None,
                  on_poisoned: Callable[[int], None] | None = None,
                  shared: regions.Shared | None = None,
-                 neighbours: Callable[[], list] | None = None):
+                 neighbours: Callable[[], list] | None = None,
+                 uploads: admission.UploadBudget | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.send_lock = threading.Lock()
@@ -134,7 +142,10 @@ class Session:
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
         self.cache = cache or CompileCache(None)
-        self.reader = FrameReader(sock, accept_fds=sock.family == socket.AF_UNIX)
+        self.reader = FrameReader(sock, accept_fds=sock.family == socket.AF_UNIX,
+                                  mid_frame_silence=MID_FRAME_SILENCE)
+        self.uploads = uploads or admission.PROCESS_UPLOADS
+        self.compile_slots = admission.compile_slots(self.cache.directory)
         self.allocs = Allocations()
         self.charged = 0  # bytes of the slice's quota this guest holds
         self.alloc_charges: dict[int, int] = {}  # allocation -> bytes charged for it
@@ -826,10 +837,11 @@ class Session:
         self.device.memset_async(dst, value, width, count, self._stream(stream))
 
     def op_module_load_data(self, hdr):
-        image = self.reader.read_payload()
-        if not image:
-            raise CudaError(P.CUDA_ERROR_INVALID_IMAGE, "empty module image")
-        return (self._load_module(image),)
+        with self.uploads.holding(hdr.payload_len, "module image"):
+            image = self.reader.read_payload()
+            if not image:
+                raise CudaError(P.CUDA_ERROR_INVALID_IMAGE, "empty module image")
+            return (self._load_module(image),)
 
     def op_module_compile(self, hdr, name, options):
         return self._compile(hdr, name, options, [], [hdr.payload_len])
@@ -852,6 +864,10 @@ class Session:
         name = nvrtc_policy.check_program_name(name)
         nvrtc_policy.check_header_names(names)
         opts = nvrtc_policy.check_options([o for o in options.split("\0") if o], names)
+        with self.uploads.holding(hdr.payload_len, "source with its headers"):
+            return self._compile_held(name, names, counts, opts)
+
+    def _compile_held(self, name, names, counts, opts):
         data = self.reader.read_payload()
         parts, at = [], 0
         for n in counts:
@@ -861,9 +877,14 @@ class Session:
         nvrtc_policy.check_includes(source, headers, name)
         key = CompileCache.key(self.device.compiler_id(), name, opts, source, headers)
         image, build_log, hit = self.cache.get_or_build(
-            key, lambda: self.device.compile(source, name, opts, headers))
+            key, lambda: self._build(source, name, opts, headers))
         log.info("%s: compiled %s (%s)", self.peer, name, "cache hit" if hit else "NVRTC")
         return (self._load_module(image), build_log[:P.MAX_MESSAGE])
+
+    def _build(self, source, name, opts, headers):
+        """A compilation in one of the VM's compiler slots (waiting for one if need be)."""
+        with self.compile_slots.slot(COMPILE_WAIT):
+            return self.device.compile(source, name, opts, headers)
 
     def op_module_unload(self, hdr, module):
         obj = self.modules.get(module)
