@@ -65,6 +65,15 @@ LIBVIRT_RETRY_FIRST, LIBVIRT_RETRY_MOST = 0.5, 30.0  # seconds between reconnect
 
 # Control operations that change nothing: audited at DEBUG (monitoring polls them).
 QUERIES = frozenset({"gpus", "list", "status"})
+# A vGPU's executors that may still be ending (retired after a fault or a resize, each
+# with the connections that saw it) before its new connections are refused: each is a
+# process and a CUDA context, which a guest could otherwise multiply by reconnecting.
+MAX_RETIRING = 4
+# Faults within FAULT_MEMORY s of the last count as one run; from the second on, a new
+# executor waits RESTART_BACKOFF s, doubling with each, at most RESTART_BACKOFF_MOST.
+FAULT_MEMORY = 300.0
+RESTART_BACKOFF = 0.5
+RESTART_BACKOFF_MOST = 60.0
 
 
 @dataclass
@@ -460,13 +469,16 @@ class Agent:
                 self.vms.vm_for_cid if self.vms is not None else None)
             if route == "slice":
                 open_now = self.registry.connections_of(detail.vm)
-                if open_now < self.config.max_connections_per_vm:
-                    self._to_slice(self.registry.get(detail), conn, peer)
+                record = self.registry.get(detail)
+                held_back = self._held_back(record)
+                if open_now < self.config.max_connections_per_vm and held_back is None:
+                    self._to_slice(record, conn, peer)
                     return
                 route, status = "refuse", P.HV_TOO_MANY_CONNECTIONS
-                detail = (f"VM {detail.vm!r} has {open_now} connections open, as many as "
-                          "the host agent allows (hvgpu agent --max-connections-per-vm); "
-                          "close one and connect again")
+                detail = held_back or (
+                    f"VM {detail.vm!r} has {open_now} connections open, as many as the host "
+                    "agent allows (hvgpu agent --max-connections-per-vm); close one and "
+                    "connect again")
         except Exception as exc:  # one guest's failure never stops the agent
             if isinstance(exc, (HvgpuError, OSError)):
                 log.error("cannot serve %s: %s", peer, exc)
@@ -508,6 +520,24 @@ class Agent:
                 break
         finally:
             conn.close()
+
+    def _held_back(self, record: VgpuRecord) -> str | None:
+        """Why a connection that needs a new executor for the vGPU cannot have one now:
+        too many of its executors are still ending, or faults came in quick succession
+        and the next start waits. None when it may."""
+        current = record.current
+        if current is not None and current.process.poll() is None:
+            return None  # no new executor needed
+        if len(record.retiring) >= MAX_RETIRING:
+            return (f"slice {record.key} has {len(record.retiring)} executors still ending "
+                    f"(after faults or resizes), as many as the agent keeps; its new "
+                    "connections are refused until one ends: close the connections that saw "
+                    "the fault")
+        wait = record.restart_after - time.monotonic()
+        if wait > 0:
+            return (f"slice {record.key}'s executors hit {record.faults} faults in quick "
+                    f"succession; a new one starts in {wait:.1f} s: connect again then")
+        return None
 
     def _start_slice(self, record: VgpuRecord) -> SliceExecutor:
         old = record.current
@@ -602,6 +632,14 @@ class Agent:
                         "open ones keep the error until they close", ex.key, ex.process.pid,
                         P.status_name(msg["status"]), ex.connections)
             self.supervisor.retire(record, ex)
+            if record is not None:
+                now = time.monotonic()
+                record.faults = record.faults + 1 if now - record.last_fault < FAULT_MEMORY \
+                    else 1
+                record.last_fault = now
+                if record.faults > 1:  # the first fault restarts at once; a loop slows down
+                    record.restart_after = now + min(RESTART_BACKOFF_MOST, RESTART_BACKOFF
+                                                     * 2 ** (record.faults - 2))
         return None
 
     def _region_owners(self) -> frozenset[int]:

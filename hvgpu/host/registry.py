@@ -67,6 +67,11 @@ class VgpuRecord:
     counters: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
     util: int | None = None  # GPU utilisation of its executors, as NVML last said
+    # Faults that poisoned its executors, counted while they come in quick succession,
+    # and when a new executor may next be started (time.monotonic())
+    faults: int = 0
+    last_fault: float = 0.0
+    restart_after: float = 0.0
 
     @property
     def key(self) -> VgpuKey:
