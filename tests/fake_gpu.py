@@ -814,6 +814,9 @@ class FakeDevice:
     def graph_nodes(self, graph):
         return [graph.node(i) for i in range(len(graph.ops))]
 
+    def graph_node_count(self, graph):
+        return len(graph.ops)
+
     def _add(self, graph, deps, work) -> "Node":
         if graph.destroyed:
             raise CudaError(S.INVALID_HANDLE, "fake: destroyed graph")

@@ -1,6 +1,6 @@
 """What one VM's guests may hold of the host at once, beyond its GPU quota.
 
-Two bounds that a hostile guest would otherwise multiply by its connections:
+Bounds that a hostile guest would otherwise multiply by its connections:
 
 - :class:`UploadBudget`: payload bytes an executor holds whole before using them
   (module images, CUDA C++ sources with their headers). Each such frame reserves
@@ -14,6 +14,8 @@ Two bounds that a hostile guest would otherwise multiply by its connections:
   process's; a compilation that finds every slot taken waits for one (the guest's
   call waits, as a busy compiler makes it wait), and past ``max_waiting`` waiters
   in one executor it is refused.
+- :class:`NodeBudget`: graph nodes (captured or added, in graphs and instantiated
+  graphs) one executor holds; executor/graphs.py also bounds each connection's.
 
 Must not decide what is compiled or loaded: the session and nvrtc_policy do.
 """
@@ -34,6 +36,8 @@ UPLOAD_BYTES = 512 << 20  # two of the largest module images at once
 COMPILE_SLOTS = 1         # NVRTC children per VM at once (each limited in CPU and memory)
 COMPILE_WAITING = 8       # compilations one executor lets wait for a slot
 _POLL = 0.05              # how often a waiting compilation looks for a free slot
+GRAPH_NODES = 1 << 20     # graph nodes one executor (a VM's vGPU) holds at once
+GRAPH_NODES_PER_CONNECTION = 1 << 19
 
 
 class UploadBudget:
@@ -129,7 +133,36 @@ class CompileSlots:
                          "the compiler stayed busy with this VM's other compilations; try again")
 
 
-PROCESS_UPLOADS = UploadBudget()  # an executor process is one VM's vGPU: its sessions share it
+class NodeBudget:
+    """Graph nodes held across the sessions of one executor: those of captures under
+    way, of graphs and of instantiated graphs. The driver keeps each in the executor's
+    host memory (about 500 bytes a captured memset, measured), which no GPU quota sees."""
+
+    def __init__(self, limit: int = GRAPH_NODES):
+        self.limit = limit
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int, what: str) -> None:
+        with self._lock:
+            if self.held + n > self.limit:
+                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
+                                f"{what}: this VM's graphs hold {self.held} nodes, and may "
+                                f"hold {self.limit} at once; destroy graphs it no longer uses")
+            self.held += n
+
+    def count(self, n: int) -> None:
+        """Nodes that exist already (a capture's graph, whole): counted, never refused."""
+        with self._lock:
+            self.held += n
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.held = max(0, self.held - n)
+
+
+PROCESS_UPLOADS = UploadBudget()
+PROCESS_GRAPH_NODES = NodeBudget()  # an executor process is one VM's vGPU: its sessions share it
 _slots: dict[str, CompileSlots] = {}
 _slots_lock = threading.Lock()
 

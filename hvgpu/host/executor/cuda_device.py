@@ -651,6 +651,9 @@ class CudaDevice:
         n = int(result[-1])
         return int(status), int(cid), graph, list(deps or [])[:n]
 
+    def graph_node_count(self, graph) -> int:
+        return int(_ok(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
+
     def graph_nodes(self, graph) -> list:
         _, count = _ok(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")
         if not count:

@@ -137,6 +137,8 @@ class GpuDevice(Protocol):
     def stream_capture_info(self, stream: Any) -> tuple[int, int, Any, list]:
         """cuStreamGetCaptureInfo: (status, id, graph, dependency nodes)."""
     def graph_nodes(self, graph: Any) -> list: ...
+    def graph_node_count(self, graph: Any) -> int:
+        """How many nodes the graph has (cuGraphGetNodes with no array)."""
     # Nodes added by hand; deps are node objects of the same graph (graphs.py checked).
     def graph_create(self) -> Any: ...
     def graph_add_kernel(self, graph: Any, deps: list, function: Any, grid: tuple,

@@ -35,6 +35,7 @@ import struct
 from typing import Any, Callable
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import admission
 from hvgpu.host.executor.tables import Handles
 from hvgpu.virtio import protocol as P
 
@@ -51,8 +52,14 @@ STATUS_NONE, STATUS_ACTIVE, STATUS_INVALIDATED = 0, 1, 2
 
 
 class Graphs:
-    def __init__(self, device):
+    def __init__(self, device, budget: admission.NodeBudget | None = None):
         self.device = device
+        # Nodes this connection holds, counted against it and against the executor's
+        # budget: ("graph", handle) or ("exec", handle) -> its nodes, and the frames of
+        # captures under way (their graphs are counted whole when they end).
+        self.budget = budget or admission.PROCESS_GRAPH_NODES
+        self.held: dict[tuple[str, int], int] = {}
+        self.in_capture = 0
         self.graphs = Handles("graph")
         self.execs = Handles("graph exec")
         self.nodes = Handles("graph node")
@@ -93,6 +100,8 @@ class Graphs:
         if self.captured_frames > MAX_CAPTURED_FRAMES:
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"more than {MAX_CAPTURED_FRAMES} "
                             "operations in captures under way at once")
+        self._take(1, "an operation captured into a graph")
+        self.in_capture += 1
 
     def refuse_if_capturing(self, stream: Any, what: str) -> None:
         if self.capturing(stream):
@@ -167,15 +176,26 @@ class Graphs:
             elif gh is not None:  # the driver destroyed what it had captured
                 self._forget_graph(gh)
                 self._unpark()
+            self._captures_over()
             raise
         if gh is None:  # not begun here; the driver ended it all the same
-            return self._add_graph(graph)
-        old = self.graphs.objects[gh]
-        if self.device.handle_value(graph) != self.device.handle_value(old):
-            self._graph_of_value.pop(self.device.handle_value(old), None)
-            self.graphs.objects[gh] = graph
-            self._graph_of_value[self.device.handle_value(graph)] = gh
+            gh = self._add_graph(graph)
+        else:
+            old = self.graphs.objects[gh]
+            if self.device.handle_value(graph) != self.device.handle_value(old):
+                self._graph_of_value.pop(self.device.handle_value(old), None)
+                self.graphs.objects[gh] = graph
+                self._graph_of_value[self.device.handle_value(graph)] = gh
+        # The graph exists, with the nodes its frames made: counted whole now (its frames
+        # were, one by one, while it was under way).
+        self._count(("graph", gh), self.device.graph_node_count(graph))
+        self._captures_over()
         return gh
+
+    def _captures_over(self) -> None:
+        if not self.origins and self.in_capture:
+            self.budget.give(self.in_capture)
+            self.in_capture = 0
 
     def _still_capturing(self, stream: Any) -> bool:
         try:
@@ -210,7 +230,14 @@ class Graphs:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
                             "captured")
         self._room()
-        handle = self.execs.add(self.device.graph_instantiate(g, flags))
+        nodes = self.held.get(("graph", graph), 0)
+        self._take(nodes, f"instantiating a graph of {nodes} nodes")
+        try:
+            handle = self.execs.add(self.device.graph_instantiate(g, flags))
+        except BaseException:
+            self.budget.give(nodes)
+            raise
+        self.held[("exec", handle)] = nodes
         self._exec_graph[handle] = {graph}
         return handle
 
@@ -254,7 +281,15 @@ class Graphs:
         if len(self.nodes.objects) >= MAX_NODES:
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection is given at most "
                             f"{MAX_NODES} graph node handles")
-        return self._node_handle(graph, add(g, nodes))
+        self._take(1, "a graph node")
+        try:
+            node = add(g, nodes)
+        except BaseException:
+            self.budget.give(1)
+            raise
+        key = ("graph", graph)
+        self.held[key] = self.held.get(key, 0) + 1
+        return self._node_handle(graph, node)
 
     def add_dependencies(self, graph: int, sources: bytes, targets: bytes) -> None:
         g = self._editable(graph)
@@ -302,6 +337,7 @@ class Graphs:
     def destroy_exec(self, exec_: int) -> None:
         self.device.graph_exec_destroy(self.execs.get(exec_))
         self.execs.pop(exec_)
+        self.budget.give(self.held.pop(("exec", exec_), 0))
         self._exec_graph.pop(exec_, None)
         self._unpark()
 
@@ -316,6 +352,9 @@ class Graphs:
         # Any left, the driver would not end: such a capture never becomes a graph, so
         # nothing can replay what it took in.
         self.origins.clear()
+        self._captures_over()
+        self.budget.give(sum(self.held.values()))
+        self.held.clear()
         for table, destroy in ((self.execs, self.device.graph_exec_destroy),
                                (self.graphs, self.device.graph_destroy)):
             for obj in table.objects.values():
@@ -343,7 +382,24 @@ class Graphs:
         self._graph_nodes[gh] = set()
         return gh
 
+    def _take(self, n: int, what: str) -> None:
+        """Count ``n`` more nodes against this connection and the executor, or refuse."""
+        mine = sum(self.held.values()) + self.in_capture
+        if mine + n > admission.GRAPH_NODES_PER_CONNECTION:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
+                            f"{what}: this connection's graphs hold {mine} nodes, and may "
+                            f"hold {admission.GRAPH_NODES_PER_CONNECTION} at once; destroy "
+                            "graphs it no longer uses")
+        self.budget.take(n, what)
+
+    def _count(self, key: tuple[str, int], n: int) -> None:
+        """Nodes that exist already, whatever the bounds: counted, never refused."""
+        self.budget.give(self.held.get(key, 0))
+        self.budget.count(n)
+        self.held[key] = n
+
     def _forget_graph(self, gh: int) -> None:
+        self.budget.give(self.held.pop(("graph", gh), 0))
         graph = self.graphs.objects.pop(gh, None)
         if graph is not None:
             self._graph_of_value.pop(self.device.handle_value(graph), None)
