@@ -13,7 +13,6 @@ import struct
 import pytest
 
 from hvgpu.errors import CudaError
-from hvgpu.errors import CudaError
 from hvgpu.host.executor import graphs
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -608,3 +607,43 @@ def test_a_flood_of_dependencies_is_refused_whole(guest):
     status, why = guest.call("GRAPH_ADD_DEPENDENCIES", graph, flood, flood)
     assert status == 1
     assert guest.call("GRAPH_GET_NODES", graph, 0) == (0, (1, b""))  # nothing was added
+
+
+def _saxpy_function(g: Guest) -> int:
+    ptx = b".version 8.0\n.target sm_90\n.visible .entry saxpy()\n{\n ret;\n}\n\0"
+    g.seq += 1
+    g.sock.sendall(frame("MODULE_LOAD_DATA", seq=g.seq, payload=ptx))
+    _, _, _, status, body = read_reply(g.sock)
+    assert status == 0
+    (module,) = codec.REPLY[P.OP["MODULE_LOAD_DATA"]].decode(body)
+    status, (function,) = g.call("MODULE_GET_FUNCTION", module, "saxpy")
+    assert status == 0
+    return function
+
+
+def test_memory_a_graph_writes_is_freed_only_when_the_graph_goes(guest):
+    s = _stream(guest)
+    written, elsewhere = guest.alloc(MiB), guest.alloc(MiB)
+    x, y = guest.alloc(4096), guest.alloc(4096)
+    function = _saxpy_function(guest)
+    status, (_, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
+    guest.post("MEMSET", written + 64, 8, 0x5A, 1, s)
+    # a kernel whose parameters point into x and y (saxpy(a, x, y, n))
+    guest.post("LAUNCH_KERNEL", function, 1, 1, 1, 32, 1, 1, 0, s,
+               struct.pack("<f4xQQi", 2.0, x, y + 16, 8))
+    assert guest.call("STREAM_END_CAPTURE", s) == (0, (graph,))
+    status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
+    assert status == 0
+    device = guest.device
+    for ptr in (written, x, y, elsewhere):
+        assert guest.call("MEM_FREE", ptr)[0] == 0  # the guest's handle goes at once ...
+    # ... memory no graph names is given back now; what the graph writes stays
+    assert {written, x, y} <= set(device.mem) and elsewhere not in device.mem
+    status, why = guest.call("MEM_FREE", written)
+    assert status == P.CUDA_ERROR_INVALID_VALUE  # gone for the guest: freed twice
+    guest.post("GRAPH_LAUNCH", exec_, s)  # a replay writes memory still allocated
+    assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
+    assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert {written, x, y} <= set(device.mem)  # the graph itself still names them
+    assert guest.call("GRAPH_DESTROY", graph)[0] == 0
+    assert not {written, x, y} & set(device.mem)

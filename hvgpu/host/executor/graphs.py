@@ -10,8 +10,10 @@ let go of it:
   its events, and its kernels are its modules' code; so while the connection holds
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
-  never reaches memory the executor has unmapped or code it has unloaded. Events and
-  regions are parked only where a graph may reach them (``events``, ``regions``): a
+  never reaches memory the executor has unmapped or code it has unloaded. Events,
+  regions and allocations (cuMemFree) are parked only where a graph may reach them
+  (``events``, ``regions``, ``allocations``: a kernel's parameters are read as
+  pointers for it, every aligned 8 bytes that falls in an allocation): a
   framework holds its graphs for good and makes and drops events every step, and with
   memfd regions each pinned allocation is a region;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
@@ -78,6 +80,10 @@ class Graphs:
         # Region ids a graph may copy to or from: named by a node, or by a copy while a
         # capture is under way (the C loop serves none).
         self.regions: set[int] = set()
+        # Allocations (their starts) a graph may write or read: named by a copy or memset
+        # node, by a kernel node's parameters, or by such work while a capture is under
+        # way. Freeing one is parked: a replay must not reach memory given back.
+        self.allocations: set[int] = set()
 
     # -- state the session asks about ------------------------------------------
 
@@ -367,6 +373,7 @@ class Graphs:
         self.nodes.objects.clear()
         self.events.clear()
         self.regions.clear()
+        self.allocations.clear()
         self._unpark()
 
     # -- helpers ---------------------------------------------------------------------
@@ -425,6 +432,7 @@ class Graphs:
             return
         self.events.clear()  # no graph is left to reach them
         self.regions.clear()
+        self.allocations.clear()
         if not self.parked:
             return
         parked, self.parked = self.parked, []

@@ -620,6 +620,8 @@ class Session:
     def _check_range(self, ptr: int, n: int, what: str) -> None:
         """Inside an allocation of this guest (cuMemAlloc, pool or readable-writable
         mapped memory), or a module variable it looked up."""
+        if self.graphs.origins:  # a capture under way may take this work in
+            self._graph_reaches(ptr)
         if self.allocs.holds(ptr, n) or self.pools.allocs.holds(ptr, n) \
                 or self.vmm.covers(ptr, n):
             return
@@ -762,9 +764,27 @@ class Session:
 
     def op_mem_free(self, hdr, dptr):
         self.allocs.remove(dptr)
+        if dptr in self.graphs.allocations and self.graphs.park(
+                f"allocation 0x{dptr:x}", lambda: self._free(dptr)):
+            return  # a graph may still write it: freed, and uncharged, when the last goes
+        self._free(dptr)
+
+    def _free(self, dptr: int) -> None:
         with DEVICE_MEMORY:
             self.device.mem_free(dptr)
         self._uncharge(self.alloc_charges.pop(dptr, 0))
+
+    def _graph_reaches(self, ptr: int) -> None:
+        base = self.allocs.base_of(ptr)
+        if base is not None:
+            self.graphs.allocations.add(base)
+
+    def _graph_reads_params(self, params) -> None:
+        """A kernel a graph runs: every aligned 8 bytes of its parameters that falls in
+        an allocation may be a pointer it writes through."""
+        words = memoryview(params)[:len(params) // 8 * 8].cast("B").cast("Q")
+        for value in words:
+            self._graph_reaches(value)
 
     def _load_module(self, image) -> int:
         """Load and charge what the load took of device memory (module variables:
@@ -962,6 +982,8 @@ class Session:
         for i in range(0, len(attrs), _LAUNCH_ATTR_SIZE):
             if int.from_bytes(attrs[i:i + 4], "little") in _EVENT_ATTRS:
                 raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "launch attributes naming events")
+        if self.graphs.origins:
+            self._graph_reads_params(params)
         self.device.launch_ex(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream),
                               params, attrs)
         self.counts["launches"] += 1
@@ -1023,6 +1045,8 @@ class Session:
         if len(body) != size + n:
             raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
         params = body[size:]
+        if self.graphs.origins:
+            self._graph_reads_params(params)
         self.device.launch(self._launch_params(function, params), (gx, gy, gz), (bx, by, bz),
                            shared, self._stream(stream), params)
         self.counts["launches"] += 1
@@ -1155,6 +1179,7 @@ class Session:
     def _kernel_node(self, function, grid_x, grid_y, grid_z, block_x, block_y, block_z,
                      shared_mem, params) -> tuple:
         fn = self._launch_params(function, params)  # the guest's, with the kernel's size
+        self._graph_reads_params(params)
         return (fn, (grid_x, grid_y, grid_z), (block_x, block_y, block_z), shared_mem,
                 bytes(params))
 
@@ -1173,6 +1198,7 @@ class Session:
         if height > 1 and pitch < row:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"pitch {pitch} under a row of {row}")
         self._check_range(dst, (height - 1) * pitch + row, "destination")
+        self._graph_reaches(dst)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memset(
             g, d, dst, pitch, value, width_bytes, width, height)),)
 
@@ -1190,6 +1216,8 @@ class Session:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
         if not size:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
+        for ptr in ((dst, src) if kind == 0 else (dst,) if kind == 1 else (src,)):
+            self._graph_reaches(ptr)
         if kind:
             self.graphs.regions.add(region)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memcpy(

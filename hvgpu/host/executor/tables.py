@@ -51,6 +51,13 @@ class Allocations:
         for ptr in list(self.starts):
             self.remove(ptr)
 
+    def base_of(self, ptr: int) -> int | None:
+        """The start of the allocation ``ptr`` falls in, or None."""
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        if i >= 0 and ptr < self.starts[i] + self.sizes[self.starts[i]]:
+            return self.starts[i]
+        return None
+
     def holds(self, ptr: int, n: int) -> bool:
         i = bisect.bisect_right(self.starts, ptr) - 1
         return i >= 0 and ptr + n <= self.starts[i] + self.sizes[self.starts[i]]
