@@ -36,6 +36,14 @@ TOTAL = 1 << 30
 GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity, as on current GPUs
 POOL_STEP = 512  # a pool hands out its chunks in steps of this
 GRAPH_EXEC_BYTES = 2 << 20  # what the driver takes of device memory per instantiation
+# What cuMemAlloc takes of the free memory cuMemGetInfo reports (seen on the H200, driver
+# 580; tests/contract holds the driver to it): up to SMALL_ALLOCATION, allocations are
+# carved out of GRANULARITY pages the driver shares among them, SMALL_STEP bytes at a
+# step; larger ones take whole pages of their own. The double takes a small one's share
+# of a page rather than modelling which page has room: alone, one takes less here than
+# on the driver (a whole new page, or nothing); many together take the same.
+SMALL_ALLOCATION = 1 << 20
+SMALL_STEP = 512
 
 
 class _Pool:
@@ -195,6 +203,8 @@ class FakeDevice:
         if ordinal != 0:
             raise CudaError(S.INVALID_DEVICE, f"fake host has one GPU, not {ordinal}")
         self.mem: dict[int, bytearray] = {}
+        self.taken: dict[int, int] = {}  # allocation -> what it takes of free memory
+        self.alloc_bytes = 0  # their sum
         # as CudaDevice: vGPU N >= 1 of a VM allocates in its own address window
         self.next = 0x6000_0000_0000 + (address_window - 1) * (1 << 40) if address_window \
             else BASE
@@ -326,7 +336,7 @@ class FakeDevice:
         return values[limit]
 
     def _used(self):
-        return (sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+        return (self.alloc_bytes + sum(self.module_bytes.values())
                 + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
                 + sum(p.reserved for p in self.pools.values()))
@@ -334,16 +344,25 @@ class FakeDevice:
     def mem_info(self):
         return TOTAL - self._used(), TOTAL
 
-    def footprint(self, size):  # as CudaDevice: the window maps whole 2 MiB pages
-        from hvgpu.host.executor.cuda_device import driver_footprint
-        return -(-size // (2 << 20)) * (2 << 20) if self.window else driver_footprint(size)
+    def footprint(self, size):
+        """What an allocation of ``size`` bytes takes of this double's free memory: the
+        model above, its own (the product's is cuda_device.driver_footprint; the contract
+        suite holds both to the driver). A vGPU's address window maps whole pages."""
+        step = GRANULARITY if self.window or size > SMALL_ALLOCATION else SMALL_STEP
+        return -(-max(size, 1) // step) * step
 
     def mem_alloc(self, size):
-        if self._used() + size > TOTAL:
+        if size == 0:  # as cuMemAlloc documents
+            raise CudaError(S.INVALID_VALUE, "fake cuMemAlloc: 0 bytes")
+        taken = self.footprint(size)
+        if self._used() + taken > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
-        ptr = self.next
-        self.next += (size + 255) // 256 * 256 + 256  # a gap: no allocation touches the next
+        align = GRANULARITY if self.window else 256  # a window maps whole pages
+        ptr = -(-self.next // align) * align
+        self.next = ptr + taken + 256  # a gap: no allocation touches the next
         self.mem[ptr] = bytearray(size)
+        self.taken[ptr] = taken
+        self.alloc_bytes += taken
         self.allocated += 1
         return ptr
 
@@ -351,6 +370,7 @@ class FakeDevice:
         if dptr not in self.mem:
             raise CudaError(S.INVALID_VALUE, "fake: not allocated")
         del self.mem[dptr]
+        self.alloc_bytes -= self.taken.pop(dptr)
         self.freed += 1
 
     # -- virtual memory management ---------------------------------------------
