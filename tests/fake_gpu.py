@@ -941,8 +941,13 @@ class FakeDevice:
         self._synchronized()
 
     def event_elapsed(self, start, end):
+        # As cuEventElapsedTime documents: an event never recorded is an invalid handle
+        # here (NOT_READY is for recorded work not done yet, which the double never has).
+        # Not yet modelled: CU_EVENT_DISABLE_TIMING events are invalid handles here too
+        # (tests/contract/test_streams_events.py says why).
         if start.t is None or end.t is None:
-            raise CudaError(S.NOT_READY, "fake: event not recorded")
+            raise CudaError(S.INVALID_HANDLE, "fake cuEventElapsedTime: an event was never "
+                                              "recorded")
         return (end.t - start.t) * 1000.0
 
     def synchronize(self):
