@@ -44,6 +44,7 @@ GRAPH_EXEC_BYTES = 2 << 20  # what the driver takes of device memory per instant
 # on the driver (a whole new page, or nothing); many together take the same.
 SMALL_ALLOCATION = 1 << 20
 SMALL_STEP = 512
+HOST_PAGE = 4096  # what cuMemAddressReserve asks of a size and a hint
 
 
 class _Pool:
@@ -382,6 +383,9 @@ class FakeDevice:
         return any(s <= ptr and ptr + size <= s + n for s, n in self.reservations.items())
 
     def address_reserve(self, size, alignment, hint):
+        if not size or size % HOST_PAGE or hint % HOST_PAGE or alignment & (alignment - 1):
+            raise CudaError(S.INVALID_VALUE, "fake cuMemAddressReserve: the size and hint are "
+                            "whole host pages, the alignment a power of two or 0")
         align = max(alignment, GRANULARITY)
         start = -(-self.next // align) * align
         self.next = start + size + GRANULARITY  # a gap: no range touches the next
@@ -396,7 +400,7 @@ class FakeDevice:
         del self.reservations[ptr]
 
     def mem_create(self, size):
-        if size % GRANULARITY:
+        if not size or size % GRANULARITY:
             raise CudaError(S.INVALID_VALUE, "fake: size is not a multiple of the granularity")
         if self._used() + size > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
@@ -410,6 +414,9 @@ class FakeDevice:
         del self.physical[handle]
 
     def mem_map(self, ptr, size, offset, handle):
+        if not size or (ptr | size | offset) % GRANULARITY:
+            raise CudaError(S.INVALID_VALUE, "fake cuMemMap: the address, size and offset are "
+                                             "whole granules")
         if not self._reserved(ptr, size):
             raise CudaError(S.INVALID_VALUE, "fake: not inside a reservation")
         if any(s < ptr + size and ptr < s + m[0] for s, m in self.mapped.items()):
