@@ -214,7 +214,8 @@ class FakeDevice:
             else BASE
         self.window = address_window
         self.pinned: dict[int, ctypes.Array] = {}
-        self.module_bytes: dict[int, int] = {}  # module -> its __device__ arrays (not backed)
+        self.module_bytes: dict[int, int] = {}  # module -> what its arrays take
+        self.variables: dict[int, list] = {}  # a module array's address -> [size, memory]
         self.registered: dict[int, int] = {}  # host_register: address -> bytes
         self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
@@ -261,6 +262,11 @@ class FakeDevice:
             for base, (buf, _, _) in pool.chunks.items():
                 if base <= ptr < base + len(buf):
                     return buf, ptr - base, base + len(buf) - ptr
+        for base, entry in self.variables.items():
+            if base <= ptr < base + entry[0]:
+                if entry[1] is None:  # backed once used: most are never touched here
+                    entry[1] = bytearray(entry[0])
+                return entry[1], ptr - base, base + entry[0] - ptr
         for base, (size, buf, offset, access) in self.mapped.items():
             if base <= ptr < base + size:
                 if access != 3:
@@ -573,24 +579,38 @@ class FakeDevice:
                                 "fake: no kernel this double knows is in the image")
             return {"names": names}
         text = image.decode(errors="replace")
-        if "__global__" not in text and ".entry" not in text:
-            raise CudaError(S.INVALID_IMAGE, "fake: not a module image")
-        module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
-        # __device__ arrays take device memory at load, as the driver's do
+        if "__global__" not in text and ".entry" not in text:  # to the driver, PTX that
+            raise CudaError(S.INVALID_PTX, "fake: not a module image")  # does not compile
+        module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text)),
+                  "globals": {}}
+        # Arrays (CUDA C++ __device__ ones, PTX .global ones) take device memory at load,
+        # as the driver's do: their size, at an address of their own, backed on first use.
         sizes = {"char": 1, "int": 4, "float": 4, "double": 8}
-        taken = sum(sizes[t] * int(n) for t, n in re.findall(
-            r"__device__\s+(char|int|float|double)\s+\w+\s*\[\s*(\d+)\s*\]", text))
+        arrays = {name: sizes[t] * int(n) for t, name, n in re.findall(
+            r"__device__\s+(char|int|float|double)\s+(\w+)\s*\[\s*(\d+)\s*\]", text)}
+        arrays.update({name: int(bits) // 8 * int(n) for bits, name, n in re.findall(
+            r"\.global\s+(?:\.align\s+\d+\s+)?\.[bsuf](8|16|32|64)\s+(\w+)\s*\[\s*(\d+)\s*\]",
+            text)})
+        taken = sum(arrays.values())
         if taken:
             if self._used() + taken > TOTAL:
                 raise CudaError(S.OUT_OF_MEMORY,
                                 f"fake: module variables of {taken} bytes do not fit")
             self.module_bytes[id(module)] = taken
+        for name, n in arrays.items():
+            ptr = -(-self.next // 256) * 256
+            self.next = ptr + n + 256
+            module["globals"][name] = (ptr, n)
+            self.variables[ptr] = [n, None]
         return module
 
     def module_global(self, module, name):
         if module.get("any"):
             return self.mem_alloc(256), 256
-        raise CudaError(S.NOT_FOUND, f"fake: no variable named {name!r}")
+        found = module.get("globals", {}).get(name)
+        if found is None:
+            raise CudaError(S.NOT_FOUND, f"fake: no variable named {name!r}")
+        return found
 
     @staticmethod
     def _compiled(function) -> dict:
@@ -647,6 +667,8 @@ class FakeDevice:
 
     def module_unload(self, module):
         self.module_bytes.pop(id(module), None)
+        for ptr, _ in module.get("globals", {}).values():
+            del self.variables[ptr]
         self.modules_unloaded += 1
 
     def module_function(self, module, name):
