@@ -362,6 +362,7 @@ class FakeDevice:
         return -(-max(size, 1) // step) * step
 
     def mem_alloc(self, size):
+        self._check()  # after a kernel's fault, as every call of the driver's
         if size == 0:  # as cuMemAlloc documents
             raise CudaError(S.INVALID_VALUE, "fake cuMemAlloc: 0 bytes")
         taken = self.footprint(size)
