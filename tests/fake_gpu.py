@@ -5,6 +5,10 @@ transport and guest client run end to end on a machine without a GPU. Kernels
 are a handful of Python functions found by name in the "compiled" source.
 Lives under tests/ only; the product never loads it.
 
+It models what the driver does and reports (statuses, the free memory each
+allocation takes), never the product's own model of it: tests/contract holds it
+and the driver to the same expectations, and where they disagree, this changes.
+
 Set HVGPU_FAKE_REPORT to a directory to get one JSON file per executor on
 close, saying what the session left allocated (it must be nothing); with
 HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held; with
@@ -36,6 +40,7 @@ TOTAL = 1 << 30
 GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity, as on current GPUs
 POOL_STEP = 512  # a pool hands out its chunks in steps of this
 GRAPH_EXEC_BYTES = 2 << 20  # what the driver takes of device memory per instantiation
+# (not measured yet: tests/contract/test_graphs.py holds it to the driver's figure)
 # What cuMemAlloc takes of the free memory cuMemGetInfo reports (seen on the H200, driver
 # 580; tests/contract holds the driver to it): up to SMALL_ALLOCATION, allocations are
 # carved out of GRANULARITY pages the driver shares among them, SMALL_STEP bytes at a
