@@ -5,6 +5,10 @@ transport and guest client run end to end on a machine without a GPU. Kernels
 are a handful of Python functions found by name in the "compiled" source.
 Lives under tests/ only; the product never loads it.
 
+It models what the driver does and reports (statuses, the free memory each
+allocation takes), never the product's own model of it: tests/contract holds it
+and the driver to the same expectations, and where they disagree, this changes.
+
 Set HVGPU_FAKE_REPORT to a directory to get one JSON file per executor on
 close, saying what the session left allocated (it must be nothing); with
 HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held; with
@@ -36,6 +40,16 @@ TOTAL = 1 << 30
 GRANULARITY = 2 << 20  # cuMemGetAllocationGranularity, as on current GPUs
 POOL_STEP = 512  # a pool hands out its chunks in steps of this
 GRAPH_EXEC_BYTES = 2 << 20  # what the driver takes of device memory per instantiation
+# (not measured yet: tests/contract/test_graphs.py holds it to the driver's figure)
+# What cuMemAlloc takes of the free memory cuMemGetInfo reports (seen on the H200, driver
+# 580; tests/contract holds the driver to it): up to SMALL_ALLOCATION, allocations are
+# carved out of GRANULARITY pages the driver shares among them, SMALL_STEP bytes at a
+# step; larger ones take whole pages of their own. The double takes a small one's share
+# of a page rather than modelling which page has room: alone, one takes less here than
+# on the driver (a whole new page, or nothing); many together take the same.
+SMALL_ALLOCATION = 1 << 20
+SMALL_STEP = 512
+HOST_PAGE = 4096  # what cuMemAddressReserve asks of a size and a hint
 
 
 class _Pool:
@@ -58,6 +72,9 @@ class _Pool:
         return sum(n for _, n in self.live.values())
 
     def trim(self, keep):
+        # Not yet as cuMemPoolTrimTo promises (a pool that held ``keep`` bytes still
+        # holds at least that many): this goes below ``keep``, which a test of the
+        # accounting expects (tests/contract/test_pools.py says which).
         for base in [b for b, c in self.chunks.items() if not c[2]]:
             if self.reserved <= keep:
                 break
@@ -195,12 +212,15 @@ class FakeDevice:
         if ordinal != 0:
             raise CudaError(S.INVALID_DEVICE, f"fake host has one GPU, not {ordinal}")
         self.mem: dict[int, bytearray] = {}
+        self.taken: dict[int, int] = {}  # allocation -> what it takes of free memory
+        self.alloc_bytes = 0  # their sum
         # as CudaDevice: vGPU N >= 1 of a VM allocates in its own address window
         self.next = 0x6000_0000_0000 + (address_window - 1) * (1 << 40) if address_window \
             else BASE
         self.window = address_window
         self.pinned: dict[int, ctypes.Array] = {}
-        self.module_bytes: dict[int, int] = {}  # module -> its __device__ arrays (not backed)
+        self.module_bytes: dict[int, int] = {}  # module -> what its arrays take
+        self.variables: dict[int, list] = {}  # a module array's address -> [size, memory]
         self.registered: dict[int, int] = {}  # host_register: address -> bytes
         self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
@@ -247,6 +267,11 @@ class FakeDevice:
             for base, (buf, _, _) in pool.chunks.items():
                 if base <= ptr < base + len(buf):
                     return buf, ptr - base, base + len(buf) - ptr
+        for base, entry in self.variables.items():
+            if base <= ptr < base + entry[0]:
+                if entry[1] is None:  # backed once used: most are never touched here
+                    entry[1] = bytearray(entry[0])
+                return entry[1], ptr - base, base + entry[0] - ptr
         for base, (size, buf, offset, access) in self.mapped.items():
             if base <= ptr < base + size:
                 if access != 3:
@@ -326,7 +351,7 @@ class FakeDevice:
         return values[limit]
 
     def _used(self):
-        return (sum(len(b) for b in self.mem.values()) + sum(self.module_bytes.values())
+        return (self.alloc_bytes + sum(self.module_bytes.values())
                 + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
                 + sum(p.reserved for p in self.pools.values()))
@@ -334,16 +359,26 @@ class FakeDevice:
     def mem_info(self):
         return TOTAL - self._used(), TOTAL
 
-    def footprint(self, size):  # as CudaDevice: the window maps whole 2 MiB pages
-        from hvgpu.host.executor.cuda_device import driver_footprint
-        return -(-size // (2 << 20)) * (2 << 20) if self.window else driver_footprint(size)
+    def footprint(self, size):
+        """What an allocation of ``size`` bytes takes of this double's free memory: the
+        model above, its own (the product's is cuda_device.driver_footprint; the contract
+        suite holds both to the driver). A vGPU's address window maps whole pages."""
+        step = GRANULARITY if self.window or size > SMALL_ALLOCATION else SMALL_STEP
+        return -(-max(size, 1) // step) * step
 
     def mem_alloc(self, size):
-        if self._used() + size > TOTAL:
+        self._check()  # after a kernel's fault, as every call of the driver's
+        if size == 0:  # as cuMemAlloc documents
+            raise CudaError(S.INVALID_VALUE, "fake cuMemAlloc: 0 bytes")
+        taken = self.footprint(size)
+        if self._used() + taken > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
-        ptr = self.next
-        self.next += (size + 255) // 256 * 256 + 256  # a gap: no allocation touches the next
+        align = GRANULARITY if self.window else 256  # a window maps whole pages
+        ptr = -(-self.next // align) * align
+        self.next = ptr + taken + 256  # a gap: no allocation touches the next
         self.mem[ptr] = bytearray(size)
+        self.taken[ptr] = taken
+        self.alloc_bytes += taken
         self.allocated += 1
         return ptr
 
@@ -351,6 +386,7 @@ class FakeDevice:
         if dptr not in self.mem:
             raise CudaError(S.INVALID_VALUE, "fake: not allocated")
         del self.mem[dptr]
+        self.alloc_bytes -= self.taken.pop(dptr)
         self.freed += 1
 
     # -- virtual memory management ---------------------------------------------
@@ -362,6 +398,9 @@ class FakeDevice:
         return any(s <= ptr and ptr + size <= s + n for s, n in self.reservations.items())
 
     def address_reserve(self, size, alignment, hint):
+        if not size or size % HOST_PAGE or hint % HOST_PAGE or alignment & (alignment - 1):
+            raise CudaError(S.INVALID_VALUE, "fake cuMemAddressReserve: the size and hint are "
+                            "whole host pages, the alignment a power of two or 0")
         align = max(alignment, GRANULARITY)
         start = -(-self.next // align) * align
         self.next = start + size + GRANULARITY  # a gap: no range touches the next
@@ -376,7 +415,7 @@ class FakeDevice:
         del self.reservations[ptr]
 
     def mem_create(self, size):
-        if size % GRANULARITY:
+        if not size or size % GRANULARITY:
             raise CudaError(S.INVALID_VALUE, "fake: size is not a multiple of the granularity")
         if self._used() + size > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
@@ -390,6 +429,9 @@ class FakeDevice:
         del self.physical[handle]
 
     def mem_map(self, ptr, size, offset, handle):
+        if not size or (ptr | size | offset) % GRANULARITY:
+            raise CudaError(S.INVALID_VALUE, "fake cuMemMap: the address, size and offset are "
+                                             "whole granules")
         if not self._reserved(ptr, size):
             raise CudaError(S.INVALID_VALUE, "fake: not inside a reservation")
         if any(s < ptr + size and ptr < s + m[0] for s, m in self.mapped.items()):
@@ -477,6 +519,8 @@ class FakeDevice:
         return pool.attrs[attrib]
 
     def pool_set_attribute(self, pool, attrib, value):
+        if attrib in (6, 8):  # a high mark reset (to 0) starts again from what is held now
+            value = pool.reserved if attrib == 6 else pool.used
         pool.attrs[attrib] = value
 
     def pool_trim(self, pool, keep):
@@ -541,24 +585,38 @@ class FakeDevice:
                                 "fake: no kernel this double knows is in the image")
             return {"names": names}
         text = image.decode(errors="replace")
-        if "__global__" not in text and ".entry" not in text:
-            raise CudaError(S.INVALID_IMAGE, "fake: not a module image")
-        module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text))}
-        # __device__ arrays take device memory at load, as the driver's do
+        if "__global__" not in text and ".entry" not in text:  # to the driver, PTX that
+            raise CudaError(S.INVALID_PTX, "fake: not a module image")  # does not compile
+        module = {"names": set(re.findall(r"(?:void|\.entry)\s+(\w+)\s*\(", text)),
+                  "globals": {}}
+        # Arrays (CUDA C++ __device__ ones, PTX .global ones) take device memory at load,
+        # as the driver's do: their size, at an address of their own, backed on first use.
         sizes = {"char": 1, "int": 4, "float": 4, "double": 8}
-        taken = sum(sizes[t] * int(n) for t, n in re.findall(
-            r"__device__\s+(char|int|float|double)\s+\w+\s*\[\s*(\d+)\s*\]", text))
+        arrays = {name: sizes[t] * int(n) for t, name, n in re.findall(
+            r"__device__\s+(char|int|float|double)\s+(\w+)\s*\[\s*(\d+)\s*\]", text)}
+        arrays.update({name: int(bits) // 8 * int(n) for bits, name, n in re.findall(
+            r"\.global\s+(?:\.align\s+\d+\s+)?\.[bsuf](8|16|32|64)\s+(\w+)\s*\[\s*(\d+)\s*\]",
+            text)})
+        taken = sum(arrays.values())
         if taken:
             if self._used() + taken > TOTAL:
                 raise CudaError(S.OUT_OF_MEMORY,
                                 f"fake: module variables of {taken} bytes do not fit")
             self.module_bytes[id(module)] = taken
+        for name, n in arrays.items():
+            ptr = -(-self.next // 256) * 256
+            self.next = ptr + n + 256
+            module["globals"][name] = (ptr, n)
+            self.variables[ptr] = [n, None]
         return module
 
     def module_global(self, module, name):
         if module.get("any"):
             return self.mem_alloc(256), 256
-        raise CudaError(S.NOT_FOUND, f"fake: no variable named {name!r}")
+        found = module.get("globals", {}).get(name)
+        if found is None:
+            raise CudaError(S.NOT_FOUND, f"fake: no variable named {name!r}")
+        return found
 
     @staticmethod
     def _compiled(function) -> dict:
@@ -615,6 +673,8 @@ class FakeDevice:
 
     def module_unload(self, module):
         self.module_bytes.pop(id(module), None)
+        for ptr, _ in module.get("globals", {}).values():
+            del self.variables[ptr]
         self.modules_unloaded += 1
 
     def module_function(self, module, name):
@@ -924,8 +984,13 @@ class FakeDevice:
         self._synchronized()
 
     def event_elapsed(self, start, end):
+        # As cuEventElapsedTime documents: an event never recorded is an invalid handle
+        # here (NOT_READY is for recorded work not done yet, which the double never has).
+        # Not yet modelled: CU_EVENT_DISABLE_TIMING events are invalid handles here too
+        # (tests/contract/test_streams_events.py says why).
         if start.t is None or end.t is None:
-            raise CudaError(S.NOT_READY, "fake: event not recorded")
+            raise CudaError(S.INVALID_HANDLE, "fake cuEventElapsedTime: an event was never "
+                                              "recorded")
         return (end.t - start.t) * 1000.0
 
     def synchronize(self):
