@@ -72,11 +72,18 @@ class _Pool:
         return sum(n for _, n in self.live.values())
 
     def trim(self, keep):
-        # Not yet as cuMemPoolTrimTo promises (a pool that held ``keep`` bytes still
-        # holds at least that many): this goes below ``keep``, which a test of the
-        # accounting expects (tests/contract/test_pools.py says which).
+        """cuMemPoolTrimTo: unused chunks go while the pool still holds at least
+        ``keep`` bytes after each (its promise: never fewer than ``keep`` left)."""
         for base in [b for b, c in self.chunks.items() if not c[2]]:
-            if self.reserved <= keep:
+            if self.reserved - len(self.chunks[base][0]) < keep:
+                continue
+            del self.chunks[base]
+
+    def release_beyond(self, threshold):
+        """At a synchronisation: unused chunks go until the pool holds no more than its
+        release threshold."""
+        for base in [b for b, c in self.chunks.items() if not c[2]]:
+            if self.reserved <= threshold:
                 break
             del self.chunks[base]
 
@@ -158,11 +165,12 @@ class Event:
     """A fake CUDA event: when it was last recorded, and the capture it was last
     recorded in (a stream that waits for it joins that capture)."""
 
-    __slots__ = ("t", "capture")
+    __slots__ = ("t", "capture", "timing")
 
-    def __init__(self):
+    def __init__(self, timing: bool = True):
         self.t = None
         self.capture = None
+        self.timing = timing  # False: created with CU_EVENT_DISABLE_TIMING
 
 
 class Capture:
@@ -529,7 +537,7 @@ class FakeDevice:
     def _synchronized(self):
         """The driver gives pool memory back beyond each pool's release threshold."""
         for pool in self.pools.values():
-            pool.trim(pool.attrs[4])
+            pool.release_beyond(pool.attrs[4])
 
     def host_alloc(self, size):
         buf = (ctypes.c_char * size)()
@@ -821,7 +829,7 @@ class FakeDevice:
             self.captures[stream] = capture  # joins the capture (a fork)
 
     def event_create(self, flags):
-        return Event()
+        return Event(timing=not flags & 2)
 
     def event_destroy(self, event):
         self.events_destroyed += 1
@@ -986,9 +994,8 @@ class FakeDevice:
     def event_elapsed(self, start, end):
         # As cuEventElapsedTime documents: an event never recorded is an invalid handle
         # here (NOT_READY is for recorded work not done yet, which the double never has).
-        # Not yet modelled: CU_EVENT_DISABLE_TIMING events are invalid handles here too
-        # (tests/contract/test_streams_events.py says why).
-        if start.t is None or end.t is None:
+        # CU_EVENT_DISABLE_TIMING events keep no time: invalid handles here too.
+        if start.t is None or end.t is None or not (start.timing and end.timing):
             raise CudaError(S.INVALID_HANDLE, "fake cuEventElapsedTime: an event was never "
                                               "recorded")
         return (end.t - start.t) * 1000.0

@@ -76,12 +76,7 @@ def test_a_pool_that_keeps_everything_gives_memory_back_only_when_trimmed(dev, p
     assert got[RESERVED_HIGH] == held and got[USED_HIGH] >= 8 * M  # high marks stay
 
 
-def test_a_trim_keeps_at_least_what_it_is_asked_to_keep(dev, backend, pool, stream, request):
-    if backend == "double":
-        # tests/security/test_accounting.py's test_a_pools_release_threshold_is_the_guests_
-        # to_read_back expects a trim to leave at most what it keeps; once it expects what
-        # cuMemPoolTrimTo documents, the double's _Pool.trim can keep it and this mark goes.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="the double trims below"))
+def test_a_trim_keeps_at_least_what_it_is_asked_to_keep(dev, pool, stream):
     dev.pool_set_attribute(pool, RELEASE_THRESHOLD, KEEP_ALL)
     ptr = dev.pool_alloc(8 * M, pool, stream)
     dev.pool_free(ptr, stream)

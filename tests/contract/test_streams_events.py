@@ -55,13 +55,7 @@ def test_elapsed_time_needs_two_recorded_events(dev, stream):
     dev.event_destroy(b)
 
 
-def test_elapsed_time_of_an_event_that_keeps_no_time_is_an_invalid_handle(dev, backend,
-                                                                          stream, request):
-    if backend == "double":
-        # tests/host/test_session_burst.py's Step times two events it created with
-        # CU_EVENT_DISABLE_TIMING, which the driver refuses; once it creates them keeping
-        # time, the double can refuse them too (event_elapsed) and this mark goes.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="the double times them"))
+def test_elapsed_time_of_an_event_that_keeps_no_time_is_an_invalid_handle(dev, stream):
     a, untimed = dev.event_create(0), dev.event_create(_DISABLE_TIMING)
     dev.event_record(a, stream)
     dev.event_record(untimed, stream)

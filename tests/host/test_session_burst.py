@@ -47,7 +47,7 @@ class Step:
         self.fn = g.ok("MODULE_GET_FUNCTION", module, "saxpy")
         g.ok("FUNC_GET_PARAM_INFO", self.fn)  # as the shim does before its first launch
         self.side = g.ok("STREAM_CREATE", 1)
-        self.e1, self.e2 = g.ok("EVENT_CREATE", 2), g.ok("EVENT_CREATE", 2)
+        self.e1, self.e2 = g.ok("EVENT_CREATE", 0), g.ok("EVENT_CREATE", 0)  # timed
         g.python_ops.clear()
 
     def params(self, a, x, y):
