@@ -96,6 +96,16 @@ def odd_sizes(side, dev, host: np.ndarray, back: np.ndarray, seed: int,
     return None
 
 
+# The kernel whose launches are timed: it adds k to a counter, so that counter() can tell
+# whether every launch ran (bench/shim_bench.cu has the same kernel).
+TICK = r"""
+extern "C" __global__ void tick(unsigned int* n, int k) {
+    if (threadIdx.x == 0) atomicAdd(n, (unsigned int)k);
+}
+"""
+LAUNCH_BATCH = 1000  # launches between two looks at the clock
+
+
 def counter(got: int, start: int, launches: int) -> str | None:
     """A kernel that adds 1 to a 32-bit counter per launch, set to ``start`` before them."""
     want = (start + launches) & 0xFFFFFFFF

@@ -107,11 +107,14 @@ def summary(native: list[float], hvgpu: list[float], higher_is_better: bool = Tr
             "hvgpu": statistics.median(hvgpu)}
 
 
-def entry(row: Row, windows: dict | None, failures: list[str]) -> dict:
+def entry(row: Row, windows: dict | None, failures: list[str], skipped: str | None = None) -> dict:
     """A measured row as it goes into the results' JSON: every window, the summary of its
-    pairs when they are complete, and what failed (a check, an error), if anything."""
+    pairs when they are complete, and what failed (a check, an error), if anything.
+    ``skipped`` says why a row was not measured at all (no like-for-like native side)."""
     e: dict = {"label": row.label, "unit": row.unit, "higher_is_better": row.higher_is_better,
                "target": row.target, "failures": list(failures)}
+    if skipped:
+        e["skipped"] = skipped
     if windows is not None:
         e["order"] = windows["order"]
         e["windows"] = {side: windows[side] for side in SIDES}
@@ -128,6 +131,8 @@ def entry(row: Row, windows: dict | None, failures: list[str]) -> dict:
 
 
 def status(e: dict) -> str:
+    if e.get("skipped") and not e.get("failures"):
+        return "skipped"
     if e.get("failures") or "ratio" not in e:
         return "failed"
     return "noisy" if e["noisy"] else "ok"
@@ -135,6 +140,8 @@ def status(e: dict) -> str:
 
 def ratio_cell(e: dict) -> str:
     """The ratio column: median and range, or why there is none."""
+    if e["status"] == "skipped":
+        return f"not measured: {e['skipped']}"
     if e["status"] == "failed":
         why = (e.get("failures") or ["no complete pair of windows"])[0]
         return f"**failed**: {why if len(why) <= 120 else why[:117] + '...'}"

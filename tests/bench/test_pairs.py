@@ -129,6 +129,13 @@ def test_a_failed_check_or_a_missing_pair_fails_the_row_whatever_its_timing():
     assert len(pairs.ratio_cell(long)) < 140
 
 
+def test_a_row_without_a_like_for_like_side_is_skipped_not_failed():
+    e = pairs.entry(ROW, None, [], skipped="cuda.core is not installed")
+    assert e["status"] == "skipped"
+    assert pairs.ratio_cell(e) == "not measured: cuda.core is not installed"
+    assert pairs.entry(ROW, None, ["boom"], skipped="x")["status"] == "failed"
+
+
 def test_the_footer_gives_date_pairs_and_window_and_quick_runs_are_not_publishable():
     doc = {"when": "2026-12-04 10:00 UTC", "method": pairs.method(3, 2.0, quick=False)}
     text = pairs.footer(doc)
