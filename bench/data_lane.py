@@ -923,30 +923,13 @@ def render_readme(results: Path, readme: Path) -> None:
     replace_table(readme, "bench-table", table(doc))
 
 
-def arguments(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--pairs", type=int, default=pairs.PAIRS, help="pairs of windows per row")
-    ap.add_argument("--seconds", type=float, help=f"window length (default {pairs.WINDOW_S:g} s, "
-                    f"{pairs.QUICK_WINDOW_S:g} s with --quick)")
-    ap.add_argument("--quick", action="store_true",
-                    help="short windows for a smoke run: results marked quick, not publishable")
-
-
-def window_seconds(args) -> float:
-    if args.seconds is not None:
-        if args.seconds < pairs.WINDOW_S and not args.quick:
-            raise SystemExit(f"windows shorter than {pairs.WINDOW_S:g} s need --quick "
-                             "(such results are not publishable)")
-        return args.seconds
-    return pairs.QUICK_WINDOW_S if args.quick else pairs.WINDOW_S
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, help="results and logs go here")
     ap.add_argument("--rows", nargs="+", default=["default"],
                     help="row names, groups (api, cupy, shim), 'default' or 'all'")
-    arguments(ap)
+    pairs.arguments(ap)
     ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
                     help="rewrite README's bench table from a results file and exit")
     args = ap.parse_args()
@@ -955,9 +938,7 @@ def main() -> int:
         return 0
     if args.out is None:
         ap.error("--out DIR is needed (results and logs go there)")
-    if args.pairs < 3 and not args.quick:
-        ap.error("fewer than 3 pairs need --quick")
-    run(args.out, select(args.rows), args.pairs, window_seconds(args), args.quick)
+    run(args.out, select(args.rows), args.pairs, pairs.window_seconds(args), args.quick)
     return 0
 
 

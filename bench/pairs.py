@@ -175,10 +175,36 @@ def footer(doc: dict) -> str:
     return text
 
 
+def arguments(ap) -> None:
+    """--pairs, --seconds and --quick, the same for every script of bench/."""
+    ap.add_argument("--pairs", type=int, default=PAIRS, help="pairs of windows per row")
+    ap.add_argument("--seconds", type=float, help=f"window length (default {WINDOW_S:g} s, "
+                    f"{QUICK_WINDOW_S:g} s with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="short windows for a smoke run: results marked quick, not publishable")
+
+
+def window_seconds(args) -> float:
+    """The window length the arguments ask for; shorter than WINDOW_S, or fewer than PAIRS
+    pairs, only with --quick, whose results say they are not publishable."""
+    if args.pairs < PAIRS and not args.quick:
+        raise SystemExit(f"fewer than {PAIRS} pairs need --quick (such results are not "
+                         "publishable)")
+    if args.seconds is not None:
+        if args.seconds < WINDOW_S and not args.quick:
+            raise SystemExit(f"windows shorter than {WINDOW_S:g} s need --quick "
+                             "(such results are not publishable)")
+        return args.seconds
+    return QUICK_WINDOW_S if args.quick else WINDOW_S
+
+
 def unpublishable(doc: dict) -> str | None:
     """Why a results file must not go into README, or None."""
     if "method" not in doc:
         return "it comes from before paired windows (no 'method' in it)"
-    if doc["method"]["quick"]:
+    m = doc["method"]
+    if m["quick"]:
         return "it is a quick run (--quick): its windows are too short to believe"
+    if m["pairs"] < PAIRS or m["window_s"] < WINDOW_S:
+        return f"{m['pairs']} pairs of {m['window_s']:g} s windows are too few to believe"
     return None
