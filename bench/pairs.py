@@ -143,7 +143,7 @@ def ratio_cell(e: dict) -> str:
     if e["status"] == "skipped":
         return f"not measured: {e['skipped']}"
     if e["status"] == "failed":
-        why = (e.get("failures") or ["no complete pair of windows"])[0]
+        why = (e.get("failures") or ["no complete pair of windows"])[0].splitlines()[0]
         return f"**failed**: {why if len(why) <= 120 else why[:117] + '...'}"
     if e["status"] == "noisy":
         return f"noisy: ±{e['spread_pct']:.0f}% ({e['min']:.2f}–{e['max']:.2f})"

@@ -119,7 +119,10 @@ class Worker:
             status = self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             status = "unknown"
-        return f"{self.name} exited with status {status}; its log: {self.log}\n{self.tail()}"
+        tail = self.tail()
+        last = next((x.strip() for x in reversed(tail.splitlines()) if x.strip()), "")
+        return (f"{self.name} exited with status {status}: {last[:300]} (its log: {self.log})"
+                f"\n{tail}")
 
     def tail(self, n: int = 3000) -> str:
         try:

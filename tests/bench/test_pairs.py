@@ -127,6 +127,8 @@ def test_a_failed_check_or_a_missing_pair_fails_the_row_whatever_its_timing():
     assert pairs.entry(ROW, half, [])["status"] == "failed"
     long = pairs.entry(ROW, None, ["x" * 300])
     assert len(pairs.ratio_cell(long)) < 140
+    lines = pairs.entry(ROW, None, ["worker exited: ImportError (its log: x.log)\nTraceback"])
+    assert pairs.ratio_cell(lines) == "**failed**: worker exited: ImportError (its log: x.log)"
 
 
 def test_a_row_without_a_like_for_like_side_is_skipped_not_failed():
