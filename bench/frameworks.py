@@ -81,7 +81,7 @@ LOSS_RTOL = 2e-2
 # near this is another computation, not rounding; the chaotic growth of a difference over
 # a few thousand steps of SGD is what the margin is for.
 WEIGHTS_RTOL = 1e-3
-FINISH_TIMEOUT = 900.0  # a slow side catching up a fast one's steps
+FINISH_TIMEOUT = 300.0  # a slow side catching up a fast one's steps
 
 
 def start_agent() -> tuple[object, str]:
@@ -194,9 +194,10 @@ class Training:
         return self
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
         for side, w in self.workers.items():
             try:
-                self.ready[side] = w.ready(timeout)
+                self.ready[side] = w.ready(max(1.0, deadline - time.monotonic()))
             except WorkerFailed as exc:
                 self.failures.append(f"{side} failed to start: {exc}"[:3000])
 
@@ -285,9 +286,12 @@ def start(names: list[str], address: str, logs: Path, trace: bool = False) -> li
 
 
 def wait_ready(rows: list[Training], timeout: float = READY_TIMEOUT) -> None:
+    """Until every row is warm, or ``timeout`` after this call for all of them together
+    (they warm up at once, so one that is not ready by then is stuck, not slow)."""
+    deadline = time.monotonic() + timeout
     for row in rows:
         if not row.failures:
-            row.wait_ready(timeout)
+            row.wait_ready(max(1.0, deadline - time.monotonic()))
             print(f"== {row.name}: " + ("ready" if not row.failures else row.failures[0][:400]),
                   flush=True)
 

@@ -35,7 +35,9 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-READY_TIMEOUT = 900.0  # warm-up may compile (torch.compile, XLA) beside everything else
+# Warm-up may compile (torch.compile, XLA) beside everything else; a worker still silent
+# after this is stuck, and waiting longer would spend the GPU machine's time on nothing.
+READY_TIMEOUT = 480.0
 
 
 class WorkerFailed(Exception):
