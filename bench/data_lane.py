@@ -369,7 +369,7 @@ class Native(InProcess):
 
         self.cp, self.cupyx = cp, cupyx
         self.launcher, self.launcher_problem = None, None
-        problems = []
+        self.launcher_notes = problems = []  # why a front end before the one used was not
         for kind in (CoreLauncher, BindingsLauncher):
             try:
                 self.launcher = kind(cp)
@@ -635,7 +635,7 @@ class Session:
         self.sides["api"] = {"native": native, "hvgpu": hv}
         self.info["front_ends"]["launch_rate"] = {
             "native": native.launcher.front_end if native.launcher else None,
-            "hvgpu": "hvgpu.guest.launch()"}
+            "hvgpu": "hvgpu.guest.launch()", "not_used": native.launcher_notes}
         if any(f.spec == "sgemm" and f.group == "api" for f in self.figures):
             rng = np.random.default_rng(0)
             a = rng.standard_normal((SGEMM_N, SGEMM_N), dtype=np.float32)
