@@ -15,8 +15,9 @@ start at once and warm up side by side (imports, torch.compile, XLA), untimed, w
 data lane is set up (nvcc builds bench/shim_bench.cu, the CuPy and shim workers start,
 odd-size copy checks run). Once all of it is warm and idle: the data-lane rows, then the
 training rows, each in ABBA pairs of windows of at least 2 s (bench/pairs.py), then
-every training row's catch-up and weight check at once. Roughly: warm-up 1-1.5 min,
-data lane 10 rows x ~14 s, training 9 rows x ~13 s, checks ~0.5 min.
+every training row's catch-up and weight check at once. Estimated, not yet measured:
+warm-up 1-2 min, data lane 10 rows x ~14 s, training 9 rows x ~13 s, checks ~0.5 min,
+so 5.5-7 min in all, most of the spread in the warm-up.
 
 Writes data_lane.json, .md, .png and frameworks.json, .md to --out; every process's
 log to --out/logs; and this run's whole output, the agent's and executors' included, to
