@@ -1,23 +1,41 @@
-"""Real training steps, native against hvgpu's libcuda shim, side by side in one run.
+"""Real training steps, native against hvgpu's libcuda shim, in alternating timed windows.
 
-    python3 bench/frameworks.py --out bench/results            # on a GPU host
-    python3 bench/frameworks.py --render bench/results/frameworks.json README.md
-    python3 bench/frameworks.py --only gpt --trace              # one workload, shim traced
+On the GPU machine, from the repository root (bench/run_all.py runs this together with
+bench/data_lane.py; see there for the one command to run):
 
-Each workload in bench/workloads/ is run as its own process twice on the same GPU: once
-on the real driver, once with hvgpu's libcuda.so.1 first on the library path, talking to
-an agent started here (unix socket, the whole GPU). Reported per workload: throughput of
-both, their ratio (target >= 0.90), the shim's synchronous round trips per timed step,
-and whether the loss traces agree (every step within LOSS_RTOL of native, relative).
-Writes frameworks.json and frameworks.md to --out.
+    python3 bench/frameworks.py --out /tmp/hvgpu-bench                 # default rows, ~4 min
+    python3 bench/frameworks.py --out /tmp/hvgpu-bench --only gpt      # one row
+    python3 bench/frameworks.py --out /tmp/hvgpu-quick --quick         # smoke run, ~2 min
+    python3 bench/frameworks.py --render /tmp/hvgpu-bench/frameworks.json README.md
+
+Each row is a workload of bench/workloads/ run as two processes on the same GPU: one on
+the real driver, one with hvgpu's libcuda.so.1 first on the library path, talking to an
+agent started here (unix socket, the whole GPU). Every row's processes start at once and
+warm up (imports, compilation, autotuning) before any window is timed, then wait idle
+for their turn. Row by row, the pair is asked for windows of at least 2 s of training
+steps in ABBA order (bench/pairs.py): the ratio is the median of the per-pair
+throughput ratios, with their spread; a row spread wider than ±10% says it was noisy.
+
+After the windows, both sides are taken to the same number of steps (the one that ran
+fewer catches up, untimed) and report every loss and a checksum of their final weights
+(bench/workloads/common.py). Same seed, same data, same steps: a row fails when the
+weights' relative difference exceeds WEIGHTS_RTOL or any step's loss differs by more
+than LOSS_RTOL. Variants (VARIANTS) give both sides the same environment, e.g. PyTorch's
+cudaMallocAsync allocator natively against the same allocator through the shim.
+
+Writes frameworks.json and frameworks.md to --out and every process's log to
+--out/logs. Must not write README or bench/results by itself: --render does that, from
+a results file that is not a quick run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,6 +45,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench import pairs  # noqa: E402
+from bench.worker import READY_TIMEOUT, Worker, WorkerFailed  # noqa: E402
 
 WORKLOADS = {  # name: (module, label for the table)
     "resnet": ("bench.workloads.resnet", "ResNet-20 CIFAR, fp32, SGD, batch 128 (cuDNN)"),
@@ -39,10 +60,28 @@ WORKLOADS = {  # name: (module, label for the table)
     "reduce_overhead": ("bench.workloads.reduce_overhead", "torch.compile(mode=\"reduce-overhead\") "
                         "MLP step (cudagraph trees)"),
 }
+# name: (workload, environment of both sides, label). Like with like: the allocator or
+# flag a variant is about is set natively as well as through the shim.
+VARIANTS = {
+    "resnet-cudamallocasync": ("resnet", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                               "ResNet-20 as above, PyTorch's cudaMallocAsync allocator on "
+                               "both sides"),
+    "gpt-cudamallocasync": ("gpt", {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+                            "GPT as above, PyTorch's cudaMallocAsync allocator on both sides"),
+    "jax-autotune0": ("jax", {"XLA_FLAGS": "--xla_gpu_autotune_level=0"},
+                      "JAX as above, XLA's autotuner off on both sides"),
+}
+DEFAULT = [*WORKLOADS, "resnet-cudamallocasync", "gpt-cudamallocasync"]
 TARGET = 0.90
 # Same GPU, same kernels, same seeds: the traces should agree closely, but cuDNN/cuBLAS may
 # pick other algorithms from run to run and atomics reorder sums.
 LOSS_RTOL = 2e-2
+# The weights after the same steps from the same seed. PyTorch's runs pick deterministic
+# algorithms on both sides and their loss traces have been bit-identical, so a difference
+# near this is another computation, not rounding; the chaotic growth of a difference over
+# a few thousand steps of SGD is what the margin is for.
+WEIGHTS_RTOL = 1e-3
+FINISH_TIMEOUT = 300.0  # a slow side catching up a fast one's steps
 
 
 def start_agent() -> tuple[object, str]:
@@ -105,43 +144,206 @@ def compare(native: dict, hv: dict) -> dict:
     return {"match": n == len(a) == len(b) and worst <= LOSS_RTOL, "max_rel_diff": worst}
 
 
-def run(out: Path, only: list[str], trace: bool, steps: int | None, timeout: float,
-        logs: Path | None = None) -> dict:
-    agent, address = start_agent()
-    native_env = dict(os.environ)
-    hv_env = shim_env(address, trace)
-    extra = ["--steps", str(steps)] if steps else []
-    results = {}
-    try:
-        for name in only:
-            module, label = WORKLOADS[name]
-            print(f"== {name}: {label}", flush=True)
-            if logs:
-                logs.mkdir(parents=True, exist_ok=True)
-            native = run_one(module, native_env, extra, timeout,
-                             logs / f"{name}.native.log" if logs else None)
-            hv = run_one(module, hv_env, extra, timeout, logs / f"{name}.hvgpu.log" if logs else None)
-            row = {"label": label, "native": native, "hvgpu": hv}
-            if "error" in native:
-                print(f"   native failed: {native['error']}\n{native['stderr'][-1500:]}", flush=True)
-            if "error" in hv:
-                print(f"   hvgpu failed: {hv['error']}\n{hv['stderr'][-4000:]}", flush=True)
-            if "error" not in native and "error" not in hv:
-                row["ratio"] = hv["throughput"] / native["throughput"]
-                row.update(compare(native, hv))
-                print(f"   native {native['throughput']:10.1f} {native['unit']}  hvgpu "
-                      f"{hv['throughput']:10.1f}  ratio {row['ratio']:.2f}  round trips/step "
-                      f"{hv['round_trips_per_step']}  losses match: {row['match']} "
-                      f"(max rel diff {row['max_rel_diff']:.2e})", flush=True)
-                print("   shim: " + hv["stderr"][-1500:].replace("\n", "\n   "), flush=True)
-            results[name] = row
-    finally:
-        agent.stop()
-    doc = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-           "target": TARGET, "loss_rtol": LOSS_RTOL, "results": results}
+def weights_difference(native: dict | None, hvgpu: dict | None) -> float | None:
+    """Relative distance of the two sides' final weights, from their checksums
+    (bench/workloads/common.checksum); None where it cannot be told (missing, another
+    number of weights, not finite)."""
+    if not native or not hvgpu or native["count"] != hvgpu["count"]:
+        return None
+    a, b = native["projections"], hvgpu["projections"]
+    diff = math.sqrt(sum((x - y) ** 2 for x, y in zip(a, b)))
+    norm = math.sqrt(sum(x * x for x in a))
+    rel = diff / norm if norm else (0.0 if diff == 0 else math.inf)
+    return rel if math.isfinite(rel) else None
+
+
+def spec(name: str) -> tuple[str, dict, str]:
+    """(module, environment of both sides, label) of a row."""
+    if name in WORKLOADS:
+        module, label = WORKLOADS[name]
+        return module, {}, label
+    base, env, label = VARIANTS[name]
+    return WORKLOADS[base][0], env, label
+
+
+class Training:
+    """One row: a workload's native and hvgpu processes, and what they answered."""
+
+    def __init__(self, name: str, module: str, label: str, native_env: dict, hvgpu_env: dict,
+                 logs: Path, env: dict | None = None, extra: list[str] | None = None):
+        self.name, self.label, self.env = name, label, env or {}
+        cmd = [sys.executable, "-X", "faulthandler", "-m", module, "--serve", *(extra or [])]
+        self.workers = {side: Worker(f"{name}-{side}", cmd, env=e, cwd=ROOT,
+                                     log=logs / f"frameworks-{name}-{side}.log")
+                        for side, e in (("native", native_env), ("hvgpu", hvgpu_env))}
+        self.failures: list[str] = []
+        self.ready: dict = {}
+        self.windows: dict | None = None
+        self.finished: dict = {}
+
+    @classmethod
+    def of(cls, name: str, address: str, logs: Path, trace: bool = False,
+           extra: list[str] | None = None) -> "Training":
+        module, env, label = spec(name)
+        return cls(name, module, label, dict(os.environ, **env),
+                   dict(shim_env(address, trace), **env), logs, env, extra)
+
+    def start(self) -> "Training":
+        for w in self.workers.values():
+            w.start()
+        return self
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        for side, w in self.workers.items():
+            try:
+                self.ready[side] = w.ready(max(1.0, deadline - time.monotonic()))
+            except WorkerFailed as exc:
+                self.failures.append(f"{side} failed to start: {exc}"[:3000])
+
+    def measure(self, index: int, pairs_n: int, seconds: float) -> None:
+        if self.failures:
+            return
+        base = 1000 * (index + 1)
+        try:
+            self.windows = pairs.run_pairs(
+                lambda side, pair: self.workers[side].window(
+                    "step", base + 2 * pair + pairs.SIDES.index(side), seconds), pairs_n)
+        except WorkerFailed as exc:
+            self.failures.append(str(exc)[:3000])
+
+    def steps(self) -> dict:
+        return {side: sum(w["ops"] for w in self.windows[side]) for side in pairs.SIDES}
+
+    def finish(self) -> None:
+        """Both sides to the same number of steps, at once; their losses and weights."""
+        if self.windows is None:
+            return
+        total = max(self.steps().values())
+
+        def ask(side):
+            try:
+                self.finished[side] = self.workers[side].ask(f"finish {total}", FINISH_TIMEOUT)
+            except WorkerFailed as exc:
+                self.failures.append(f"{side} could not finish: {exc}"[:3000])
+
+        threads = [threading.Thread(target=ask, args=(side,)) for side in pairs.SIDES]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.close()
+
+    def entry(self) -> dict:
+        info = self.ready.get("native") or self.ready.get("hvgpu") or {}
+        row = pairs.Row(self.name, self.label, info.get("unit", "steps/s"),
+                        scale=info.get("per_step", 1), target=TARGET, fmt=",.0f")
+        failures = list(self.failures)
+        extra: dict = {}
+        if len(self.finished) == 2:
+            n, h = self.finished["native"], self.finished["hvgpu"]
+            losses = compare(n, h)
+            rel = weights_difference(n.get("checksum"), h.get("checksum"))
+            if rel is None or rel > WEIGHTS_RTOL:
+                failures.append("final weights differ from native: " +
+                                (f"rel. diff {rel:.2e} (allowed {WEIGHTS_RTOL:.0e})"
+                                 if rel is not None else "their checksums cannot be compared"))
+            if not losses["match"]:
+                failures.append(f"losses differ from native: {len(n['losses'])} against "
+                                f"{len(h['losses'])} steps, max rel. diff "
+                                f"{losses['max_rel_diff']:.2e} (allowed {LOSS_RTOL:.0e})")
+            extra = {"steps": {"warmup": n.get("warmup"), "after_warmup": n["steps"],
+                               "in_windows": self.steps()},
+                     "losses": {"match": losses["match"], "max_rel_diff": losses["max_rel_diff"],
+                                "count": len(n["losses"]), "native_first": n["losses"][:3],
+                                "native_last": n["losses"][-3:], "hvgpu_last": h["losses"][-3:]},
+                     "weights": {"rel_diff": rel, "count": (n.get("checksum") or {}).get("count")}}
+        elif self.windows is not None and not failures:
+            failures.append("no final weights to compare")
+        e = pairs.entry(row, self.windows, failures)
+        e.update(extra)
+        e["env"] = self.env
+        rts = [w["round_trips"] / w["ops"] for w in (self.windows or {}).get("hvgpu", [])
+               if w.get("round_trips") is not None]
+        e["round_trips_per_step"] = statistics.median(rts) if rts else None
+        return e
+
+
+def start(names: list[str], address: str, logs: Path, trace: bool = False) -> list[Training]:
+    """Every row's processes, started at once: they warm up side by side, untimed."""
+    rows = []
+    for name in names:
+        try:
+            rows.append(Training.of(name, address, logs, trace).start())
+        except Exception as exc:  # e.g. the shim not built: the row fails, the run goes on
+            row = Training(name, "-", spec(name)[2], {}, {}, logs)
+            row.failures.append(f"{type(exc).__name__}: {exc}")
+            rows.append(row)
+    return rows
+
+
+def wait_ready(rows: list[Training], timeout: float = READY_TIMEOUT) -> None:
+    """Until every row is warm, or ``timeout`` after this call for all of them together
+    (they warm up at once, so one that is not ready by then is stuck, not slow)."""
+    deadline = time.monotonic() + timeout
+    for row in rows:
+        if not row.failures:
+            row.wait_ready(max(1.0, deadline - time.monotonic()))
+            print(f"== {row.name}: " + ("ready" if not row.failures else row.failures[0][:400]),
+                  flush=True)
+
+
+def measure(rows: list[Training], pairs_n: int, seconds: float) -> None:
+    """Each row's windows in turn (the others idle), then every row's finish at once:
+    catching up and checksumming are not timed, so they may share the GPU."""
+    for index, row in enumerate(rows):
+        row.measure(index, pairs_n, seconds)
+        if row.windows:
+            print(f"== {row.name}: steps per window native "
+                  f"{[w['ops'] for w in row.windows['native']]}, hvgpu "
+                  f"{[w['ops'] for w in row.windows['hvgpu']]}", flush=True)
+    threads = [threading.Thread(target=row.finish) for row in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def document(rows: list[Training], pairs_n: int, seconds: float, quick: bool) -> dict:
+    results = {row.name: row.entry() for row in rows}
+    for name, e in results.items():
+        print(f"{name:24s} {e['status']:8s} {pairs.value_cell(e, 'native', ',.0f'):>22s} "
+              f"{pairs.value_cell(e, 'hvgpu', ',.0f'):>22s}  {pairs.ratio_cell(e)}", flush=True)
+    return {"benchmark": "frameworks", "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": machine(), "method": pairs.method(pairs_n, seconds, quick),
+            "target": TARGET, "loss_rtol": LOSS_RTOL, "weights_rtol": WEIGHTS_RTOL,
+            "results": results}
+
+
+def write(doc: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "frameworks.json").write_text(json.dumps(doc, indent=1) + "\n")
     (out / "frameworks.md").write_text(table(doc))
+
+
+def run(out: Path, names: list[str], pairs_n: int, seconds: float, quick: bool,
+        trace: bool = False, ready_timeout: float = READY_TIMEOUT) -> dict:
+    agent, address = start_agent()
+    rows = start(names, address, out / "logs", trace)
+    try:
+        wait_ready(rows, ready_timeout)
+        print(f"frameworks: {len(rows)} rows x {pairs_n} pairs x 2 windows of {seconds:g} s",
+              flush=True)
+        measure(rows, pairs_n, seconds)
+    finally:
+        for row in rows:
+            row.close()
+        agent.stop()
+    doc = document(rows, pairs_n, seconds, quick)
+    write(doc, out)
     print(table(doc), flush=True)
     return doc
 
@@ -163,54 +365,66 @@ def machine() -> dict:
 
 
 def table(doc: dict) -> str:
-    rows = ["| training step | native | hvgpu | hvgpu / native | round trips / step | "
-            "losses match native |", "| --- | --- | --- | --- | --- | --- |"]
-    for name, r in doc["results"].items():
-        n, h = r["native"], r["hvgpu"]
-        if "error" in n:
-            rows.append(f"| {r['label']} | failed natively: {n['error']} | | | | |")
-        elif "error" in h:
-            rows.append(f"| {r['label']} | {n['throughput']:,.0f} {n['unit']} | fails: "
-                        f"{h['error']} | | | |")
-        else:
-            ok = "yes" if r["match"] else "no"
-            rt = h["round_trips_per_step"]
-            rows.append(f"| {r['label']} | {n['throughput']:,.0f} {n['unit']} | "
-                        f"{h['throughput']:,.0f} {h['unit']} | **{r['ratio']:.2f}** | "
-                        f"{'n/a' if rt is None else f'{rt:.2f}'} | {ok} "
-                        f"(max rel. diff {r['max_rel_diff']:.1e}) |")
-    m = doc["machine"]
-    rows.append("")
-    rows.append(f"{m['gpu']}, driver {m['driver']}, PyTorch {m.get('torch')}, JAX {m.get('jax')}, "
-                f"CuPy {m.get('cupy')}, {m['cpus']} CPUs, {doc['when']}. Target: every step "
-                f"≥ {doc['target']:.2f} of native; losses match when every step is within "
-                f"{doc['loss_rtol']:.0e} (relative) of native.")
-    return "\n".join(rows) + "\n"
+    """README's table from a results file: each row's median ratio and range, round trips
+    per step, whether the final weights and losses matched native, and the method."""
+    m = doc["method"]
+    rows = [f"| training step | native | hvgpu | hvgpu / native (median of {m['pairs']} pairs, "
+            "range) | round trips / step | same weights and losses as native |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for name, e in doc["results"].items():
+        rt = e.get("round_trips_per_step")
+        same = ""
+        if "weights" in e:
+            w, lo = e["weights"]["rel_diff"], e["losses"]
+            ok = w is not None and w <= doc["weights_rtol"] and lo["match"]
+            same = (f"{'yes' if ok else '**no**'} (weights "
+                    f"{'?' if w is None else f'{w:.1e}'}, losses {lo['max_rel_diff']:.1e})")
+        rows.append(f"| {e['label']} | {pairs.value_cell(e, 'native', ',.0f')} | "
+                    f"{pairs.value_cell(e, 'hvgpu', ',.0f')} | {pairs.ratio_cell(e)} | "
+                    f"{'' if rt is None else f'{rt:.2f}'} | {same} |")
+    mach = doc["machine"]
+    notes = [f"{mach.get('gpu')}, driver {mach.get('driver')}, PyTorch {mach.get('torch')}, "
+             f"JAX {mach.get('jax')}, CuPy {mach.get('cupy')}, {mach.get('cpus')} CPUs.",
+             pairs.footer(doc),
+             f"Target: ≥ {doc['target']:.2f} of native. Both sides run the same warm-up and "
+             f"then the same number of steps in all (the one that ran fewer in its windows "
+             f"catches up, untimed); their final weights must agree within "
+             f"{doc['weights_rtol']:.0e} (relative distance, from random projections of all "
+             f"weights) and every step's loss within {doc['loss_rtol']:.0e} (relative). A "
+             f"variant sets the same environment on both sides."]
+    return "\n".join(rows) + "\n\n" + " ".join(notes) + "\n"
 
 
 def render_readme(results: Path, readme: Path) -> None:
     from bench.readme import replace_table
 
-    replace_table(readme, "frameworks-table", table(json.loads(results.read_text())))
+    doc = json.loads(results.read_text())
+    why = pairs.unpublishable(doc)
+    if why:
+        raise SystemExit(f"{results} does not go into {readme}: {why}")
+    replace_table(readme, "frameworks-table", table(doc))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    ap.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS),
-                    help="workloads to run (default: all)")
-    ap.add_argument("--steps", type=int, help="timed steps per workload (default: each one's)")
+    ap.add_argument("--out", type=Path, help="results and logs go here")
+    ap.add_argument("--only", nargs="+", choices=sorted([*WORKLOADS, *VARIANTS]),
+                    default=DEFAULT, help=f"rows to run (default: {' '.join(DEFAULT)})")
+    pairs.arguments(ap)
     ap.add_argument("--trace", action="store_true", help="HVGPU_SHIM_TRACE=1 for the shim runs")
-    ap.add_argument("--timeout", type=float, default=240, help="seconds per workload run")
-    ap.add_argument("--logs", type=Path, help="keep each run's whole output in this folder")
+    ap.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT,
+                    help="seconds a workload may take to warm up")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
                     help="rewrite README's frameworks table from a results file and exit")
     args = ap.parse_args()
     if args.render:
         render_readme(*args.render)
         return 0
-    run(args.out, args.only, args.trace, args.steps, args.timeout, args.logs)
+    if args.out is None:
+        ap.error("--out DIR is needed (results and logs go there)")
+    run(args.out, args.only, args.pairs, pairs.window_seconds(args), args.quick, args.trace,
+        args.ready_timeout)
     return 0
 
 

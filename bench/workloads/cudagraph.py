@@ -58,7 +58,8 @@ def main() -> None:
         return static_loss.clone()
 
     common.run("cudagraph", "steps/s", 1, args, step, torch.cuda.synchronize,
-               lambda v: float(v))
+               lambda v: float(v), weights=common.torch_weights(net),
+               to_floats=common.torch_losses(torch))
 
 
 if __name__ == "__main__":

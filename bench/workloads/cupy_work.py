@@ -30,7 +30,9 @@ def main() -> None:
         return loss
 
     common.run("cupy_logreg", "samples/s", args.batch, args, step,
-               cp.cuda.runtime.deviceSynchronize, lambda v: float(v))
+               cp.cuda.runtime.deviceSynchronize, lambda v: float(v),
+               weights=lambda: [cp.asnumpy(state["w"]), cp.asnumpy(state["b"])],
+               to_floats=lambda values: cp.stack(values).get().tolist() if values else [])
 
 
 if __name__ == "__main__":

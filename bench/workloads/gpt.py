@@ -74,7 +74,8 @@ def main() -> None:
         return loss.detach()
 
     common.run("gpt", "tok/s", args.batch * seq, args, step, torch.cuda.synchronize,
-               lambda v: float(v))
+               lambda v: float(v), weights=common.torch_weights(net),
+               to_floats=common.torch_losses(torch))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ def main() -> None:
     try:
         import jax
         import jax.numpy as jnp
+        import numpy as np
     except ImportError as exc:
         common.fail(f"jax is not installed: {exc}")
     if not any(d.platform == "gpu" for d in jax.devices()):
@@ -58,7 +59,9 @@ def main() -> None:
     def sync():
         jax.block_until_ready(state["p"])
 
-    common.run("jax_mlp", "samples/s", args.batch, args, step, sync, lambda v: float(v))
+    common.run("jax_mlp", "samples/s", args.batch, args, step, sync, lambda v: float(v),
+               weights=lambda: [np.asarray(a) for a in jax.tree_util.tree_leaves(state["p"])],
+               to_floats=lambda values: [float(v) for v in jax.device_get(values)])
 
 
 if __name__ == "__main__":

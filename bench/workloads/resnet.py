@@ -66,7 +66,8 @@ def main() -> None:
         return loss.detach()
 
     common.run("resnet20", "img/s", args.batch, args, step, torch.cuda.synchronize,
-               lambda v: float(v))
+               lambda v: float(v), weights=common.torch_weights(net),
+               to_floats=common.torch_losses(torch))
 
 
 if __name__ == "__main__":
