@@ -85,6 +85,13 @@ class CudaError(HvgpuError):
             text += f": {message}"
         super().__init__(text)
 
+    def __reduce__(self):  # pickled whole (a process pool carries one back)
+        return (_cuda_error, (type(self), self.status, self.detail, self.op, self.deferred))
+
+
+def _cuda_error(cls, status, detail, op, deferred):
+    return cls(status, detail, op=op, deferred=deferred)
+
 
 def report(exc: HvgpuError, prog: str, stream=None) -> int:
     """Tell a command line's user about ``exc`` on ``stream`` (stderr) and return
