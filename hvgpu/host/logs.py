@@ -11,8 +11,11 @@
 
 ``auto`` is ``journal`` when stderr is the stream systemd's ``$JOURNAL_STREAM``
 names, else ``text``. The agent resolves it once and passes the concrete
-format to its executors (they write to the agent's stderr). Must not decide
-what is logged or at which level.
+format to its executors (they write to the agent's stderr).
+
+:class:`Budget` bounds how often one source (a listener whose accept keeps
+failing, a VM) may write: a peer that repeats itself in a loop must not fill
+the disk through the journal. Must not decide what is logged or at which level.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
+from collections import OrderedDict
 
 FORMATS = ("auto", "text", "journal", "json")
 # sd-daemon(3) priorities: syslog's numbers
@@ -107,3 +112,38 @@ def setup(level: str, fmt: str, source: str, stream=None) -> str:
     handler.setFormatter(Formatter(concrete, source))
     logging.basicConfig(level=level.upper(), handlers=[handler])
     return concrete
+
+
+class Budget:
+    """At most ``lines`` lines per key in any ``per`` seconds, as a token bucket: a
+    burst of ``lines``, then one line every ``per / lines`` seconds. :meth:`take` says
+    whether a line may be written and how many of that key's were dropped since its
+    last one, so the line that is written can say so. Thread-safe; it remembers
+    ``keys`` keys at most (the longest unused is forgotten: a peer naming itself anew
+    each time gets a fresh budget, never unbounded memory)."""
+
+    def __init__(self, lines: int, per: float, keys: int = 1024, clock=time.monotonic):
+        self.lines, self.per, self.keys, self.clock = lines, per, keys, clock
+        self._state: OrderedDict = OrderedDict()  # key -> [tokens, when, dropped]
+        self._lock = threading.Lock()
+
+    def take(self, key) -> int | None:
+        """None: drop this line; else the number dropped before it (0 mostly)."""
+        now = self.clock()
+        with self._lock:
+            state = self._state.get(key)
+            if state is None:
+                state = self._state[key] = [float(self.lines), now, 0]
+                while len(self._state) > self.keys:
+                    self._state.popitem(last=False)
+            else:
+                self._state.move_to_end(key)
+                state[0] = min(float(self.lines),
+                               state[0] + (now - state[1]) * self.lines / self.per)
+                state[1] = now
+            if state[0] < 1.0:
+                state[2] += 1
+                return None
+            state[0] -= 1.0
+            dropped, state[2] = state[2], 0
+            return dropped

@@ -153,6 +153,24 @@ def listen(address: Address | str, backlog: int = 128) -> Listener:
         raise TransportError(f"cannot listen on {address}: {exc.strerror or exc}") from None
 
 
+def listen_tcp(host: str, port: int, backlog: int = 64) -> socket.socket:
+    """A plain, non-blocking TCP listening socket on ``host`` (a name, an IPv4 or IPv6
+    address) and ``port`` (0: any free one), for servers that are not the data lane
+    (the metrics endpoint): no large buffers, no Nagle tuning. Raises OSError."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def connect(address: Address | str, timeout: float | None = 10.0) -> socket.socket:
     """Open a stream to ``address``; blocking mode once connected."""
     if isinstance(address, str):

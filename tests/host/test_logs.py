@@ -106,3 +106,15 @@ def test_executors_write_the_agent_s_format(tmp_path, monkeypatch):
     lines = [json.loads(line) for line in out.read().split("\n")[:-1] if line.strip()]
     executor = [line for line in lines if line["source"].startswith("executor[")]
     assert executor and all(line["level"] in ("DEBUG", "INFO", "WARNING") for line in executor)
+
+
+def test_a_budget_allows_a_burst_then_a_line_per_interval_and_counts_the_rest():
+    now = [0.0]
+    budget = logs.Budget(lines=3, per=30.0, keys=2, clock=lambda: now[0])
+    assert [budget.take("vm1") for _ in range(5)] == [0, 0, 0, None, None]
+    assert budget.take("vm2") == 0  # each key has its own
+    now[0] += 10.0  # one line's worth
+    assert budget.take("vm1") == 2  # and it says how many were dropped
+    assert budget.take("vm1") is None
+    budget.take("vm3")  # a third key: the longest unused (vm2) is forgotten
+    assert set(budget._state) == {"vm1", "vm3"}
