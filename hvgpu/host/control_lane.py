@@ -48,6 +48,33 @@ def _caller(context) -> str:
     return f"{stated[:120] or 'an unnamed client'} (stated) on the control socket"
 
 
+class ControlGroupError(HvgpuError):
+    """--control-group names a group that an untrusted user of the agent's is in."""
+
+    code = "control-group-untrusted"
+
+
+def check_group(group: str | None, executor_user) -> None:
+    """Refuse a control group that contains the user executors (and the MPS server)
+    run as (launch.ExecutorUser): executors run what guests send and may be
+    compromised, and the group may resize and detach every VM's slices. As its
+    primary group or a supplementary one, both count; executors that run as the
+    agent's own user (``switch`` false) own the socket anyway."""
+    if not group or not getattr(executor_user, "switch", False):
+        return
+    try:
+        gid = grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise HvgpuError(f"no group named {group!r} for the control socket") from None
+    if gid in (executor_user.gid, *executor_user.groups):
+        raise ControlGroupError(
+            f"--control-group {group} contains the executor user {executor_user.name} "
+            f"(uid {executor_user.uid}): executors run guests' code as that user, and the "
+            "group may attach, resize and detach every VM's slices. Choose a group the "
+            f"executor user is not in (groupadd hvgpu-admin), or take {executor_user.name} "
+            f"out of {group}")
+
+
 def serve(api, path: str, group: str | None = None) -> grpc.Server:
     """``api``: a ControlAPI, or Agent.commands' view of one (then each call runs on
     the agent's loop and is audited with its caller)."""
