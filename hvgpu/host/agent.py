@@ -274,6 +274,7 @@ class Agent:
                 self._run_inbox()
                 self._reconnect_libvirt()
                 self.router.expire_refusals()
+                self.router.wake_listeners()
                 self.supervisor.reap()
                 if time.monotonic() - self._published >= usage.PUBLISH_EVERY:
                     self._publish()
@@ -460,7 +461,7 @@ class Agent:
         try:
             conn, peer = listener.accept()
         except OSError as exc:
-            log.warning("accept on %s failed: %s", listener.address, exc)
+            self.router.accept_failed(listener, exc)
             return
         status = P.HV_NO_SLICE
         try:

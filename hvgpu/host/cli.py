@@ -246,7 +246,8 @@ def _metrics_address(text):
               help="Where slices persist [default: /var/lib/hvgpu as root, else "
                    "~/.local/state/hvgpu].")
 @click.option("--control-group", default=None, metavar="GROUP",
-              help="Let GROUP use the control socket too (default: root only).")
+              help="Let GROUP use the control socket too (default: root only); a group "
+                   "the executor user is in is refused.")
 @click.option("--no-mps", is_flag=True,
               help="Do not start MPS: memory is enforced by accounting, compute time-shared.")
 @click.option("--placement", default="best-fit", show_default=True,
@@ -313,6 +314,14 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
     from hvgpu.host import logs, sdnotify
 
     log_format = logs.setup(log_level, log_format, "agent")
+    if control_group:  # before anything starts
+        from hvgpu.host.control_lane import check_group
+        from hvgpu.host.launch import resolve_user
+
+        try:
+            check_group(control_group, resolve_user(executor_user))
+        except HvgpuError as exc:
+            _fail(exc)
     systemd = sdnotify.claim()  # taken out of the environment: no child inherits it
     config = AgentConfig(listen=list(listen), vsock_port=None if no_vsock else vsock_port,
                          gpu=gpu, cache_dir=cache_dir or default_cache_dir(),

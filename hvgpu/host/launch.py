@@ -15,11 +15,9 @@ must not confine them.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import pwd
-import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import hvgpu
 from hvgpu.errors import HvgpuError
+from hvgpu.host.names import cache_dir_name
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,6 @@ CREATE_USER = "useradd --system --no-create-home --shell /usr/sbin/nologin {name
 # The agent's environment may hold secrets; an executor gets only these.
 ENV_NAMES = {"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH"}
 ENV_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "__NV", "HVGPU_", "PYTHON", "COV_CORE_")
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
 class ExecutorUserError(HvgpuError):
@@ -100,13 +98,6 @@ def _user_name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return str(uid)
-
-
-def safe_name(vm: str) -> str:
-    """A directory name for a VM: the name itself when it is plainly safe, else a hash."""
-    if _SAFE_NAME.fullmatch(vm) and vm not in (".", ".."):
-        return vm
-    return "vm-" + hashlib.sha256(vm.encode()).hexdigest()[:16]
 
 
 def default_run_dir() -> str:
@@ -176,7 +167,7 @@ class Launcher:
         the executor user and reachable by no other VM's executor."""
         if self.cache_dir is None:
             return None
-        path = self.cache_dir / ("local" if vm is None else f"vms/{safe_name(vm)}")
+        path = self.cache_dir / ("local" if vm is None else f"vms/{cache_dir_name(vm)}")
         self.own_dir(path, 0o700)
         return str(path)
 

@@ -12,11 +12,18 @@ A vGPU's shared-memory region is the file ``/dev/shm/hvgpu-VM`` (device 0) or
 vGPUs of any VMs share a file (a '-' would let VM 'a-1' and vGPU 1 of VM 'a'
 meet), and '/' cannot be either, so the name never leaves /dev/shm.
 
+A VM's compile cache is the directory :func:`cache_dir_name` names: the VM's
+name itself when it is plain, else ``vm-`` and the SHA-256 of the name. A
+plain name never starts with ``vm-``, so the two kinds never meet (a short
+hash once let VM 'tenant b' and VM 'vm-ecf32d4270d32a24' share a cache).
+
 Must not know where names come from or touch any store: callers check.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import unicodedata
 from typing import NamedTuple
 
@@ -122,6 +129,19 @@ def shm_name(key: VgpuKey) -> str:
                         f"be {size} bytes, more than a file name may have "
                         f"({MAX_NAME_BYTES}); such a VM's name has at most {longest} bytes")
     return name
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]*")
+_HASHED = "vm-"
+
+
+def cache_dir_name(vm: str) -> str:
+    """The name of the VM's compile-cache directory, one VM's alone: its name when that
+    is plain (letters, digits and . _ + -, not starting with '.' or 'vm-'), else
+    'vm-' and the whole SHA-256 of its name in hex. Never '.', '..' or a path."""
+    if _PLAIN.fullmatch(vm) and not vm.startswith(_HASHED):
+        return vm
+    return _HASHED + hashlib.sha256(vm.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def shm_path(key: VgpuKey) -> str:

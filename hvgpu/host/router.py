@@ -13,6 +13,7 @@ Must not start executors (supervisor.py) or change vGPUs (the registry).
 
 from __future__ import annotations
 
+import errno
 import logging
 import selectors
 import time
@@ -20,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from hvgpu.errors import HvgpuError, TransportError
+from hvgpu.host.logs import Budget
 from hvgpu.host.names import MAX_VGPUS, VgpuKey
 from hvgpu.host.registry import Registry
 from hvgpu.virtio import codec
@@ -37,6 +39,13 @@ REFUSAL_DEADLINE = 2.0
 REFUSAL_BUDGET = 4096
 MAX_REFUSALS = 64
 REFUSAL_LOG_EVERY = 10.0
+# An accept that fails for want of descriptors or memory fails again at once, every
+# turn of the loop: the listener rests this long, and failures are logged once in
+# ACCEPT_LOG_EVERY seconds with the count of the others (784,000 lines in 30 s
+# otherwise, and a core spent on them).
+ACCEPT_PAUSE = 0.5
+ACCEPT_LOG_EVERY = 10.0
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 @dataclass(eq=False)
@@ -69,6 +78,8 @@ class Router:
         self.device_ports: dict[Listener, int] = {}  # vsock listener -> the vGPU it reaches
         self.refusals: deque[Refusal] = deque()  # oldest first
         self._refusal_log: dict[str, tuple[float, int]] = {}
+        self.resting: dict[Listener, float] = {}  # listener -> when it accepts again
+        self._accept_log = Budget(lines=1, per=ACCEPT_LOG_EVERY)
 
     # -- listeners -----------------------------------------------------------------
 
@@ -117,6 +128,7 @@ class Router:
         """Every refused peer and listener closed (a unix listener's path removed)."""
         while self.refusals:
             self.end_refusal(self.refusals[0])
+        self.resting.clear()
         for listener in self.listeners:
             try:
                 self._selector.unregister(listener)
@@ -133,6 +145,31 @@ class Router:
             if key.vm == vm and key.device == 0 and listener.address.scheme == "hvsock":
                 return str(listener.address)
         return None
+
+    def accept_failed(self, listener: Listener, exc: OSError) -> None:
+        """accept() on ``listener`` failed: say so (within the log budget) and, when
+        the agent is out of descriptors or memory, let the listener rest a moment."""
+        rest = exc.errno in _OUT_OF_RESOURCES
+        if rest and listener not in self.resting:
+            try:
+                self._selector.unregister(listener)
+            except (KeyError, ValueError):
+                pass
+            self.resting[listener] = time.monotonic() + ACCEPT_PAUSE
+        dropped = self._accept_log.take(str(listener.address))
+        if dropped is not None:
+            more = f" ({dropped} more since the last such line)" if dropped else ""
+            log.warning("accept on %s failed: %s%s%s", listener.address,
+                        exc.strerror or exc, more,
+                        f"; not accepting there for {ACCEPT_PAUSE:g} s" if rest else "")
+
+    def wake_listeners(self) -> None:
+        """Listeners whose rest is over accept again."""
+        now = time.monotonic()
+        for listener, until in list(self.resting.items()):
+            if until <= now:
+                del self.resting[listener]
+                self._selector.register(listener, selectors.EVENT_READ, ("listen", listener))
 
     def bound(self, vm: str) -> bool:
         return any(k.vm == vm for k in self.bindings.values())
@@ -254,7 +291,10 @@ class Router:
             self.end_refusal(self.refusals[0])
 
     def next_deadline(self) -> float | None:
-        return self.refusals[0].deadline if self.refusals else None
+        due = list(self.resting.values())
+        if self.refusals:
+            due.append(self.refusals[0].deadline)
+        return min(due) if due else None
 
 
 def _first_frame(got: bytes) -> int:

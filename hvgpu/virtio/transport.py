@@ -79,8 +79,7 @@ class Listener:
         if scheme == "hvsock":
             # One socket per VM: the VMM that delivered it names the VM.
             return conn, f"hvsock:{self.address.path}"
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-        pid, uid, _gid = struct.unpack("3i", creds)
+        pid, uid, _gid = peer_credentials(conn)
         return conn, f"unix:uid={uid},pid={pid}"
 
     def close(self) -> None:
@@ -90,6 +89,29 @@ class Listener:
                 os.unlink(self._unlink)
             except FileNotFoundError:
                 pass
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of a unix socket's peer, as the kernel recorded them when it
+    connected (SO_PEERCRED): what it is, not what it says."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def connect_autobound(path: str, timeout: float = 5.0) -> tuple[socket.socket, str]:
+    """A unix stream connection to ``path`` from a socket the kernel names itself
+    (Linux's autobind: a unique name in the abstract namespace), and that name
+    without its leading NUL: the server sees it as this end's address."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind("")  # an empty address: the kernel picks a unique abstract name
+        sock.settimeout(timeout)
+        sock.connect(path)
+    except BaseException:
+        sock.close()
+        raise
+    name = sock.getsockname()  # Python gives an abstract name as bytes, NUL first
+    return sock, name[1:].decode("ascii") if isinstance(name, bytes) else name.lstrip("\0")
 
 
 @contextlib.contextmanager
@@ -151,6 +173,24 @@ def listen(address: Address | str, backlog: int = 128) -> Listener:
         return Listener(address, sock)
     except OSError as exc:
         raise TransportError(f"cannot listen on {address}: {exc.strerror or exc}") from None
+
+
+def listen_tcp(host: str, port: int, backlog: int = 64) -> socket.socket:
+    """A plain, non-blocking TCP listening socket on ``host`` (a name, an IPv4 or IPv6
+    address) and ``port`` (0: any free one), for servers that are not the data lane
+    (the metrics endpoint): no large buffers, no Nagle tuning. Raises OSError."""
+    family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def connect(address: Address | str, timeout: float | None = 10.0) -> socket.socket:

@@ -99,7 +99,8 @@ def test_every_control_operation_leaves_an_audit_line(agent, caplog):
         client.close()
     lines = [r for r in caplog.records if r.name == "hvgpu.audit"]
     text = [r.getMessage() for r in lines]
-    assert any(t.startswith("control attach by ") and "(stated) on the control socket" in t
+    me = f"(uid {os.getuid()}, gid {os.getgid()}, pid {os.getpid()}), stating "
+    assert any(t.startswith("control attach by ") and me in t and "on the control socket" in t
                and "vm='vm1'" in t and "mem='64M'" in t and "-> ok: vm1#0" in t
                for t in text), text
     assert any(t.startswith("control detach by ") and "vm='nosuch'" in t

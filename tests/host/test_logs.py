@@ -106,3 +106,38 @@ def test_executors_write_the_agent_s_format(tmp_path, monkeypatch):
     lines = [json.loads(line) for line in out.read().split("\n")[:-1] if line.strip()]
     executor = [line for line in lines if line["source"].startswith("executor[")]
     assert executor and all(line["level"] in ("DEBUG", "INFO", "WARNING") for line in executor)
+
+
+def test_a_budget_allows_a_burst_then_a_line_per_interval_and_counts_the_rest():
+    now = [0.0]
+    budget = logs.Budget(lines=3, per=30.0, keys=2, clock=lambda: now[0])
+    assert [budget.take("vm1") for _ in range(5)] == [0, 0, 0, None, None]
+    assert budget.take("vm2") == 0  # each key has its own
+    now[0] += 10.0  # one line's worth
+    assert budget.take("vm1") == 2  # and it says how many were dropped
+    assert budget.take("vm1") is None
+    budget.take("vm3")  # a third key: the longest unused (vm2) is forgotten
+    assert set(budget._state) == {"vm1", "vm3"}
+
+
+def test_no_message_is_longer_than_its_bound_and_guest_text_is_one_quoted_line():
+    line = logs.Formatter("text", "agent").format(record(msg="%s", args=("x" * 100000,)))
+    assert len(line) < logs.LINE_MAX + 100 and line.endswith("(cut: 100000 characters)")
+    assert logs.clip("a\nb") == "'a\\nb'"
+    assert logs.clip("y" * 500) == repr("y" * 120) + "... (500 characters)"
+
+
+def test_lines_about_a_vm_are_held_to_its_budget_whoever_writes_them():
+    from hvgpu.host.names import VgpuKey
+
+    now = [0.0]
+    limit = logs.PerVm(budget=logs.Budget(2, 10.0, clock=lambda: now[0]))
+    about_vm1 = [record(msg="slice %s: x", args=(VgpuKey("vm1", 1),)) for _ in range(4)]
+    assert [limit.filter(r) for r in about_vm1] == [True, True, False, False]
+    assert limit.filter(record(msg="nothing about a VM", args=()))
+    assert limit.filter(record(vm="vm2"))
+    now[0] += 5.0
+    r = record(msg="slice %s: again", args=(VgpuKey("vm1", 0),))
+    assert limit.filter(r)
+    assert r.getMessage() == ("slice vm1: again [2 lines about vm1 suppressed before this "
+                              "one: 2 in 10 s at most]")

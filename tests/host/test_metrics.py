@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import socketserver
 import threading
 import time
@@ -215,3 +216,39 @@ def test_a_port_in_use_is_a_clear_error(tmp_path, agent):
     (tmp_path / "other").mkdir()
     with pytest.raises(MetricsError, match="cannot serve metrics on 127.0.0.1:"):
         RunningAgent(tmp_path / "other", FAKE_DEVICE, metrics=taken)
+
+
+def _http(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    return reply
+
+
+def test_the_endpoint_answers_http_as_a_scraper_expects(agent):
+    port = agent.agent.metrics.port
+    head = _http(port, b"HEAD /metrics HTTP/1.0\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK\r\n") and head.endswith(b"\r\n\r\n")
+    assert b"Content-Type: text/plain; version=0.0.4" in head
+    assert _http(port, b"GET /other HTTP/1.1\r\nHost: x\r\n\r\n").startswith(b"HTTP/1.1 404 ")
+    assert _http(port, b"POST /metrics HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405 ")
+    gz = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(gz, timeout=10) as reply:
+        assert reply.headers["Content-Encoding"] == "gzip"
+        import gzip
+        assert b"hvgpu_slices" in gzip.decompress(reply.read())
+
+
+def test_a_request_head_over_its_bound_is_refused(agent):
+    from hvgpu.host.metrics import REQUEST_MAX
+
+    port = agent.agent.metrics.port
+    line = b"GET /metrics HTTP/1.1\r\n" + b"X-Filler: " + b"a" * REQUEST_MAX + b"\r\n"
+    try:
+        reply = _http(port, line)
+    except ConnectionResetError:  # the unread rest of it reset the connection first
+        return
+    assert reply.startswith(b"HTTP/1.1 431 ")

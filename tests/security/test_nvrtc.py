@@ -76,6 +76,14 @@ def test_allowed_options_compile(conn):
     'const char* s = R"(")/*)";\n#include "/etc/hostname"\n// */\n',
     'auto s = R"(";\n#include "/etc/hostname"\n// )";\n',
     '#embed "/etc/hostname"\n',
+    # NVRTC joins lines at a backslash and a newline only: not across a space or a tab
+    '// x \\ \n#include "/etc/hostname"\n',
+    '// x \\\t\n#include "/etc/hostname"\n',
+    '\r#include "/etc/hostname"\n',  # a carriage return is a space to NVRTC, not a line end
+    '// x ??/\n#include "/etc/hostname"\n',  # no trigraphs under -std=c++17, the default
+    'int a = 1\'2 + sizeof("\'/*");\n#include "/etc/hostname"\n// */\n',  # a digit separator
+    '/*\n*/ #include "/etc/hostname"\n',  # a comment holding a newline starts a line
+    '#include /*\n*/ "/etc/hostname"\n',  # ... and may hold the line's operand
 ])
 def test_includes_of_host_paths_are_refused(conn, source):
     message = _refused(conn, source=source + SAXPY)
@@ -175,6 +183,24 @@ def test_confined_nvrtc_cannot_quote_host_files(path):
         first = ""
     if first:
         assert first not in info.value.log
+
+
+@needs_nvrtc
+def test_confined_nvrtc_says_the_same_of_existing_and_missing_host_files():
+    """Past the policy, NVRTC's words must not tell a guest which host paths exist
+    (Landlock refuses an existing file: 'Permission denied'; a missing one: nothing)."""
+    from hvgpu.host import landlock
+
+    if landlock.abi_version() == 0:
+        pytest.skip("no Landlock here: NVRTC's child is not confined")
+    said = []
+    for path in ("/etc/passwd", "/etc/passwX"):  # one exists, one not; the same length
+        assert os.path.exists(path) == (path == "/etc/passwd")
+        with pytest.raises(CompileError) as info:
+            compiler.compile_confined(f'#include "{path}"\n'.encode(), "p.cu", [], {},
+                                      "sm_90")
+        said.append(info.value.log.replace(path, "PATH"))
+    assert said[0] == said[1]
 
 
 @needs_nvrtc

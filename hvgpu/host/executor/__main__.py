@@ -224,7 +224,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
     who = f"slice {name}" if args.control_fd is not None else args.peer
-    logs.setup(args.log_level, args.log_format, f"executor[{who}]")
+    # Every line of an executor is about its VM (or its one host-local peer): one
+    # budget for all of them, so a guest cannot flood the host's log through it.
+    logs.setup(args.log_level, args.log_format, f"executor[{who}]", about=name or args.peer)
     # Confined before any guest input is read: first while this process has one
     # thread, then, narrower, once the driver has loaded what it needs.
     sandbox.private_dirs(args.cache_dir)

@@ -7,7 +7,8 @@ where the kernel has Landlock, gives up every path but the toolkit's headers
 and NVRTC's own directory, before it reads the guest's source. Its working
 directory is an empty private one. So a hostile source or option that slips
 past ``nvrtc_policy`` still cannot read or write a host file, and a source
-that makes NVRTC spin or swell only ends its own child.
+that makes NVRTC spin or swell only ends its own child. Nor does its log say
+whether a host path exists (why an include could not be opened is cut).
 
 The only module that loads libnvrtc. Must not decide what a guest may ask
 (``nvrtc_policy`` does) or cache anything (``compile_cache`` does).
@@ -21,6 +22,7 @@ import glob
 import json
 import logging
 import os
+import re
 import resource
 import shutil
 import site
@@ -151,9 +153,20 @@ def compile_confined(source: bytes, name: str, options: list[str], headers: dict
         log.warning("NVRTC runs without Landlock here (%s): only hvgpu's checks of options "
                     "and #include stand between guest source and host files",
                     reply.get("confinement"))
+    build_log = _without_host_facts(reply["log"])
     if not reply["ok"]:
-        raise CompileError(_INVALID_SOURCE, reply["log"] or f"NVRTC error {reply.get('status')}")
-    return image, reply["log"]
+        raise CompileError(_INVALID_SOURCE, build_log or f"NVRTC error {reply.get('status')}")
+    return image, build_log
+
+
+# NVRTC says why an include could not be opened: "Permission denied" where Landlock
+# kept an existing file from it, nothing where there is no such file. A guest would
+# learn from that which host paths exist; every such line ends at the file's name.
+_OPEN_FAILED = re.compile(r'(cannot open source file ".*?")[^\n]*')
+
+
+def _without_host_facts(build_log: str) -> str:
+    return _OPEN_FAILED.sub(r"\1", build_log)
 
 
 def _child_env() -> dict:

@@ -136,49 +136,85 @@ def check_header_names(names: list[str]) -> None:
 
 
 # -- includes ---------------------------------------------------------------------
+#
+# The check must find every #include that NVRTC acts on, so it reads a source as
+# NVRTC does. Measured with libnvrtc 13.0 (tests/security/test_nvrtc_includes.py
+# asks the real one): a backslash joins two lines only when the newline follows
+# it directly ("\\\n", "\\\r\n"), never across a space or a tab (as GCC does); a
+# line ends at "\n" alone, and a "\r" before "#" is a space, so "\r#include" is a
+# directive; a comment that holds a newline leaves the next token at the start
+# of a line ("/*\n*/ #include" is a directive) yet may also carry a directive's
+# operand ("#include /*\n*/ "x""); trigraphs ("??/" a backslash) are read under
+# -std=c++03, 11 and 14, not under 17 and 20 (the default); raw strings from
+# c++11 (a delimiter of 16 bytes at most); digit separators (1'2) from c++14.
+# Sources are read byte for byte (latin-1), as NVRTC counts. What a guest may
+# choose (-std) and what is unclear are all read: every source is read under
+# each standard's rules, with comments taken as a space and as the newlines
+# they hold, and with lines joined across trailing blanks as well; an include
+# that any of those readings finds is checked. Reading more than NVRTC does can
+# only refuse more.
 
 _TRIGRAPHS = {"=": "#", "/": "\\", "'": "^", "(": "[", ")": "]", "!": "|", "<": "{",
               ">": "}", "-": "~"}
-_DIRECTIVE = re.compile(r"^[ \t\f\v]*(?:#|%:)[ \t\f\v]*(include_next|include|import|embed)\b"
-                        r"[ \t\f\v]*(.*)$", re.M)
+_TRIGRAPH = re.compile(r"\?\?([=/'()!<>-])")
+_SPLICES = (re.compile(r"\\\r*\n"),  # NVRTC's
+            re.compile(r"\\[ \t\f\v\r]*\n"))  # and across trailing blanks, as GCC
+# (trigraphs, raw strings, digit separators) of c++03, c++11, c++14, c++17/20
+_STANDARDS = ((True, False, False), (True, True, False), (True, True, True),
+              (False, True, True))
+_BLANK = "[ \t\f\v\r]"
+_DIRECTIVE = re.compile(rf"^{_BLANK}*(?:#|%:){_BLANK}*(include_next|include|import|embed)\b"
+                        rf"(.*)$", re.M)
 _HAS_INCLUDE = re.compile(r"__has_include(?:_next)?\s*\(\s*([^)]*)\)?")
-_RAW_PREFIX = re.compile(r"[^A-Za-z0-9_](u8|u|U|L)?R\Z")
 _OPERAND = re.compile(r'(<[^<>\n]+>|"[^"\n]+")')
 
 
-def _logical_text(source: str, raw: bool) -> str:
-    """The source as the preprocessor sees it: trigraphs replaced, lines spliced,
-    comments blanked (string and character literals kept); with ``raw``, C++11 raw
-    strings blanked too (they may span lines)."""
-    source = re.sub(r"\?\?([=/'()!<>-])", lambda m: _TRIGRAPHS[m.group(1)], source)
-    source = re.sub(r"\\[ \t]*\r?\n", "", source)
-    out, i, n = [], 0, len(source)
-    while i < n:
-        c = source[i]
-        if c == "/" and source.startswith("//", i):
-            j = source.find("\n", i)
-            i = n if j < 0 else j
-            out.append(" ")
-        elif c == "/" and source.startswith("/*", i):
-            j = source.find("*/", i + 2)
-            i = n if j < 0 else j + 2
-            out.append(" ")
-        elif c == '"' and raw and _RAW_PREFIX.search(" " + source[max(0, i - 3):i]):
-            m = re.match(r'"([^()\\ \t\n]{0,16})\(', source[i:])
-            close = source.find(")" + m.group(1) + '"', i) if m else -1
-            j = n if close < 0 else close + len(m.group(1)) + 2
-            out.append(" ")  # a raw string: may span lines, holds no comment
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and source[j] != c and source[j] != "\n":
-                j += 2 if source[j] == "\\" else 1
-            out.append(source[i:j + 1])
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+def _lexer(raw: bool, separators: bool) -> re.Pattern:
+    """Comments, raw strings (blanked), and what must be stepped over whole so that a
+    quote or a slash inside it starts nothing: literals, and numbers with digit
+    separators."""
+    parts = [r"(?P<c>//[^\n]*|/\*(?:.*?\*/|.*\Z))"]
+    if raw:
+        parts.append(r'(?P<r>(?<![A-Za-z0-9_])(?:u8|u|U|L)?R"(?P<d>[^()\\ \t\v\f\n"]{0,16})'
+                     r'\((?:.*?\)(?P=d)"|.*\Z))')
+    if separators:
+        parts.append(r"(?<![A-Za-z0-9_])\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*"
+                     r"(?:'[0-9A-Za-z_](?:[eEpP][+-]|[0-9A-Za-z_.])*)+")
+    parts.append(r'"(?:[^"\\\n]|\\[^\n])*"?|\'(?:[^\'\\\n]|\\[^\n])*\'?')
+    return re.compile("|".join(parts), re.S)
+
+
+_LEXERS = {(raw, sep): _lexer(raw, sep) for _, raw, sep in _STANDARDS}
+
+
+def _readings(source: str):
+    """The source as NVRTC's preprocessor may see it, under each reading above."""
+    texts = {}
+    for trigraphs, raw, sep in _STANDARDS:
+        text = _TRIGRAPH.sub(lambda m: _TRIGRAPHS[m.group(1)], source) if trigraphs else source
+        for splice in _SPLICES:
+            texts.setdefault(splice.sub("", text), set()).add((raw, sep))
+    for text, lexers in texts.items():
+        for raw, sep in sorted(lexers):
+            yield from _blanked(text, _LEXERS[raw, sep])
+
+
+def _blanked(text: str, lexer: re.Pattern):
+    """``text`` with comments and raw strings blanked: as a space, then as the newlines
+    they hold."""
+    spaced, lined, at = [], [], 0
+    for m in lexer.finditer(text):
+        if m.start("c") < 0 and ("r" not in lexer.groupindex or m.start("r") < 0):
+            continue  # a literal or a number, stepped over as it is
+        spaced.append(text[at:m.start()])
+        lined.append(text[at:m.start()])
+        spaced.append(" ")
+        lined.append("\n" * m.group().count("\n") or " ")
+        at = m.end()
+    spaced.append(text[at:])
+    lined.append(text[at:])
+    yield "".join(spaced)
+    yield "".join(lined)
 
 
 def _check_operand(text: str, where: str, headers: set[str]) -> None:
@@ -200,10 +236,8 @@ def check_includes(source: bytes, headers: dict[str, bytes], name: str) -> None:
     toolkit header by a plain relative name; CUDA_ERROR_INVALID_VALUE otherwise."""
     names = set(headers)
     for where, text in ((name, source), *headers.items()):
-        text = bytes(text).decode("utf-8", errors="replace")
-        # Both readings: whether R"(...)" is a raw string depends on -std, and a
-        # directive hidden from either reading must not slip through.
-        for logical in (_logical_text(text, raw=True), _logical_text(text, raw=False)):
+        text = bytes(text).decode("latin-1")  # one character a byte, as NVRTC reads
+        for logical in _readings(text):
             for kind, operand in _DIRECTIVE.findall(logical):
                 if kind == "embed":
                     _refuse(f"{where}: #embed is refused: send the data with the source")

@@ -48,6 +48,7 @@ from hvgpu.host.executor.tables import Allocations, Handles
 from hvgpu.host.executor.pools import Pools
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.vmm import VirtualMemory
+from hvgpu.host.logs import clip
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as region_layout
@@ -422,7 +423,7 @@ class Session:
             mycaps |= self.shared.caps
             if self.reader.fds is None:  # descriptors travel on unix sockets only
                 mycaps &= ~P.CAP_SHM_MEMFD
-        log.info("%s: connected, protocol v%d, client %r", self.peer, chosen, client)
+        log.info("%s: connected, protocol v%d, client %s", self.peer, chosen, clip(client))
         reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
                  f"hvgpu {__version__}")
         self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[_HELLO].encode(reply)))
