@@ -235,6 +235,9 @@ static void sgemm_window(unsigned seed, double seconds) {
                 exit(1);
             }
         ops += SGEMM_BATCH;
+        // Waited for each batch: the GPU, not how deep a queue is, bounds the window (the
+        // shim's one-way launches queue far more than the driver's own queue holds).
+        CHECK(cudaDeviceSynchronize());
     } while (now() - t0 < seconds);
     CHECK(cudaDeviceSynchronize());
     double elapsed = now() - t0;
