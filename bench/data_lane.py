@@ -95,6 +95,7 @@ sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restric
 """
 SGEMM_N = 4096
 SGEMM_BATCH = 5  # launches between two looks at the clock (~25 ms of work)
+COPY_BATCH_BYTES = 512 << 20  # copied between two waits (~10 ms pinned, ~40 ms pageable)
 SGEMM_RTOL = 1e-4  # against cuBLAS: same sums in another order
 SYNC_TARGET_US = 60.0
 WARM_S = 0.2  # an untimed window per side before a row's pairs: first-use costs out
@@ -250,7 +251,7 @@ class InProcess:
                 problem = checks.first_difference(other, want)
                 return problem and f"device memory after the window, read back: {problem}"
 
-            return (lambda: self.h2d(dev, 0, host)), self.sync, verify
+            return self._waited(lambda: self.h2d(dev, 0, host), size), self.sync, verify
         other[:] = want
         self.h2d(dev, 0, other)
         self.sync()
@@ -260,7 +261,20 @@ class InProcess:
             problem = checks.first_difference(host, other)
             return problem and f"host memory after the window: {problem}"
 
-        return (lambda: self.d2h(host, dev, 0)), self.sync, verify
+        return self._waited(lambda: self.d2h(host, dev, 0), size), self.sync, verify
+
+    def _waited(self, copy, size: int):
+        """Copies in batches of about COPY_BATCH_BYTES, each waited for: asynchronous
+        copies (pinned memory; the Python API's one-way ones) would otherwise queue far
+        more work than a window, and the last wait would outlast the worker's timeout."""
+        n = max(1, COPY_BATCH_BYTES // size)
+
+        def batch():
+            for _ in range(n):
+                copy()
+            self.sync()
+            return n
+        return batch
 
     def buffer(self, kind: str, size: int, index: int = 0):
         """A device ("dev"), pageable or pinned buffer of ``size`` bytes, kept for the row."""
