@@ -96,6 +96,7 @@ sgemm(const float* __restrict__ A, const float* __restrict__ B, float* __restric
 SGEMM_N = 4096
 SGEMM_BATCH = 5  # launches between two looks at the clock (~25 ms of work)
 COPY_BATCH_BYTES = 512 << 20  # copied between two waits (~10 ms pinned, ~40 ms pageable)
+COPY_BATCH_MOST = 4096  # ... and at most this many copies (small ones: ~40 ms)
 SGEMM_RTOL = 1e-4  # against cuBLAS: same sums in another order
 SYNC_TARGET_US = 60.0
 WARM_S = 0.2  # an untimed window per side before a row's pairs: first-use costs out
@@ -267,7 +268,7 @@ class InProcess:
         """Copies in batches of about COPY_BATCH_BYTES, each waited for: asynchronous
         copies (pinned memory; the Python API's one-way ones) would otherwise queue far
         more work than a window, and the last wait would outlast the worker's timeout."""
-        n = max(1, COPY_BATCH_BYTES // size)
+        n = max(1, min(COPY_BATCH_MOST, COPY_BATCH_BYTES // size))
 
         def batch():
             for _ in range(n):
