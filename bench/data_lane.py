@@ -903,6 +903,9 @@ def table(doc: dict) -> str:
         extra.append(f"connect to first kernel done: {doc['connect_to_first_kernel_s']:.2f} s")
     if extra:
         notes.append("; ".join(extra) + ".")
+    for rerun in doc.get("reruns", []):
+        notes.append(f"Rows {', '.join(rerun['rows'])}: measured again at {rerun['when']} "
+                     f"({rerun['why']}).")
     return "\n".join(rows) + "\n\n" + " ".join(notes) + "\n"
 
 
