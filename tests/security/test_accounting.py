@@ -10,6 +10,7 @@ the guest's cuMemGetInfo says what the ledger says.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -182,11 +183,24 @@ class Watchful(FakeDevice):
             try:
                 return call(*args)
             finally:
-                # one connection at a time here: the lock is free unless this thread holds it
-                if self._used() < before and DEVICE_MEMORY.acquire(blocking=False):
-                    DEVICE_MEMORY.release()
+                # one connection at a time here: the lock is free unless this thread holds
+                # it, which another thread finds out (the lock is re-entrant)
+                if self._used() < before and _free_elsewhere(DEVICE_MEMORY):
                     self.unlocked.append(name)
         return watched
+
+
+def _free_elsewhere(lock) -> bool:
+    got = []
+
+    def probe():
+        if lock.acquire(blocking=False):
+            lock.release()
+            got.append(True)
+    t = threading.Thread(target=probe)
+    t.start()
+    t.join()
+    return bool(got)
 
 
 def test_device_memory_goes_back_only_under_the_lock_a_module_load_measures_under():
@@ -288,3 +302,63 @@ def test_pool_memory_is_back_with_the_driver_before_a_disconnect_returns_its_cha
     assert ledger.used == device._used() == 12 * M  # whole granules, as the pools hold them
     g.close()
     assert device._used() == ledger.used == 0
+
+
+class SlowLoads(FakeDevice):
+    """The double, whose module loads take a while after taking their memory (as the
+    driver's do while it sets the module up), and whose instantiations take memory."""
+
+    def __init__(self):
+        super().__init__()
+        self.exec_bytes = 8 * M
+        self.loading = threading.Event()
+
+    def module_load(self, image):
+        module = super().module_load(image)
+        self.loading.set()
+        time.sleep(0.3)
+        return module
+
+
+def test_a_release_by_another_connection_never_shrinks_what_a_module_load_is_charged():
+    """Twelve 16 MiB modules were held under a 64 MiB quota when instantiations were freed
+    while loads were being measured: every release now waits for the measurement."""
+    from hvgpu.virtio import codec
+    from hvgpu.virtio import protocol as P
+    from tests.security.data_lane import frame, read_reply
+    from tests.security.test_graphs import GLOBAL, _stream
+    from tests.security.test_regions import Guest
+
+    device = SlowLoads()
+    loader, other = Guest(device=device), Guest(device=device)
+    ledger = Ledger(256 * M)
+    loader.session.quota = other.session.quota = ledger
+    try:
+        s = _stream(other)
+        assert other.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
+        other.post("MEMSET", other.alloc(4096), 64, 1, 1, s)
+        status, (graph,) = other.call("STREAM_END_CAPTURE", s)
+        status, (exec_,) = other.call("GRAPH_INSTANTIATE", graph, 0)
+        assert status == 0
+        image = (b".version 8.0\n.target sm_90\n.global .align 4 .b8 big[16777216];\n"
+                 b".visible .entry noop()\n{\n ret;\n}\n\0")
+        loaded = []
+
+        def load():
+            loader.seq += 1
+            loader.sock.sendall(frame("MODULE_LOAD_DATA", seq=loader.seq, payload=image))
+            _, _, _, status, body = read_reply(loader.sock)
+            loaded.append((status, codec.REPLY[P.OP["MODULE_LOAD_DATA"]].decode(body)
+                           if not status else body))
+
+        t = threading.Thread(target=load)
+        t.start()
+        assert device.loading.wait(10)  # the load is being measured: free an instantiation
+        assert other.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+        t.join(30)
+        status, (module,) = loaded[0]
+        assert status == 0
+        assert loader.session.module_charges[module] >= 16 * M
+    finally:
+        loader.close()
+        other.close()

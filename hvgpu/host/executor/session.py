@@ -542,7 +542,8 @@ class Session:
         if self.by_op:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
         # Captures end and graphs go first: what they held back is released with them.
-        self.graphs.release_all(self._stream)
+        with DEVICE_MEMORY:
+            self.graphs.release_all(self._stream)
         self.exec_charges.clear()  # with the rest of the charge, below
         if self.upload_stream is not None:
             _quietly(self.device.stream_destroy, self.upload_stream)
@@ -1074,7 +1075,8 @@ class Session:
         obj = self.streams.get(stream)
         if stream in self.graphs.origins:  # as the driver does: its capture ends, failed
             try:
-                self.graphs.destroy(self.graphs.end(stream, obj))
+                with DEVICE_MEMORY:
+                    self.graphs.destroy(self.graphs.end(stream, obj))
             except CudaError:
                 pass
         self.device.stream_destroy(obj)
@@ -1158,8 +1160,9 @@ class Session:
             except CudaError as exc:
                 failed = CudaError(exc.status, f"the instantiated graph takes {taken} bytes of "
                                    f"device memory: {exc.detail}")
-        if failed is not None:  # (destroying it may release what was parked: not locked)
-            _quietly(self.graphs.destroy_exec, handle)
+        if failed is not None:
+            with DEVICE_MEMORY:
+                _quietly(self.graphs.destroy_exec, handle)
             raise failed
         self.exec_charges[handle] = taken
         return (handle,)
@@ -1258,10 +1261,12 @@ class Session:
         self.graphs.upload(exec_, self._stream(stream))
 
     def op_graph_destroy(self, hdr, graph):
-        self.graphs.destroy(graph)
+        with DEVICE_MEMORY:  # it may hold device memory, and what it parked
+            self.graphs.destroy(graph)
 
     def op_graph_exec_destroy(self, hdr, exec_):
-        self.graphs.destroy_exec(exec_)
+        with DEVICE_MEMORY:
+            self.graphs.destroy_exec(exec_)
         self._uncharge(self.exec_charges.pop(exec_, 0))
 
     # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
@@ -1433,8 +1438,10 @@ class Session:
 
 _ALREADY_REPLIED = object()
 # One per executor process: a module's cost is the driver's free memory before and
-# after its load, which another session's allocation must not change in between.
-DEVICE_MEMORY = threading.Lock()
+# after its load, which another session's allocation or release must not change in
+# between; every call that takes or gives back device memory holds it. Re-entrant: a
+# release can run what a graph held back (parked), which takes it again.
+DEVICE_MEMORY = threading.RLock()
 
 
 def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:
