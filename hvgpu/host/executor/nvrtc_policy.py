@@ -178,8 +178,10 @@ def _lexer(raw: bool, separators: bool) -> re.Pattern:
         parts.append(r'(?P<r>(?<![A-Za-z0-9_])(?:u8|u|U|L)?R"(?P<d>[^()\\ \t\v\f\n"]{0,16})'
                      r'\((?:.*?\)(?P=d)"|.*\Z))')
     if separators:
+        # every pp-number is stepped over whole, with separators or without: one that
+        # failed at its end for want of a quote was tried again from each of its digits
         parts.append(r"(?<![A-Za-z0-9_])\.?[0-9](?:[eEpP][+-]|[0-9A-Za-z_.])*"
-                     r"(?:'[0-9A-Za-z_](?:[eEpP][+-]|[0-9A-Za-z_.])*)+")
+                     r"(?:'[0-9A-Za-z_](?:[eEpP][+-]|[0-9A-Za-z_.])*)*")
     parts.append(r'"(?:[^"\\\n]|\\[^\n])*"?|\'(?:[^\'\\\n]|\\[^\n])*\'?')
     return re.compile("|".join(parts), re.S)
 
