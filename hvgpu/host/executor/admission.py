@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,8 @@ from pathlib import Path
 
 from hvgpu.errors import CudaError
 from hvgpu.virtio import protocol as P
+
+log = logging.getLogger(__name__)
 
 UPLOAD_BYTES = 512 << 20  # two of the largest module images at once
 COMPILE_SLOTS = 1         # NVRTC children per VM at once (each limited in CPU and memory)
@@ -104,13 +107,23 @@ class CompileSlots:
                 os.close(fd)  # and with it the lock
 
     def _take(self, deadline: float) -> int | None:
-        if self.directory is None:
+        fds: list[int] = []
+        if self.directory is not None:
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                for i in range(self.slots):
+                    fds.append(os.open(self.directory / f".compile-slot-{i}", os.O_RDWR
+                                       | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            except OSError as exc:  # as the cache: a bound of this process's, and compile
+                for fd in fds:
+                    os.close(fd)
+                fds = []
+                log.warning("compile slots in %s cannot be made (%s): this executor bounds "
+                            "its own compilations only", self.directory, exc.strerror or exc)
+        if not fds:
             if not self._local.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 raise self._busy()
             return None
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fds = [os.open(self.directory / f".compile-slot-{i}", os.O_RDWR | os.O_CREAT
-                       | os.O_CLOEXEC, 0o600) for i in range(self.slots)]
         try:
             while True:
                 for i, fd in enumerate(fds):
