@@ -39,6 +39,9 @@ static int pending;           /* helpers yet to finish this job */
 static char *job_dst;
 static const char *job_src;
 static size_t job_part, job_n;
+/* The job each helper started after: a helper started late (in a forked child, or
+   after a failed pthread_create) must not take the last job done for a new one. */
+static unsigned long born[PCOPY_MAX_THREADS];
 
 static void part(int i, char *dst, const char *src, size_t n, size_t each) {
     size_t off = (size_t)i * each;
@@ -48,8 +51,8 @@ static void part(int i, char *dst, const char *src, size_t n, size_t each) {
 
 static void *helper(void *arg) {
     int me = (int)(intptr_t)arg;
-    unsigned long seen = 0;
     pthread_mutex_lock(&lock);
+    unsigned long seen = born[me];
     for (;;) {
         while (job == seen) pthread_cond_wait(&go, &lock);
         seen = job;
@@ -103,6 +106,7 @@ static void start_helpers(void) {
         pthread_attr_t a;
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        born[helpers + 1] = job; /* busy is held: no job starts meanwhile */
         int ok = pthread_create(&t, &a, helper, (void *)(intptr_t)(helpers + 1)) == 0;
         pthread_attr_destroy(&a);
         if (!ok) break;
