@@ -199,9 +199,21 @@ class Graphs:
         return gh
 
     def _captures_over(self) -> None:
-        if not self.origins and self.in_capture:
-            self.budget.give(self.in_capture)
-            self.in_capture = 0
+        if not self.in_capture:
+            return
+        # A capture ended (its graph, if any, now counted whole): what is still under way
+        # holds the nodes the driver has in its graphs, not every frame since the first
+        # capture began (which never went back while captures overlapped).
+        under_way = 0
+        for gh in self.origins.values():
+            graph = self.graphs.objects.get(gh)
+            try:
+                under_way += self.device.graph_node_count(graph) if graph is not None else 0
+            except CudaError:
+                return  # not known: the frames stay counted until the captures end
+        if under_way < self.in_capture:
+            self.budget.give(self.in_capture - under_way)
+            self.in_capture = under_way
 
     def _still_capturing(self, stream: Any) -> bool:
         try:
