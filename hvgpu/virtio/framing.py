@@ -8,8 +8,9 @@ a peer that announces a large body or payload and then goes quiet costs only
 what it sent.
 
 A reader given ``mid_frame_silence`` raises :class:`PeerSilent` when the peer
-sends part of a frame and then nothing for that long: between frames a peer may
-be idle as long as it likes, but a frame begun is held in memory until it ends.
+sends part of a frame and then nothing, or fewer than MID_FRAME_PROGRESS bytes,
+for that long: between frames a peer may be idle as long as it likes, but a
+frame begun is held in memory (and reserved for) until it ends.
 
 A socket given a silence timeout (:func:`set_silence_timeout`) raises
 :class:`PeerSilent` when the peer sends nothing, or takes nothing, for that
@@ -27,6 +28,7 @@ import os
 import select
 import socket
 import struct
+import time
 from typing import Callable, NamedTuple
 
 from hvgpu.errors import ConnectionLost, ProtocolError
@@ -36,6 +38,9 @@ _HDR = P.HEADER
 _SMALL_PAYLOAD = 64 << 10  # below this, header and payload go in one send
 _CHUNK = 1 << 20  # a payload read whole, or skipped, moves through this much at a time
 MAX_HELD_FDS = 4  # descriptors received and not yet taken by a frame
+# Bytes a frame begun must bring in each span of the reader's mid-frame silence: a
+# guest under emulation sends that in well under a second.
+MID_FRAME_PROGRESS = 64 << 10
 _FD_SPACE = socket.CMSG_SPACE(MAX_HELD_FDS * 4)
 _SILENT = (BlockingIOError, TimeoutError)  # a kernel (SO_RCVTIMEO) or Python timeout passed
 
@@ -144,6 +149,8 @@ class FrameReader:
                  accept_fds: bool = False, mid_frame_silence: float | None = None):
         self.sock = sock
         self.mid_frame_silence = mid_frame_silence
+        self._since: float | None = None  # when the current span of a frame's bytes began
+        self._moved = 0  # bytes of the frame in that span
         # Descriptors the peer sent (SCM_RIGHTS, unix sockets only), oldest first; the
         # frame that announces one takes it (take_fd), the reader closes the rest.
         self.fds: list[int] | None = [] if accept_fds else None
@@ -169,21 +176,37 @@ class FrameReader:
 
     def _recv_begun(self, view: memoryview) -> int:
         """A receive of the rest of a frame already begun: with ``mid_frame_silence``,
-        the peer must send something within it. Data already there costs no wait and
-        no extra system call."""
+        each such span of time must bring MID_FRAME_PROGRESS bytes (or the frame's end),
+        so neither silence nor a trickle holds a frame open. Data already there costs no
+        wait and no extra system call."""
         silence = self.mid_frame_silence
         if not silence:
             return self._recv_into(view)
         while True:
             try:
-                return self._recv_into(view, socket.MSG_DONTWAIT)
+                got = self._recv_into(view, socket.MSG_DONTWAIT)
+                self._progress(got, silence)
+                return got
             except _SILENT:
                 pass
+            left = silence - (time.monotonic() - self._since) if self._since else silence
             poller = select.poll()
             poller.register(self.sock.fileno(), select.POLLIN)
-            if not poller.poll(silence * 1000):
-                raise PeerSilent(f"the peer sent part of a frame and then nothing for "
-                                 f"{silence:g} s")
+            if not poller.poll(max(left, 0.0) * 1000):
+                self._progress(0, silence)
+
+    def _progress(self, got: int, silence: float) -> None:
+        """Count ``got`` bytes of a frame begun; past a span of ``silence`` seconds
+        that brought too few, the peer is silent."""
+        now = time.monotonic()
+        if self._since is None:
+            self._since, self._moved = now, 0
+        self._moved += got
+        if now - self._since >= silence:
+            if self._moved < MID_FRAME_PROGRESS:
+                raise PeerSilent(f"the peer sent part of a frame, then {self._moved} bytes in "
+                                 f"{silence:g} s (at least {MID_FRAME_PROGRESS} are needed)")
+            self._since, self._moved = now, 0
 
     def _recvmsg_into(self, view: memoryview, flags: int) -> int:
         got, ancillary, _, _ = self.sock.recvmsg_into([view], _FD_SPACE,
@@ -237,6 +260,7 @@ class FrameReader:
     def read_frame(self) -> tuple[Header, memoryview]:
         if self.payload_left:
             raise RuntimeError("previous frame's payload was not consumed")
+        self._since = None  # a new frame: its progress is counted afresh
         self._fill(_HDR.size)
         (magic, version, flags, op, _, seq, status, body_len, _,
          payload_len) = _HDR.unpack_from(self.buf, self.start)
