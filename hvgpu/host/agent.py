@@ -42,6 +42,7 @@ from typing import Callable
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.host.executor import lane
 from hvgpu.host.executor import sandbox
+from hvgpu.host import arguments
 from hvgpu.host import regions as regions_host
 from hvgpu.host import sdnotify
 from hvgpu.host.launch import Launcher
@@ -803,6 +804,7 @@ class Commands:
                 if "_inventory" in kwargs:
                     raise TypeError("got an unexpected keyword argument '_inventory'")
                 named = dict(signature.bind(*args, **kwargs).arguments)
+                arguments.check(method, named)
             except TypeError as exc:  # as the method itself would say, and audited
                 refused = TypeError(f"{name}: {exc}")
                 _audit(logging.INFO, Command(name, kwargs, self._who, None),

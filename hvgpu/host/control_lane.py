@@ -60,6 +60,19 @@ def _encode(doc) -> bytes:
     return json.dumps(doc).encode()
 
 
+class _Undecodable(str):
+    """A request body that is no JSON: why, for the handler to refuse the call with.
+    gRPC calls the deserializer outside the handler, where an exception becomes an
+    INTERNAL status and a traceback in gRPC's log, not the caller's bad request."""
+
+
+def _decode(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: [[[[... nested deep
+        return _Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
 CALLER_KEY = "hvgpu-caller"
 STATED_MAX = 120  # characters of what a client states about itself, in the audit line
 
@@ -318,6 +331,10 @@ def serve(api, path: str, group: str | None = None) -> ControlServer:
                         "message": "control calls are taken on the control socket only"}
             who = f"{caller}, stating {_stated(context)}, on the control socket"
             target = api.as_caller(who) if hasattr(api, "as_caller") else api
+            if isinstance(request, _Undecodable):
+                return {"ok": False, "code": "bad-request",
+                        "message": f"{name} takes a JSON object of named arguments; the "
+                                   f"request is no JSON ({request})"}
             if not isinstance(request, dict):
                 return {"ok": False, "code": "bad-request",
                         "message": f"{name} takes a JSON object of named arguments"}
@@ -330,7 +347,7 @@ def serve(api, path: str, group: str | None = None) -> ControlServer:
                 return {"ok": False, "code": exc.code, "message": str(exc)}
             except TypeError as exc:  # an argument the method does not take
                 return {"ok": False, "code": "bad-request", "message": str(exc)}
-        return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=json.loads,
+        return grpc.unary_unary_rpc_method_handler(handler, request_deserializer=_decode,
                                                    response_serializer=_encode)
 
     sock = Path(path)
