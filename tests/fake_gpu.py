@@ -14,6 +14,12 @@ close, saying what the session left allocated (it must be nothing); with
 HVGPU_FAKE_REPORT_PINNED set too, also the most pinned host memory it held; with
 HVGPU_FAKE_REPORT_GRAPHS, the graphs it was left holding, graph launches, events
 destroyed and modules unloaded.
+
+Set HVGPU_FAKE_DEVICE_WIDE to a directory for free memory that is the device's,
+as cuMemGetInfo's is: every executor of the double publishes what it takes
+there (on each allocation, free, module load and unload), and each one's free
+memory is what all of them leave. HVGPU_FAKE_LOAD_SECONDS makes each module
+load take that long, so a test can act while one is measured.
 """
 
 from __future__ import annotations
@@ -369,7 +375,29 @@ class FakeDevice:
                 + sum(p.reserved for p in self.pools.values()))
 
     def mem_info(self):
-        return TOTAL - self._used(), TOTAL
+        return TOTAL - self._used() - self._others_used(), TOTAL
+
+    def _publish(self):
+        shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
+        if shared:
+            path = os.path.join(shared, str(os.getpid()))
+            with open(path + ".new", "w") as f:
+                f.write(str(self._used()))
+            os.replace(path + ".new", path)
+
+    def _others_used(self):
+        shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
+        if not shared:
+            return 0
+        total = 0
+        for name in os.listdir(shared):
+            if name.isdigit() and int(name) != os.getpid():
+                try:
+                    with open(os.path.join(shared, name)) as f:
+                        total += int(f.read() or 0)
+                except (OSError, ValueError):
+                    pass  # being replaced: the next reading has it
+        return total
 
     def footprint(self, size):
         """What an allocation of ``size`` bytes takes of this double's free memory: the
@@ -396,6 +424,7 @@ class FakeDevice:
         self.taken[ptr] = taken
         self.alloc_bytes += taken
         self.allocated += 1
+        self._publish()
         return ptr
 
     def mem_free(self, dptr):
@@ -404,6 +433,7 @@ class FakeDevice:
         del self.mem[dptr]
         self.alloc_bytes -= self.taken.pop(dptr)
         self.freed += 1
+        self._publish()
 
     # -- virtual memory management ---------------------------------------------
 
@@ -612,6 +642,8 @@ class FakeDevice:
 
     def module_load(self, image):
         image = bytes(image)
+        if os.environ.get("HVGPU_FAKE_LOAD_SECONDS"):
+            time.sleep(float(os.environ["HVGPU_FAKE_LOAD_SECONDS"]))
         if image[:4] in (b"\x7fELF", b"\x50\xed\x55\xba"):  # cubin / fatbin from nvcc
             names = {k for k in KERNELS if k.encode() + b"\0" in image}
             if os.environ.get("HVGPU_FAKE_ANY_KERNEL"):  # probing which driver calls a
@@ -644,6 +676,7 @@ class FakeDevice:
             self.next = ptr + n + 256
             module["globals"][name] = (ptr, n)
             self.variables[ptr] = [n, None]
+        self._publish()
         return module
 
     def module_global(self, module, name):
@@ -712,6 +745,7 @@ class FakeDevice:
         for ptr, _ in module.get("globals", {}).values():
             del self.variables[ptr]
         self.modules_unloaded += 1
+        self._publish()
 
     def module_function(self, module, name):
         self._check()  # after a kernel's fault, as every call of the driver's

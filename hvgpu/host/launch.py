@@ -134,6 +134,7 @@ class Launcher:
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="hvgpu-run-"))
         self.workdir = self.run_dir / "empty"
+        self.gpu_locks = self.run_dir / "gpu-locks"
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.lifeline = Lifeline()
 
@@ -146,6 +147,7 @@ class Launcher:
         os.chmod(self.run_dir, 0o711)  # executors traverse it to their MPS pipes, list nothing
         self.workdir.mkdir(exist_ok=True)
         os.chmod(self.workdir, 0o555)  # empty, and nobody's to fill
+        self.own_dir(self.gpu_locks, 0o700)  # executor/device_memory.py: one file per GPU
         if self.cache_dir is not None:
             (self.cache_dir / "vms").mkdir(parents=True, exist_ok=True)
             for d in (self.cache_dir, self.cache_dir / "vms"):

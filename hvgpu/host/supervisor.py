@@ -85,6 +85,7 @@ class Supervisor:
         config = self.config
         args = [*args, "--log-level", config.log_level, "--log-format", config.log_format,
                 "--confine", config.confine]
+        args += ["--gpu-locks", str(self.launcher.gpu_locks)]
         cache = self.launcher.cache_for(vm)
         if cache:
             args += ["--cache-dir", cache]

@@ -33,7 +33,7 @@ from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.control import AgentLink, RemoteQuota, Stats
 from hvgpu.host.executor.progress import Heartbeat
-from hvgpu.host.executor.session import Session
+from hvgpu.host.executor.session import DEVICE_MEMORY, Session
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import adopt, adopt_control
@@ -59,6 +59,19 @@ def open_device(spec: str, gpu: int, vgpu: int = 0):
     except Exception as exc:  # keep answering the guests, with the reason
         log.exception("device setup failed")
         return None, CudaError(P.HV_INTERNAL, f"executor could not open GPU {gpu}: {exc!r}")
+
+
+def share_device_memory_lock(device, directory: str) -> None:
+    """Measure module loads and instantiations under the lock every executor on this
+    GPU shares (named by the GPU's UUID, whichever index this process sees it at)."""
+    try:
+        h = bytes(device.uuid()).hex()  # as NVML and nvidia-smi print it
+        gpu = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}" if len(h) >= 32 else h
+    except Exception as exc:  # no UUID: this executor's own lock, as without a directory
+        log.warning("the GPU's UUID cannot be read (%s): device memory is measured under "
+                    "this executor's lock only", exc)
+        return
+    DEVICE_MEMORY.attach(directory, gpu)
 
 
 def watch_lifeline(fd: int) -> None:
@@ -221,7 +234,11 @@ def main(argv=None) -> int:
     ap.add_argument("--confine", default="auto", choices=sandbox.MODES)
     ap.add_argument("--allow-read", action="append", default=[], metavar="PATH")
     ap.add_argument("--allow-write", action="append", default=[], metavar="PATH")
+    ap.add_argument("--gpu-locks", default=None, metavar="DIR",
+                    help="where the executors of one agent share a device-memory lock per GPU")
     args = ap.parse_args(argv)
+    if args.gpu_locks:
+        args.allow_write.append(args.gpu_locks)
     name = args.vm if args.vgpu == 0 else f"{args.vm}#{args.vgpu}"  # for people only
     who = f"slice {name}" if args.control_fd is not None else args.peer
     # Every line of an executor is about its VM (or its one host-local peer): one
@@ -236,6 +253,8 @@ def main(argv=None) -> int:
         watch_lifeline(args.lifeline)
     cache = CompileCache(args.cache_dir)
     device, error = open_device(args.device, args.gpu, args.vgpu)
+    if device is not None and args.gpu_locks:
+        share_device_memory_lock(device, args.gpu_locks)
     log.info("confinement: %s; uid %d, gid %d", sandbox.narrow(
         sandbox.serving_paths(args.cache_dir, args.allow_read, args.allow_write)),
         os.getuid(), os.getgid())

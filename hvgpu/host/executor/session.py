@@ -38,6 +38,7 @@ from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
 from hvgpu.host.executor import admission, nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
+from hvgpu.host.executor.device_memory import DeviceMemoryLock
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
@@ -793,7 +794,7 @@ class Session:
         a `__device__` array takes its size at load, with no cuMemAlloc)."""
         if self.quota is None:
             return self.modules.add(self.device.module_load(image))
-        with DEVICE_MEMORY:
+        with DEVICE_MEMORY.measuring():
             free_before = self.device.mem_info()[0]
             module = self.device.module_load(image)
             taken = max(0, free_before - self.device.mem_info()[0])
@@ -1144,7 +1145,7 @@ class Session:
         if self.quota is None:
             return (self.graphs.instantiate(graph, flags),)
         failed = None
-        with DEVICE_MEMORY:
+        with DEVICE_MEMORY.measuring():
             free_before = self.device.mem_info()[0]
             handle = self.graphs.instantiate(graph, flags)
             try:
@@ -1438,10 +1439,11 @@ class Session:
 
 _ALREADY_REPLIED = object()
 # One per executor process: a module's cost is the driver's free memory before and
-# after its load, which another session's allocation or release must not change in
-# between; every call that takes or gives back device memory holds it. Re-entrant: a
+# after its load, which another session's (or, through its lock file, another VM's
+# executor's) allocation or release must not change in between; every call that takes
+# or gives back device memory holds it shared, a measurement exclusive. Re-entrant: a
 # release can run what a graph held back (parked), which takes it again.
-DEVICE_MEMORY = threading.RLock()
+DEVICE_MEMORY = DeviceMemoryLock()
 
 
 def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:
