@@ -33,8 +33,14 @@ TEST_URI = "test:///default"
 DEFAULT_CONFIG = "/etc/hvgpu/agent.toml"  # agent_config.DEFAULT_PATH (no import at start)
 
 
+# Exit statuses besides 0 (done), 1 (refused or failed: not done) and 2 (click's: a
+# usage error, nothing asked of the agent).
+EXIT_UNKNOWN = 3  # a change reached the agent and no reply came: done or not, unknown
+
+
 def _fail(exc: HvgpuError):
-    sys.exit(report(exc, "hvgpu"))
+    status = report(exc, "hvgpu")
+    sys.exit(EXIT_UNKNOWN if exc.code == "outcome-unknown" else status)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,6 +69,15 @@ def cli(ctx, control, connect):
       hvgpu agent                             serve guests on vsock port 5170
       hvgpu attach vm1 --mem 4G --cid 3       give the VM with CID 3 a 4 GiB slice
       hvgpu status                            what each slice uses
+
+    \b
+    Exit status:
+      0  done
+      1  an error: refused, or failed
+      2  a usage error: nothing was asked of the agent
+      3  attach, detach or resize reached the agent and no reply came (it
+         stopped or did not answer in time): whether it was done is unknown;
+         hvgpu list shows what the agent holds once it answers again
     """
     given = ctx.get_parameter_source("connect") == click.core.ParameterSource.COMMANDLINE
     ctx.obj = {"control": control, "connect": connect, "connect_given": given}
