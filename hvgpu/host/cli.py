@@ -46,7 +46,8 @@ def _fail(exc: HvgpuError):
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvgpu")
 @click.option("--control", metavar="PATH", envvar="HVGPU_CONTROL", default=None,
-              help="The agent's control socket [default: /run/hvgpu/control.sock as root].")
+              help="The agent's control socket [default: /run/hvgpu/control.sock as root]. "
+                   "May follow the command too (hvgpu list --control PATH).")
 @click.option("-c", "--connect", metavar="URI", envvar="LIBVIRT_DEFAULT_URI",
               default="qemu:///system", show_default=True,
               help="libvirt URI the agent manages VMs through (as virsh has it). `agent` "
@@ -54,7 +55,8 @@ def _fail(exc: HvgpuError):
                    "`demo --vm` uses that libvirt's domain; given here, the commands that "
                    "talk to a running agent (gpus, attach, detach, resize, list, status) "
                    "are refused when that agent manages another libvirt's VMs; domain-xml "
-                   "and demo without --vm use no libvirt of yours and refuse it.")
+                   "and demo without --vm use no libvirt of yours and refuse it. May follow "
+                   "the command too (hvgpu agent --connect URI).")
 @click.pass_context
 def cli(ctx, control, connect):
     """GPU sharing for libvirt/KVM hosts.
@@ -81,6 +83,44 @@ def cli(ctx, control, connect):
     """
     given = ctx.get_parameter_source("connect") == click.core.ParameterSource.COMMANDLINE
     ctx.obj = {"control": control, "connect": connect, "connect_given": given}
+
+
+def _after_command(name: str):
+    """An option of ``hvgpu`` itself (--connect, --control) that may also be given after
+    the command (``hvgpu agent --connect URI`` as ``hvgpu --connect URI agent``): the
+    value goes where the group's would; the same option given in both places with
+    different values is refused."""
+    def callback(ctx, param, value):
+        source = ctx.get_parameter_source(param.name)
+        if value is None or source != click.core.ParameterSource.COMMANDLINE:
+            return
+        obj = ctx.obj
+        group = ctx.find_root()
+        before = group.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        if before and obj[name] != value:
+            raise click.BadParameter(f"{value!r}, while `hvgpu --{name} {obj[name]}` gives "
+                                     "another before the command: give it once")
+        obj[name] = value
+        if name == "connect":
+            obj["connect_given"] = True
+    return callback
+
+
+def _connect_option(f):
+    return click.option("-c", "--connect", metavar="URI", default=None, expose_value=False,
+                        callback=_after_command("connect"),
+                        help="As hvgpu --connect URI (given before or after the command).")(f)
+
+
+def _control_option(f):
+    return click.option("--control", metavar="PATH", default=None, expose_value=False,
+                        callback=_after_command("control"),
+                        help="As hvgpu --control PATH (given before or after the command).")(f)
+
+
+def _agent_options(f):
+    """--connect and --control after a command that talks to a running agent."""
+    return _connect_option(_control_option(f))
 
 
 def _refuse_connect(ctx, why: str) -> None:
@@ -303,6 +343,7 @@ def _metrics_address(text):
               callback=_print_config,
               help="Print a commented configuration file with every key and its default; "
                    "exit.")
+@_agent_options
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
           placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format,
@@ -373,6 +414,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
 
 @cli.command()
 @_json_option
+@_agent_options
 @click.pass_context
 def gpus(ctx, as_json):
     """List the host's GPUs, what is reserved on each and how slices are enforced.
@@ -415,6 +457,7 @@ def gpus(ctx, as_json):
 @click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]",
               callback=_checked(_shm))
 @_json_option
+@_agent_options
 @click.pass_context
 def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count, add, shm,
            as_json):
@@ -479,6 +522,7 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
 @click.option("--device", type=int, default=None, metavar="N",
               help="Only the VM's vGPU N, which must be its last [default: all of them].")
 @_json_option
+@_agent_options
 @click.pass_context
 def detach(ctx, vm, unplug, device, as_json):
     """Remove VM's slice (and its domain metadata); its CUDA connections are closed.
@@ -510,6 +554,7 @@ def detach(ctx, vm, unplug, device, as_json):
 @click.option("--device", type=int, default=0, show_default=True, metavar="N",
               help="Which of the VM's vGPUs.")
 @_json_option
+@_agent_options
 @click.pass_context
 def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
     """Change a running VM's slice.
@@ -548,6 +593,7 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
 
 @cli.command(name="list")
 @_json_option
+@_agent_options
 @click.pass_context
 def list_(ctx, as_json):
     """List the slices.
@@ -562,6 +608,7 @@ def list_(ctx, as_json):
 
 @cli.command()
 @_json_option
+@_agent_options
 @click.pass_context
 def status(ctx, as_json):
     """Per slice: memory used of its quota, compute share, connected guest processes.
@@ -676,6 +723,7 @@ def _unit_dir(ctx, param, value):
 @click.option("--cache-dir", default=None, metavar="DIR", callback=_unit_dir,
               help="Where the agent caches compiled modules [default: /var/cache/hvgpu, the "
                    "unit's CacheDirectory]; another is made writable (ReadWritePaths=).")
+@_connect_option
 @click.pass_context
 def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     """Print a systemd unit for the host agent (or, with --guest, for a VM).
@@ -716,6 +764,7 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
 @click.option("--vm", default=None, metavar="NAME",
               help="Use this domain of --connect (it gets a vsock device if it has none) "
                    "[default: a domain on libvirt's built-in test:///default host].")
+@_connect_option
 @click.pass_context
 def demo(ctx, size, vm):
     """Attach a slice, run a checked CUDA workload through it, detach.

@@ -308,3 +308,54 @@ def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
     assert "ReadWritePaths=/var/cache/hvgpu" not in result.output  # CacheDirectory's own
     bad = CliRunner().invoke(cli, ["systemd-unit", "--state-dir", "srv"])
     assert bad.exit_code == 2 and "an absolute path" in bad.output
+
+
+# -- --connect and --control after the command, as the README writes them -------------
+
+
+def test_agent_takes_connect_after_the_command_too(tmp_path, monkeypatch):
+    from hvgpu.errors import HvgpuError
+    from hvgpu.host import agent as agent_module
+
+    seen = {}
+
+    class Stop(HvgpuError):
+        pass
+
+    def start(config, gpus=None):
+        seen["connect"] = config.connect
+        raise Stop("stopped before starting")
+    monkeypatch.setattr(agent_module, "Agent", start)
+    args = ["--no-vsock", "--state-dir", str(tmp_path), "--config", str(tmp_path / "a.toml")]
+    (tmp_path / "a.toml").write_text('connect = "qemu:///session"\n')
+    for given, means in ((["agent", "--connect", "test:///default"], "test:///default"),
+                         (["agent", "-c", "test:///default"], "test:///default"),
+                         (["--connect", "test:///default", "agent"], "test:///default"),
+                         (["agent"], "qemu:///session")):  # the file's, when none is given
+        seen.clear()
+        result = CliRunner().invoke(cli, given + args)
+        assert result.exit_code == 1 and "stopped before starting" in result.output, result.output
+        assert seen["connect"] == means, given
+    result = CliRunner().invoke(cli, ["-c", "qemu:///system", "agent", "-c", "test:///default"])
+    assert result.exit_code == 2 and "give it once" in result.output
+
+
+def test_commands_that_talk_to_the_agent_take_connect_and_control_after_them(agent):
+    runner = CliRunner()
+    assert runner.invoke(cli, ["attach", "vm1", "--mem", "64M", "--control",
+                               agent.control]).exit_code == 0
+    for command in (["list"], ["status"], ["gpus"], ["detach", "vm1"],
+                    ["resize", "vm1", "--mem", "32M"], ["attach", "vm2", "--mem", "8M"]):
+        result = runner.invoke(cli, command + ["--control", agent.control,
+                                               "--connect", "test:///default"])
+        assert result.exit_code == 1, command
+        assert "this agent manages VMs through no libvirt" in result.output, command
+    assert [s["vm"] for s in agent.api.list()] == ["vm1"]
+    assert "vm1" in runner.invoke(cli, ["list", "--control", agent.control]).output
+
+
+def test_systemd_unit_and_demo_take_connect_after_them():
+    result = CliRunner().invoke(cli, ["systemd-unit", "--connect", "qemu:///session"])
+    assert result.exit_code == 0 and " --connect qemu:///session agent\n" in result.output
+    result = CliRunner().invoke(cli, ["demo", "-c", "qemu:///system"])
+    assert result.exit_code == 1 and "-c/--connect does not apply to `demo`" in result.output
