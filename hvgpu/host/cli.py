@@ -226,6 +226,17 @@ def _compute(text):
     return parse_share(text)
 
 
+def _vm_name(ctx, param, value):
+    """A VM name, checked by the rules the agent and libvirt apply (names.check_vm_name),
+    so that what one command takes another does not refuse."""
+    from hvgpu.host.names import check_vm_name
+
+    try:
+        return check_vm_name(value)
+    except HvgpuError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _vcpus_option(ctx, param, value):
     if not 1 <= value <= MAX_VCPUS:
         raise click.BadParameter(
@@ -436,7 +447,7 @@ def gpus(ctx, as_json):
 
 
 @cli.command()
-@click.argument("vm")
+@click.argument("vm", callback=_vm_name)
 @click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_size))
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help=_COMPUTE_HELP + " [default: none reserved, time-shared].")
@@ -517,7 +528,7 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
 
 
 @cli.command()
-@click.argument("vm")
+@click.argument("vm", callback=_vm_name)
 @click.option("--unplug", is_flag=True, help="Also remove the domain's vsock device.")
 @click.option("--device", type=int, default=None, metavar="N",
               help="Only the VM's vGPU N, which must be its last [default: all of them].")
@@ -542,7 +553,7 @@ def detach(ctx, vm, unplug, device, as_json):
 
 
 @cli.command()
-@click.argument("vm")
+@click.argument("vm", callback=_vm_name)
 @click.option("--mem", default=None, metavar="SIZE", callback=_checked(_size),
               help="New memory quota: " + SIZE_FORMS + ".")
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
@@ -634,7 +645,7 @@ def status(ctx, as_json):
 
 
 @cli.command(name="domain-xml")
-@click.argument("name")
+@click.argument("name", callback=_vm_name)
 @click.option("--memory", default="8G", show_default=True, metavar="SIZE",
               help=f"Guest RAM, at least 1M: {SIZE_FORMS}.")
 @click.option("--vcpus", default=4, show_default=True, type=int, callback=_vcpus_option,

@@ -359,3 +359,32 @@ def test_systemd_unit_and_demo_take_connect_after_them():
     assert result.exit_code == 0 and " --connect qemu:///session agent\n" in result.output
     result = CliRunner().invoke(cli, ["demo", "-c", "qemu:///system"])
     assert result.exit_code == 1 and "-c/--connect does not apply to `demo`" in result.output
+
+
+# -- one rule for VM names -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, said", [
+    ("v/m", "it contains '/'"),
+    ("vm#1", "it contains '#'"),
+    ("vm\x07", "the control character U+0007"),
+    ("v" * 300, "is 300 bytes long; a VM name has at most 255"),
+])
+def test_domain_xml_refuses_the_names_attach_refuses(tmp_path, name, said):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["domain-xml", name, "--disk", "/d.qcow2"])
+    assert made.exit_code == 2 and said in made.output, made.output
+    assert "<domain" not in made.output
+    for command in (["attach", name, "--mem", "4G"], ["detach", name],
+                    ["resize", name, "--mem", "4G"]):
+        refused = runner.invoke(cli, ["--control", str(tmp_path / "none.sock"), *command])
+        assert refused.exit_code == 2 and said in refused.output, command
+        assert "no agent answers" not in refused.output  # refused before asking
+
+
+def test_the_agent_refuses_them_by_the_same_rule(agent):
+    from hvgpu.host.names import BadVmName
+
+    for name in ("v/m", "vm\x07", "v" * 300):
+        with pytest.raises(BadVmName):
+            agent.api.attach(name, "8M")
