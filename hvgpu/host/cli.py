@@ -724,6 +724,61 @@ def _unit_dir(ctx, param, value):
     return os.path.normpath(value)
 
 
+# What the agent's unit (templates/systemd/hvgpu-agent.service.j2) hides from the
+# service: PrivateTmp=yes gives it a /tmp and /var/tmp of its own, empty; ProtectHome=yes
+# makes /home, /root and /run/user unreachable.
+_UNIT_HIDES = (("/tmp", "PrivateTmp=yes"), ("/var/tmp", "PrivateTmp=yes"),
+               ("/home", "ProtectHome=yes"), ("/root", "ProtectHome=yes"),
+               ("/run/user", "ProtectHome=yes"))
+
+
+def _interpreter(exe: str) -> str:
+    """The Python a console script runs with (its #! line), else this one."""
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        if words and words[0].startswith("/") and os.path.basename(words[0]) != "env":
+            return words[0]
+    return sys.executable
+
+
+def _unit_program_paths(exe: str) -> list[tuple[str, str]]:
+    """What the unit's ExecStart needs to reach: (what it is, path), real paths too."""
+    import sysconfig
+
+    import hvgpu
+
+    python = _interpreter(exe)
+    found = [("the hvgpu command", exe), ("the hvgpu command", os.path.realpath(exe)),
+             ("its Python", python), ("its Python", os.path.realpath(python)),
+             ("the hvgpu package", os.path.realpath(os.path.dirname(hvgpu.__file__)))]
+    stdlib = sysconfig.get_path("stdlib")
+    if stdlib:
+        found.append(("Python's standard library", os.path.realpath(stdlib)))
+    return found
+
+
+def _hidden_from_unit(paths: list[tuple[str, str]]) -> str | None:
+    """Why the agent's unit could not run from these paths (None: it can)."""
+    for what, path in paths:
+        for top, directive in _UNIT_HIDES:
+            if path == top or path.startswith(top + "/"):
+                how = ("gives the service a " + top + " of its own, empty"
+                       if directive.startswith("PrivateTmp") else
+                       "makes " + top + " unreachable to the service")
+                return (f"the unit would not start: {what} is {path}, and the unit's "
+                        f"{directive} {how}. Install hvgpu where the service can reach it, "
+                        "outside /tmp, /var/tmp, /home, /root and /run/user, from a Python "
+                        "outside them too (as root: python3 -m venv /opt/hvgpu && "
+                        "/opt/hvgpu/bin/pip install 'hvgpu[host]'), and print the unit with "
+                        "that hvgpu (/opt/hvgpu/bin/hvgpu systemd-unit)")
+    return None
+
+
 @cli.command(name="systemd-unit")
 @click.option("--guest", is_flag=True, help="The guest's unit instead of the host agent's.")
 @click.option("--config", metavar="PATH", default=None,
@@ -746,6 +801,11 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     the agent go into /etc/hvgpu/agent.toml (hvgpu agent --print-config);
     -c given here is written into the unit's command line.
 
+    A unit that could not start is refused: one whose hvgpu, its Python or
+    the hvgpu package lies under /tmp or /var/tmp (the unit's PrivateTmp=yes
+    gives the service its own) or under /home, /root or /run/user
+    (ProtectHome=yes hides them). Install hvgpu in /opt/hvgpu, say, first.
+
     \b
     Examples:
       hvgpu systemd-unit > /etc/systemd/system/hvgpu-agent.service
@@ -760,6 +820,9 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
         click.echo(guest_unit("/usr/local/bin/hvgpu-guest"), nl=False)
         return
     exe = _shutil.which("hvgpu") or os.path.abspath(sys.argv[0])
+    hidden = _hidden_from_unit(_unit_program_paths(exe))
+    if hidden:
+        _fail(HvgpuError(hidden))
     args = ["--connect", ctx.obj["connect"]] if ctx.obj["connect_given"] else []
     agent_args = ["--config", config] if config else []
     read_write = []

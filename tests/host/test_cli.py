@@ -294,7 +294,17 @@ def test_demo_with_a_vm_libvirt_lacks_is_an_error_before_anything_is_attached():
     assert "attach:" not in result.output
 
 
-def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
+@pytest.fixture
+def installed_in_opt(monkeypatch):
+    """hvgpu as the unit expects it, outside what the unit hides (this checkout may be
+    under /tmp or /home, its Python under /root)."""
+    from hvgpu.host import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_unit_program_paths",
+                        lambda exe: [("the hvgpu command", "/opt/hvgpu/bin/hvgpu")])
+
+
+def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories(installed_in_opt):
     plain = CliRunner().invoke(cli, ["systemd-unit"])
     assert plain.exit_code == 0 and " agent\n" in plain.output  # options: agent.toml's
     assert "\nReadWritePaths=" not in plain.output
@@ -354,7 +364,7 @@ def test_commands_that_talk_to_the_agent_take_connect_and_control_after_them(age
     assert "vm1" in runner.invoke(cli, ["list", "--control", agent.control]).output
 
 
-def test_systemd_unit_and_demo_take_connect_after_them():
+def test_systemd_unit_and_demo_take_connect_after_them(installed_in_opt):
     result = CliRunner().invoke(cli, ["systemd-unit", "--connect", "qemu:///session"])
     assert result.exit_code == 0 and " --connect qemu:///session agent\n" in result.output
     result = CliRunner().invoke(cli, ["demo", "-c", "qemu:///system"])
@@ -388,3 +398,43 @@ def test_the_agent_refuses_them_by_the_same_rule(agent):
     for name in ("v/m", "vm\x07", "v" * 300):
         with pytest.raises(BadVmName):
             agent.api.attach(name, "8M")
+
+
+# -- a unit that could not start --------------------------------------------------------
+
+
+def test_systemd_unit_from_a_checkout_under_tmp_is_refused(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/tmp/hvgpu-checkout/.venv/bin/hvgpu")
+    result = CliRunner().invoke(cli, ["systemd-unit"])
+    assert result.exit_code == 1
+    assert "ExecStart" not in result.output
+    text = " ".join(result.output.split())
+    assert ("the unit would not start: the hvgpu command is /tmp/hvgpu-checkout/.venv/bin/hvgpu, "
+            "and the unit's PrivateTmp=yes gives the service a /tmp of its own, empty") in text
+    assert "python3 -m venv /opt/hvgpu" in text
+    assert CliRunner().invoke(cli, ["systemd-unit", "--guest"]).exit_code == 0  # not the agent's
+
+
+def test_what_the_unit_hides_is_what_it_says():
+    from hvgpu.host.cli import _hidden_from_unit
+
+    unit = (REPO / "templates" / "systemd" / "hvgpu-agent.service.j2").read_text()
+    assert "PrivateTmp=yes" in unit and "ProtectHome=yes" in unit
+    for path, said in (("/home/alice/hvgpu/hvgpu", "ProtectHome=yes makes /home unreachable"),
+                       ("/root/.pyenv/versions/3.12/bin/python3.12", "ProtectHome=yes"),
+                       ("/run/user/1000/hvgpu", "ProtectHome=yes"),
+                       ("/var/tmp/venv/bin/python", "PrivateTmp=yes")):
+        assert said in _hidden_from_unit([("its Python", path)]), path
+    for path in ("/opt/hvgpu/bin/hvgpu", "/usr/bin/python3.12", "/tmpfs/hvgpu", "/homes/x"):
+        assert _hidden_from_unit([("its Python", path)]) is None, path
+
+
+def test_a_console_script_s_python_is_its_shebang_s(tmp_path):
+    from hvgpu.host.cli import _interpreter, _unit_program_paths
+
+    script = tmp_path / "hvgpu"
+    script.write_text("#!/srv/venv/bin/python3 -E\nimport sys\n")
+    assert _interpreter(str(script)) == "/srv/venv/bin/python3"
+    assert ("its Python", "/srv/venv/bin/python3") in _unit_program_paths(str(script))
