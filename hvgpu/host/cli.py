@@ -187,7 +187,8 @@ _SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: C
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-_MEM_HELP = f"Memory quota: {SIZE_FORMS}."
+_MEM_RANGE = "from 1M (the driver takes a quota in whole MiB) to the largest GPU's memory"
+_MEM_HELP = f"Memory quota: {SIZE_FORMS}; {_MEM_RANGE}."
 _COMPUTE_HELP = (f"Share of the GPU's SMs: {SHARE_FORMS}. Enforced by MPS; where MPS does "
                  "not run, refused unless --allow-time-shared")
 _TIME_SHARED_HELP = ("Take a --compute share even where MPS does not run to enforce it (the "
@@ -210,8 +211,10 @@ def _checked(parse):
     return callback
 
 
-def _size(text):
-    return parse_size(text)
+def _mem(text):
+    from hvgpu.units import parse_mem
+
+    return parse_mem(text)
 
 
 def _shm(text):
@@ -448,7 +451,7 @@ def gpus(ctx, as_json):
 
 @cli.command()
 @click.argument("vm", callback=_vm_name)
-@click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_size))
+@click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_mem))
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help=_COMPUTE_HELP + " [default: none reserved, time-shared].")
 @click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
@@ -554,8 +557,8 @@ def detach(ctx, vm, unplug, device, as_json):
 
 @cli.command()
 @click.argument("vm", callback=_vm_name)
-@click.option("--mem", default=None, metavar="SIZE", callback=_checked(_size),
-              help="New memory quota: " + SIZE_FORMS + ".")
+@click.option("--mem", default=None, metavar="SIZE", callback=_checked(_mem),
+              help=f"New memory quota: {SIZE_FORMS}; {_MEM_RANGE}.")
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help="New compute share. " + _COMPUTE_HELP + ".")
 @click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)

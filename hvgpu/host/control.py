@@ -18,11 +18,11 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
 from hvgpu.host.hypervisor import NoSuchVm
-from hvgpu.host.inventory import Gpu
+from hvgpu.host.inventory import Gpu, host_memory
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, shm_name
 from hvgpu.host.slices import SliceError, UnknownVm, check_cid
 from hvgpu.host.transaction import Transaction
-from hvgpu.units import parse_share, parse_shm_size, parse_size
+from hvgpu.units import BadValue, format_size, parse_mem, parse_share, parse_shm_size
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,34 @@ class ControlAPI:
         log.warning("%s", warning)
         return warning
 
+    def _check_sizes(self, size: int | None, region: int | None, inventory,
+                     gpu_uuid: str | None = None) -> None:
+        """Refuse a memory quota no GPU could hold (``gpu_uuid``: the slice's own GPU,
+        which a resize cannot leave) and a shared-memory region larger than this host's
+        RAM, naming what there is. Where NVML cannot be read, the slice manager's own
+        refusal (no room) stands."""
+        if size is not None:
+            try:
+                gpus = self._inventory(inventory)
+            except HvgpuError:
+                gpus = []
+            if gpu_uuid is not None:
+                gpus = [g for g in gpus if g.uuid == gpu_uuid]
+            if gpus:
+                largest = max(gpus, key=lambda g: g.memory_total)
+                if size > largest.memory_total:
+                    which = "the slice's" if gpu_uuid is not None else "the largest here"
+                    raise BadValue(
+                        f"--mem {format_size(size)} is more than any GPU could give: "
+                        f"{which}, GPU {largest.index} ({largest.name}), has "
+                        f"{format_size(largest.memory_total)} in all")
+        if region:
+            ram = host_memory()
+            if ram is not None and region > ram:
+                raise BadValue(f"--shm {format_size(region)} is more than this host's memory "
+                               f"({format_size(ram)}): a shared-memory region is host RAM, "
+                               "in /dev/shm")
+
     def read_inventory(self):
         """The GPUs as NVML lists them now, or the error reading them: read before a
         query is run on the agent's loop (Agent.commands does), so that a slow or hung
@@ -174,7 +202,8 @@ class ControlAPI:
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
                placement: str | None = None, count: int = 1, add: bool = False,
-               shm=None, allow_time_shared: bool = False, connect: str | None = None) -> dict:
+               shm=None, allow_time_shared: bool = False, connect: str | None = None, *,
+               _inventory=None) -> dict:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has), each
         with a shared-memory region of ``shm`` (a size; none by default); a libvirt
         domain also gets a vsock device (hot-plugged, live and in its config, when
@@ -199,9 +228,10 @@ class ControlAPI:
             raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
                            f"({self.agent.libvirt_reason}); pass --cid N (the VM's vsock "
                            f"CID), or bind a socket to it (--listen unix:///PATH={vm})")
-        size = parse_size(mem)
+        size = parse_mem(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
         region = parse_shm_size(shm) if shm not in (None, "") else 0
+        self._check_sizes(size, region, _inventory)
         if share and not self.agent.mps.running:  # refused before anything changes
             self._unenforced(vm, share, [None], allow_time_shared)
         if cid is not None and vms is not None:
@@ -290,7 +320,8 @@ class ControlAPI:
         return d
 
     def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None,
-               allow_time_shared: bool = False, connect: str | None = None) -> dict:
+               allow_time_shared: bool = False, connect: str | None = None, *,
+               _inventory=None) -> dict:
         """New limits for one vGPU. Its shared-memory region (``shm``) changes only while
         its guest cannot use it: a libvirt domain that is shut off (in its config), a
         VM of another kind with no CUDA connection open. A compute share that MPS will
@@ -301,9 +332,10 @@ class ControlAPI:
             raise HvgpuError("nothing to change: give --mem, --compute and/or --shm")
         old = self.slices.get(vm, device)
         key = old.key
-        size = parse_size(mem) if mem not in (None, "") else None
+        size = parse_mem(mem) if mem not in (None, "") else None
         share = parse_share(compute) if compute not in (None, "") else None
         region = parse_shm_size(shm) if shm not in (None, "") else None
+        self._check_sizes(size, region, _inventory, old.gpu_uuid)
         unenforced = self._unenforced(vm, share, [old.gpu_uuid], allow_time_shared)
         vms = self.agent.vms
         by_libvirt = vms is not None and old.cid is None and vms.knows(vm)

@@ -438,3 +438,50 @@ def test_a_console_script_s_python_is_its_shebang_s(tmp_path):
     script.write_text("#!/srv/venv/bin/python3 -E\nimport sys\n")
     assert _interpreter(str(script)) == "/srv/venv/bin/python3"
     assert ("its Python", "/srv/venv/bin/python3") in _unit_program_paths(str(script))
+
+
+# -- sizes no slice can have ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--mem", "10B"], "a slice's memory quota is at least 1 MiB"),
+    (["--mem", "99999999999999999999999G"], "is more than 1024 TiB"),
+])
+def test_attach_and_resize_refuse_sizes_no_slice_can_have(tmp_path, args, said):
+    for command in (["attach", "vm1"], ["resize", "vm1"]):
+        result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), *command,
+                                          *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "99999999999999991611392" not in result.output
+
+
+def test_a_quota_larger_than_any_gpu_is_refused_naming_the_largest(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "2G"])
+    assert result.exit_code == 1
+    assert ("--mem 2 GiB is more than any GPU could give: the largest here, GPU 0 "
+            "(hvgpu fake GPU), has 1 GiB in all") in result.output
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M"]).exit_code == 0
+    result = runner.invoke(cli, base + ["resize", "vm1", "--mem", "1.5T"])
+    assert result.exit_code == 1
+    assert ("--mem 1.5 TiB is more than any GPU could give: the slice's, GPU 0 (hvgpu fake "
+            "GPU), has 1 GiB in all") in result.output
+    assert agent.api.list()[0]["mem"] == 64 << 20
+
+
+def test_a_shared_memory_region_larger_than_the_host_is_refused(agent, monkeypatch):
+    from hvgpu.host import control
+
+    monkeypatch.setattr(control, "host_memory", lambda: 23 << 30)
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "1T"])
+    assert result.exit_code == 1
+    assert ("--shm 1 TiB is more than this host's memory (23 GiB): a shared-memory region is "
+            "host RAM") in result.output
+    assert agent.api.list() == []
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "16G"]
+                         ).exit_code == 0
+    result = runner.invoke(cli, base + ["resize", "vm1", "--shm", "32G"])
+    assert result.exit_code == 1 and "more than this host's memory (23 GiB)" in result.output
