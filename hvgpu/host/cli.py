@@ -160,8 +160,16 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def _share(pct: int) -> str:
-    return f"{pct}%" if pct else "shared"
+def _share(pct: int, enforced: bool | None = None) -> str:
+    """A compute share as every command shows it; one MPS does not enforce says so."""
+    if not pct:
+        return "time-shared"
+    return f"{pct}%" + (" (not enforced)" if enforced is False else "")
+
+
+def _percent(value: int | None) -> str:
+    """A utilisation: N/A where NVML has no figure (as nvidia-smi and hvgpu-guest smi)."""
+    return "N/A" if value is None else f"{value}%"
 
 
 def _cid(s) -> str:
@@ -174,7 +182,8 @@ def _slice_rows(slices, extra=()):
     rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "SHM", "CID", *[h for h, _ in extra]]]
     for s in slices:
         rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
-                     _share(s["compute"]), format_size(s["shm"]) if s.get("shm") else "-",
+                     _share(s["compute"], s.get("compute_enforced")),
+                     format_size(s["shm"]) if s.get("shm") else "-",
                      _cid(s), *[f(s) for _, f in extra]])
     return rows
 
@@ -443,7 +452,7 @@ def gpus(ctx, as_json):
             rows.append([str(g["index"]), g["name"], format_size(g["memory_total"]),
                          format_size(g["reserved_mem"]) if g["reserved_mem"] else "0",
                          f"{g['reserved_compute']}%",
-                         "-" if g["utilization"] is None else f"{g['utilization']}%", g["uuid"]])
+                         _percent(g["utilization"]), g["uuid"]])
         notes = "\n".join(f"GPU {g['index']}: {g['enforcement']}" for g in data)
         return _table(rows) + "\n\n" + notes
     _emit(_call(ctx, "gpus"), as_json, text)
@@ -516,8 +525,9 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
     def text(s):
         line = f"attached {s['vm']}: " + "; ".join(
             (f"device {v['device']}: " if len(s["vgpus"]) > 1 or v["device"] else "")
-            + f"{format_size(v['mem'])}, compute {_share(v['compute'])}, "
-              f"GPU {v['gpu_index']} ({v['gpu_uuid']})"
+            + f"{format_size(v['mem'])}, compute "
+            + _share(v["compute"], v.get("compute_enforced"))
+            + f", GPU {v['gpu_index']} ({v['gpu_uuid']})"
             + (f", shared memory {format_size(v['shm'])}" if v.get("shm") else "")
             for v in s["vgpus"])
         if "hybrid_vsock" in s:
@@ -596,7 +606,8 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
 
     def text(s):
         line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
-                + f": {format_size(s['mem'])}, compute {_share(s['compute'])}"
+                + f": {format_size(s['mem'])}, compute "
+                + _share(s["compute"], s.get("compute_enforced"))
                 + (f", shared memory {format_size(s['shm'])}" if s.get("shm") else ""))
         if s.get("pending"):
             line += ("\nCUDA connections already open keep their MPS limits until they close; "
@@ -627,7 +638,13 @@ def list_(ctx, as_json):
 def status(ctx, as_json):
     """Per slice: memory used of its quota, compute share, connected guest processes.
 
-    GPU UTIL is the utilization NVML reports for the slice's whole GPU.
+    UTIL is the slice's own utilization, as hvgpu-guest smi shows it in the
+    VM: its executors' share of the GPU as NVML samples it, N/A where NVML
+    has no figure for it (under MPS, whose server runs every slice's work,
+    or where the driver samples no process). GPU UTIL is the whole GPU's,
+    every slice's work together, N/A where NVML cannot say. A compute share
+    that MPS does not enforce is shown as "25% (not enforced)"; without one,
+    the slice's kernels time-share the GPU ("time-shared").
 
     \b
     Example:
@@ -639,8 +656,8 @@ def status(ctx, as_json):
         return _table(_slice_rows(data, extra=(
             ("USED", lambda s: format_size(s["mem_used"]) if s["mem_used"] else "0"),
             ("CONNECTIONS", lambda s: str(s["connections"])),
-            ("GPU UTIL", lambda s: "-" if s.get("gpu_utilization") is None
-             else f"{s['gpu_utilization']}%"),
+            ("UTIL", lambda s: _percent(s.get("utilization"))),
+            ("GPU UTIL", lambda s: _percent(s.get("gpu_utilization"))),
             ("EXECUTORS", lambda s: ", ".join(
                 f"pid {e['pid']}" + (" (retiring)" if e["retiring"] else "")
                 for e in s["executors"]) or "-"))))

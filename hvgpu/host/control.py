@@ -94,14 +94,16 @@ class ControlAPI:
         except NoSuchVm:
             return None
 
-    def _not_enforced(self, gpu_uuid: str | None) -> str | None:
+    def _not_enforced(self, gpu_uuid: str | None, gpus: list[Gpu] | None = None) -> str | None:
         """Why a compute share on this GPU (None: on any) would not be enforced; None when
-        MPS does (as far as can be said without the GPU)."""
+        MPS does (as far as can be said without the GPU). ``gpus``: the inventory, when
+        it was read already."""
         if not self.agent.mps.running:
             return self.agent.mps.reason or "MPS is not running"
         if gpu_uuid is None:
             return None
-        gpu = next((g for g in self._gpus() if g.uuid == gpu_uuid), None)
+        gpu = next((g for g in (self._gpus() if gpus is None else gpus)
+                    if g.uuid == gpu_uuid), None)
         if gpu is not None and gpu.mps:
             return None
         return (gpu.mps_reason if gpu is not None else "") or "MPS cannot serve this GPU"
@@ -127,6 +129,17 @@ class ControlAPI:
                     "record the share unenforced")
             return f"{where} ({reason})"
         return None
+
+    def _enforced(self, share: int, gpu_uuid: str, inventory) -> bool | None:
+        """Whether MPS enforces the compute share ``share`` on that GPU (None: no share,
+        or the GPUs could not be read to say)."""
+        if not share:
+            return None
+        try:
+            gpus = self._inventory(inventory)
+        except HvgpuError:
+            return None if self.agent.mps.running else False
+        return self._not_enforced(gpu_uuid, gpus) is None
 
     @staticmethod
     def _warn_time_shared(vm: str, share: int, where: str) -> str:
@@ -265,7 +278,10 @@ class ControlAPI:
                 vms.record(self.slices.of_vm(vm), tx)
             self.agent.slices_changed()
         d = new[0].as_dict()
-        d["vgpus"] = [s.as_dict() for s in new]
+        d["compute_enforced"] = self._enforced(share, new[0].gpu_uuid, _inventory)
+        d["vgpus"] = [dict(s.as_dict(), compute_enforced=self._enforced(share, s.gpu_uuid,
+                                                                         _inventory))
+                      for s in new]
         if by_libvirt and hybrid is not None:
             d["hybrid_vsock"] = hybrid
         elif by_libvirt:
@@ -360,18 +376,21 @@ class ControlAPI:
                 vms.record(self.slices.of_vm(vm), tx)
         pending = key in self.agent.slices_changed()
         d = s.as_dict()
+        d["compute_enforced"] = self._enforced(s.compute, s.gpu_uuid, _inventory)
         d["pending"] = pending
         if unenforced:
             d["warning"] = self._warn_time_shared(vm, s.compute, unenforced)
         return d
 
-    def _described(self, slices) -> list[dict]:
+    def _described(self, slices, inventory) -> list[dict]:
         """Each vGPU as a dict; a libvirt domain's with "vsock_cid", the CID libvirt gave
-        it (what attach printed; "cid" is the one a VM was attached with, by --cid)."""
+        it (what attach printed; "cid" is the one a VM was attached with, by --cid), and
+        "compute_enforced": whether MPS enforces its compute share (None: it has none)."""
         cids: dict[str, int | None] = {}
         out = []
         for s in slices:
             d = s.as_dict()
+            d["compute_enforced"] = self._enforced(s.compute, s.gpu_uuid, inventory)
             if s.cid is None and self.agent.vms is not None:
                 if s.vm not in cids:
                     cids[s.vm] = self._libvirt_cid(s.vm)
@@ -379,22 +398,27 @@ class ControlAPI:
             out.append(d)
         return out
 
-    def list(self, connect: str | None = None) -> list[dict]:
+    def list(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
         self._check_connect(connect)
-        return self._described(self.slices.list())
+        return self._described(self.slices.list(), _inventory)
 
     def status(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
-        """Per slice; ``gpu_utilization`` is the whole GPU's (NVML), not the slice's own."""
+        """Per slice; ``utilization`` is the slice's own (its executors' share of the GPU
+        as NVML last sampled it, what the guest's VGPU_UTILIZATION says; None where NVML
+        has no figure for it, as under MPS), ``gpu_utilization`` the whole GPU's."""
         self._check_connect(connect)
         try:
-            util = {g.uuid: g.utilization for g in self._inventory(_inventory)}
-        except HvgpuError:
-            util = {}
+            inventory = self._inventory(_inventory)
+            util = {g.uuid: g.utilization for g in inventory}
+        except HvgpuError as exc:
+            inventory, util = exc, {}
         out = []
         slices = self.slices.list()
-        for s, d in zip(slices, self._described(slices)):
+        for s, d in zip(slices, self._described(slices, inventory)):
             used, executors = self.agent.slice_usage(s.key)
+            record = self.agent.registry.get(s.key)
             d.update(mem_used=used, connections=sum(e.connections for e in executors),
+                     utilization=getattr(record, "util", None),
                      gpu_utilization=util.get(s.gpu_uuid),
                      executors=[{"pid": e.process.pid, "generation": e.generation,
                                  "connections": e.connections, "retiring": e.retiring,

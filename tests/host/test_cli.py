@@ -485,3 +485,74 @@ def test_a_shared_memory_region_larger_than_the_host_is_refused(agent, monkeypat
                          ).exit_code == 0
     result = runner.invoke(cli, base + ["resize", "vm1", "--shm", "32G"])
     assert result.exit_code == 1 and "more than this host's memory (23 GiB)" in result.output
+
+
+# -- one word for each thing ------------------------------------------------------------
+
+
+def test_a_slice_without_a_share_is_time_shared_in_every_listing(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    attached = runner.invoke(cli, base + ["attach", "vm1", "--mem", "512M"])
+    assert "512 MiB, compute time-shared" in attached.output
+    for command in ("list", "status"):
+        out = runner.invoke(cli, base + [command]).output
+        assert "time-shared" in out and " shared " not in out, command
+
+
+def test_a_share_mps_does_not_enforce_says_so_wherever_it_is_shown(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    attached = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--compute", "25%",
+                                          "--allow-time-shared"])
+    assert "compute 25% (not enforced)" in attached.output
+    assert agent.api.list()[0]["compute_enforced"] is False
+    for command in ("list", "status"):
+        assert "25% (not enforced)" in runner.invoke(cli, base + [command]).output, command
+    resized = runner.invoke(cli, base + ["resize", "vm1", "--compute", "50%",
+                                         "--allow-time-shared"])
+    assert "compute 50% (not enforced)" in resized.output
+
+
+def _gpus_with_mps():
+    from hvgpu.host.inventory import Gpu
+
+    return [Gpu(0, "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "hvgpu fake GPU", 1 << 30, 0,
+                None, False, True, "")]
+
+
+def test_a_share_mps_enforces_is_shown_plainly(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",),
+                           gpus=_gpus_with_mps)
+    try:
+        running.agent.mps.running = True  # what a started MPS daemon says (none runs here)
+        base = ["--control", running.control]
+        attached = CliRunner().invoke(cli, base + ["attach", "vm1", "--mem", "64M",
+                                                   "--compute", "25%"])
+        assert attached.exit_code == 0, attached.output
+        assert "compute 25%," in attached.output and "not enforced" not in attached.output
+        assert running.api.list()[0]["compute_enforced"] is True
+        assert "not enforced" not in CliRunner().invoke(cli, base + ["list"]).output
+        # and where NVML has no utilisation for the GPU, nvidia-smi's N/A, not a 0%
+        gpus = CliRunner().invoke(cli, base + ["gpus"]).output
+        assert "25%               N/A   GPU-" in gpus.splitlines()[1], gpus
+    finally:
+        running.agent.mps.running = False
+        running.stop()
+
+
+def test_status_shows_the_slice_s_own_utilisation_or_n_a_as_smi_does(agent):
+    import re
+
+    from hvgpu.host.names import VgpuKey
+
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M"])
+    out = runner.invoke(cli, base + ["status"]).output.splitlines()
+    assert re.search(r"CONNECTIONS +UTIL +GPU UTIL +EXECUTORS", out[0]), out[0]
+    # NVML has no figure for the slice (hvgpu-guest smi: N/A); the whole GPU's is 0%
+    assert re.search(r" N/A +0% ", out[1]) and agent.api.status()[0]["utilization"] is None
+    agent.agent.registry.get(VgpuKey("vm1")).util = 37  # as the sampler sets it
+    out = runner.invoke(cli, base + ["status"]).output.splitlines()
+    assert re.search(r" 37% +0% ", out[1]), out[1]
