@@ -465,9 +465,10 @@ class ControlClient:
         return reply["result"]
 
     def _unanswered(self, name: str, kwargs: dict, code) -> TransportError:
-        how = (f"no reply within {self.timeout:g} s" if code == grpc.StatusCode.DEADLINE_EXCEEDED
-               else "the connection closed before its reply came (the agent stopped or "
-                  "restarted)")
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            how = f"no reply came within {self.timeout:g} s"
+        else:
+            how = "the connection closed before its reply came (the agent stopped or restarted)"
         if name not in CHANGES:
             return TransportError(f"the agent on {self.path} took the {name} call, and {how}. "
                                   "Nothing was changed; ask again once it answers")

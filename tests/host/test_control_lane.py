@@ -14,8 +14,8 @@ from hvgpu.host.cli import EXIT_UNKNOWN, cli
 from hvgpu.host.control_lane import ControlClient, OutcomeUnknown
 from tests.conftest import REPO
 
-# An agent's control lane whose every change ends the process once the call arrived:
-# an agent killed while it works on a call it received.
+# An agent's control lane that ends its process once a call arrived (an agent killed
+# while it works on a call it received), or hangs on it (resize).
 DYING_AGENT = textwrap.dedent("""
     import os, sys, time
     from hvgpu.host.control_lane import serve
@@ -23,7 +23,10 @@ DYING_AGENT = textwrap.dedent("""
     class Api:
         def _gone(self, **kwargs):
             os._exit(9)
-        attach = detach = resize = list = _gone
+        attach = detach = list = _gone
+
+        def resize(self, **kwargs):  # an agent that hangs on it
+            time.sleep(600)
 
     serve(Api(), sys.argv[1])
     print("serving", flush=True)
@@ -48,6 +51,12 @@ def test_a_change_the_agent_received_and_never_answered_is_of_unknown_outcome(dy
     assert "no agent answers" not in result.output
     assert "received `attach vm1`" in result.output
     assert "whether it was done is unknown" in result.output and "hvgpu list" in result.output
+
+
+def test_a_change_the_agent_did_not_answer_in_time_is_of_unknown_outcome(dying_agent):
+    with pytest.raises(OutcomeUnknown) as info:
+        ControlClient(dying_agent, timeout=1).call("resize", vm="vm1", mem="8G")
+    assert "received `resize vm1`, and no reply came within 1 s" in str(info.value)
 
 
 def test_a_query_the_agent_never_answered_is_said_so_and_changed_nothing(dying_agent):
