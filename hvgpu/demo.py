@@ -22,6 +22,7 @@ import numpy as np
 from hvgpu.errors import HvgpuError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
 from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir
+from hvgpu.units import format_size
 
 SAXPY = r"""
 extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {
@@ -189,7 +190,8 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     mem = "256M" if gpu_note else "1G"
     s = api.attach(name, mem, None)
     cid = s.get("vsock_cid")
-    echo(f"attach:    {name}: {s['mem'] >> 20} MiB on GPU {s['gpu_index']}, compute time-shared"
+    echo(f"attach:    {name}: {format_size(s['mem'])} on GPU {s['gpu_index']}, compute "
+         "time-shared"
          + (f", vsock CID {cid}" if cid is not None else ""))
     if agent.vms is not None:
         meta = [line.strip() for line in agent.vms.hv.domain(name).xml().splitlines()
@@ -205,7 +207,7 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
         with Connection(guest_socket) as conn:
             dev = Device(connection=conn)
             echo(f"guest:     connected as {conn.peer} to the slice of {name}; its device has "
-                 f"{dev.total_memory >> 20} MiB (the quota)")
+                 f"{format_size(dev.total_memory)} (the quota)")
             err = run_saxpy(conn, size)
             merr = run_matmul(conn)
         echo(f"saxpy:     n={size}, relative error vs numpy {err:.1e}  "

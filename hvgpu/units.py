@@ -13,6 +13,7 @@ not import host or guest code.
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 from hvgpu.errors import HvgpuError
 
@@ -26,9 +27,19 @@ class BadValue(HvgpuError):
     code = "bad-value"
 
 
+MAX_SIZE = 1 << 50  # 1024 TiB: more than any host's RAM or GPU's memory, by far
+# A slice's smallest memory quota. Under MPS the driver enforces a quota given in whole
+# MiB (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, mps.py), so a smaller one cannot be told to
+# it; the agent's own accounting charges allocations as the driver takes them (512 B
+# steps up to 1 MiB, then 2 MiB pages) and would hold any size, but the two would then
+# disagree.
+MIN_MEM = 1 << 20
+
+
 def parse_size(text: str | int) -> int:
     """'4G' -> 4294967296; an int is bytes. Refuses a number without a unit, zero,
-    negatives and unknown units, saying what is accepted."""
+    negatives, unknown units and sizes beyond MAX_SIZE, saying what is accepted.
+    Exact: '1.1G' is 1181116006 bytes (rounded down), never a float's approximation."""
     if isinstance(text, bool):
         raise BadValue(f"{text!r} is not a size; write {SIZE_FORMS}")
     if isinstance(text, int):
@@ -39,9 +50,28 @@ def parse_size(text: str | int) -> int:
             bare = re.match(r"^\s*[-+]?(\d+(?:\.\d*)?|\.\d+)\s*$", str(text))
             why = "has no unit" if bare else "is not a size"
             raise BadValue(f"{text!r} {why}; write {SIZE_FORMS}")
-        value = int(float(m.group(1)) * _UNITS[(m.group(2) or m.group(3)).upper()])
+        whole, _, decimals = m.group(1).partition(".")
+        if len(whole.lstrip("0")) > 20:  # past MAX_SIZE in any unit: not worth a Fraction
+            raise BadValue(f"{text!r} is more than {format_size(MAX_SIZE)}, more than any "
+                           "host or GPU has")
+        # decimals past the 20th are below a byte in any unit
+        number = Fraction(f"{whole or 0}.{decimals[:20] or 0}")
+        value = int(number * _UNITS[(m.group(2) or m.group(3)).upper()])
     if value <= 0:
         raise BadValue(f"{text!r}: a size must be more than zero")
+    if value > MAX_SIZE:
+        raise BadValue(f"{text!r} is more than {format_size(MAX_SIZE)}, more than any host "
+                       "or GPU has")
+    return value
+
+
+def parse_mem(text: str | int) -> int:
+    """A slice's memory quota: a size (parse_size) of at least MIN_MEM."""
+    value = parse_size(text)
+    if value < MIN_MEM:
+        shown = text if isinstance(text, str) else value
+        raise BadValue(f"{shown!r} is {format_size(value)}: a slice's memory quota is at least "
+                       f"{format_size(MIN_MEM)} (the driver enforces it in whole MiB)")
     return value
 
 
@@ -104,9 +134,28 @@ def parse_share(text: str | float) -> int:
     return int(pct)
 
 
+_SHOWN = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def _number(n: int, div: int) -> str:
+    """n / div with one decimal, or none when whole; two when one would read whole and
+    is not (511.96, not 512.0), none when two would too (the value is that close)."""
+    if n % div == 0:
+        return str(n // div)
+    value = n / div
+    text = f"{value:.1f}"
+    if text.endswith(".0"):
+        text = f"{value:.2f}"
+        if text.endswith(".00"):
+            text = text[:-3]
+    return text
+
+
 def format_size(n: int) -> str:
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= div:
-            value = n / div
-            return f"{value:.1f} {unit}" if value != int(value) else f"{int(value)} {unit}"
+    """How every hvgpu command prints a size: in the largest binary unit it reaches
+    (4 GiB, 1.5 TiB, 511.96 MiB; 100 B). Exact figures are in --json, in bytes."""
+    for unit, div in _SHOWN:
+        text = _number(n, div)
+        if float(text) >= 1:
+            return f"{text} {unit}"
     return f"{n} B"

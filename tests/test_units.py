@@ -75,3 +75,49 @@ def test_a_shared_memory_size_that_is_no_ivshmem_bar_says_what_is_accepted(text)
 def test_a_shared_memory_size_that_is_no_size_says_so():
     with pytest.raises(BadValue, match="is not a size"):
         parse_shm_size("lots")
+
+
+# -- the sizes a slice can have, and how sizes read --------------------------------------
+
+from hvgpu.units import MAX_SIZE, MIN_MEM, parse_mem  # noqa: E402
+
+
+@pytest.mark.parametrize("text", ["10B", "1023K", "0.5M", 1000])
+def test_a_memory_quota_below_a_mib_is_refused(text):
+    with pytest.raises(BadValue) as info:
+        parse_mem(text)
+    assert "a slice's memory quota is at least 1 MiB" in str(info.value)
+    assert "whole MiB" in str(info.value)
+
+
+def test_the_smallest_memory_quota_is_a_mib():
+    assert MIN_MEM == 1 << 20 and parse_mem("1M") == 1 << 20 and parse_mem("1.5M") == 3 << 19
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999999G", "1025T", "2048TiB",
+                                  "9" * 400 + "K", MAX_SIZE + 1])
+def test_an_absurd_size_is_refused_without_echoing_a_float_s_figure(text):
+    with pytest.raises(BadValue) as info:
+        parse_size(text)
+    said = str(info.value)
+    assert "is more than 1024 TiB, more than any host or GPU has" in said
+    assert "99999999999999991611392" not in said
+
+
+def test_sizes_are_read_exactly():
+    assert parse_size("1024T") == MAX_SIZE
+    assert parse_size("1.1G") == 1181116006  # 1.1 * 2**30, rounded down
+    assert parse_size("0.1K") == 102
+    assert parse_size("4." + "0" * 60 + "1G") == 4 << 30
+
+
+@pytest.mark.parametrize("n, shown", [
+    (1 << 40, "1 TiB"), (3 << 39, "1.5 TiB"), (1024 << 40, "1024 TiB"),
+    (1000 << 30, "1000 GiB"),  # 0.98 TiB reads worse
+    (141 << 30, "141 GiB"), (512 << 20, "512 MiB"),
+    ((512 << 20) - 40000, "511.96 MiB"),  # never "512.0 MiB": one figure, one way
+    ((512 << 20) + 2048, "512 MiB"), ((1 << 30) - 1, "1 GiB"),
+    (1 << 20, "1 MiB"), (1536, "1.5 KiB"), (0, "0 B"),
+])
+def test_sizes_read_in_the_largest_unit_without_a_misleading_decimal(n, shown):
+    assert format_size(n) == shown

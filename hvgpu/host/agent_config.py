@@ -45,7 +45,9 @@ def settable(ctx: click.Context) -> dict[str, tuple[click.Context, click.Paramet
             if p.name in GROUP_KEYS:
                 keys[key_of(p)] = (parent, p)
     for p in ctx.command.params:
-        if p.name not in NOT_KEYS and isinstance(p, click.Option):
+        # an option of the group that the command takes too (--connect after `agent`)
+        # is the group's key
+        if p.name not in NOT_KEYS and key_of(p) not in keys and isinstance(p, click.Option):
             keys[key_of(p)] = (ctx, p)
     return keys
 

@@ -33,14 +33,21 @@ TEST_URI = "test:///default"
 DEFAULT_CONFIG = "/etc/hvgpu/agent.toml"  # agent_config.DEFAULT_PATH (no import at start)
 
 
+# Exit statuses besides 0 (done), 1 (refused or failed: not done) and 2 (click's: a
+# usage error, nothing asked of the agent).
+EXIT_UNKNOWN = 3  # a change reached the agent and no reply came: done or not, unknown
+
+
 def _fail(exc: HvgpuError):
-    sys.exit(report(exc, "hvgpu"))
+    status = report(exc, "hvgpu")
+    sys.exit(EXIT_UNKNOWN if exc.code == "outcome-unknown" else status)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="hvgpu")
 @click.option("--control", metavar="PATH", envvar="HVGPU_CONTROL", default=None,
-              help="The agent's control socket [default: /run/hvgpu/control.sock as root].")
+              help="The agent's control socket [default: /run/hvgpu/control.sock as root]. "
+                   "May follow the command too (hvgpu list --control PATH).")
 @click.option("-c", "--connect", metavar="URI", envvar="LIBVIRT_DEFAULT_URI",
               default="qemu:///system", show_default=True,
               help="libvirt URI the agent manages VMs through (as virsh has it). `agent` "
@@ -48,7 +55,8 @@ def _fail(exc: HvgpuError):
                    "`demo --vm` uses that libvirt's domain; given here, the commands that "
                    "talk to a running agent (gpus, attach, detach, resize, list, status) "
                    "are refused when that agent manages another libvirt's VMs; domain-xml "
-                   "and demo without --vm use no libvirt of yours and refuse it.")
+                   "and demo without --vm use no libvirt of yours and refuse it. May follow "
+                   "the command too (hvgpu agent --connect URI).")
 @click.pass_context
 def cli(ctx, control, connect):
     """GPU sharing for libvirt/KVM hosts.
@@ -63,9 +71,56 @@ def cli(ctx, control, connect):
       hvgpu agent                             serve guests on vsock port 5170
       hvgpu attach vm1 --mem 4G --cid 3       give the VM with CID 3 a 4 GiB slice
       hvgpu status                            what each slice uses
+
+    \b
+    Exit status:
+      0  done
+      1  an error: refused, or failed
+      2  a usage error: nothing was asked of the agent
+      3  attach, detach or resize reached the agent and no reply came (it
+         stopped or did not answer in time): whether it was done is unknown;
+         hvgpu list shows what the agent holds once it answers again
     """
     given = ctx.get_parameter_source("connect") == click.core.ParameterSource.COMMANDLINE
     ctx.obj = {"control": control, "connect": connect, "connect_given": given}
+
+
+def _after_command(name: str):
+    """An option of ``hvgpu`` itself (--connect, --control) that may also be given after
+    the command (``hvgpu agent --connect URI`` as ``hvgpu --connect URI agent``): the
+    value goes where the group's would; the same option given in both places with
+    different values is refused."""
+    def callback(ctx, param, value):
+        source = ctx.get_parameter_source(param.name)
+        if value is None or source != click.core.ParameterSource.COMMANDLINE:
+            return
+        obj = ctx.obj
+        group = ctx.find_root()
+        before = group.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        if before and obj[name] != value:
+            raise click.BadParameter(f"{value!r}, while `hvgpu --{name} {obj[name]}` gives "
+                                     "another before the command: give it once")
+        obj[name] = value
+        if name == "connect":
+            obj["connect_given"] = True
+    return callback
+
+
+def _connect_option(f):
+    return click.option("-c", "--connect", metavar="URI", default=None, expose_value=False,
+                        callback=_after_command("connect"),
+                        help="As hvgpu --connect URI (given before or after the command).")(f)
+
+
+def _control_option(f):
+    return click.option("--control", metavar="PATH", default=None, expose_value=False,
+                        callback=_after_command("control"),
+                        help="As hvgpu --control PATH (given before or after the command).")(f)
+
+
+def _agent_options(f):
+    """--connect and --control after a command that talks to a running agent."""
+    return _connect_option(_control_option(f))
 
 
 def _refuse_connect(ctx, why: str) -> None:
@@ -105,8 +160,16 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
 
-def _share(pct: int) -> str:
-    return f"{pct}%" if pct else "shared"
+def _share(pct: int, enforced: bool | None = None) -> str:
+    """A compute share as every command shows it; one MPS does not enforce says so."""
+    if not pct:
+        return "time-shared"
+    return f"{pct}%" + (" (not enforced)" if enforced is False else "")
+
+
+def _percent(value: int | None) -> str:
+    """A utilisation: N/A where NVML has no figure (as nvidia-smi and hvgpu-guest smi)."""
+    return "N/A" if value is None else f"{value}%"
 
 
 def _cid(s) -> str:
@@ -119,7 +182,8 @@ def _slice_rows(slices, extra=()):
     rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "SHM", "CID", *[h for h, _ in extra]]]
     for s in slices:
         rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
-                     _share(s["compute"]), format_size(s["shm"]) if s.get("shm") else "-",
+                     _share(s["compute"], s.get("compute_enforced")),
+                     format_size(s["shm"]) if s.get("shm") else "-",
                      _cid(s), *[f(s) for _, f in extra]])
     return rows
 
@@ -132,7 +196,8 @@ _SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: C
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-_MEM_HELP = f"Memory quota: {SIZE_FORMS}."
+_MEM_RANGE = "from 1M (the driver takes a quota in whole MiB) to the largest GPU's memory"
+_MEM_HELP = f"Memory quota: {SIZE_FORMS}; {_MEM_RANGE}."
 _COMPUTE_HELP = (f"Share of the GPU's SMs: {SHARE_FORMS}. Enforced by MPS; where MPS does "
                  "not run, refused unless --allow-time-shared")
 _TIME_SHARED_HELP = ("Take a --compute share even where MPS does not run to enforce it (the "
@@ -155,8 +220,10 @@ def _checked(parse):
     return callback
 
 
-def _size(text):
-    return parse_size(text)
+def _mem(text):
+    from hvgpu.units import parse_mem
+
+    return parse_mem(text)
 
 
 def _shm(text):
@@ -169,6 +236,17 @@ def _compute(text):
     from hvgpu.units import parse_share
 
     return parse_share(text)
+
+
+def _vm_name(ctx, param, value):
+    """A VM name, checked by the rules the agent and libvirt apply (names.check_vm_name),
+    so that what one command takes another does not refuse."""
+    from hvgpu.host.names import check_vm_name
+
+    try:
+        return check_vm_name(value)
+    except HvgpuError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _vcpus_option(ctx, param, value):
@@ -288,6 +366,7 @@ def _metrics_address(text):
               callback=_print_config,
               help="Print a commented configuration file with every key and its default; "
                    "exit.")
+@_agent_options
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
           placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format,
@@ -358,6 +437,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
 
 @cli.command()
 @_json_option
+@_agent_options
 @click.pass_context
 def gpus(ctx, as_json):
     """List the host's GPUs, what is reserved on each and how slices are enforced.
@@ -372,15 +452,15 @@ def gpus(ctx, as_json):
             rows.append([str(g["index"]), g["name"], format_size(g["memory_total"]),
                          format_size(g["reserved_mem"]) if g["reserved_mem"] else "0",
                          f"{g['reserved_compute']}%",
-                         "-" if g["utilization"] is None else f"{g['utilization']}%", g["uuid"]])
+                         _percent(g["utilization"]), g["uuid"]])
         notes = "\n".join(f"GPU {g['index']}: {g['enforcement']}" for g in data)
         return _table(rows) + "\n\n" + notes
     _emit(_call(ctx, "gpus"), as_json, text)
 
 
 @cli.command()
-@click.argument("vm")
-@click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_size))
+@click.argument("vm", callback=_vm_name)
+@click.option("--mem", required=True, metavar="SIZE", help=_MEM_HELP, callback=_checked(_mem))
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help=_COMPUTE_HELP + " [default: none reserved, time-shared].")
 @click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
@@ -400,6 +480,7 @@ def gpus(ctx, as_json):
 @click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]",
               callback=_checked(_shm))
 @_json_option
+@_agent_options
 @click.pass_context
 def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count, add, shm,
            as_json):
@@ -444,8 +525,9 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
     def text(s):
         line = f"attached {s['vm']}: " + "; ".join(
             (f"device {v['device']}: " if len(s["vgpus"]) > 1 or v["device"] else "")
-            + f"{format_size(v['mem'])}, compute {_share(v['compute'])}, "
-              f"GPU {v['gpu_index']} ({v['gpu_uuid']})"
+            + f"{format_size(v['mem'])}, compute "
+            + _share(v["compute"], v.get("compute_enforced"))
+            + f", GPU {v['gpu_index']} ({v['gpu_uuid']})"
             + (f", shared memory {format_size(v['shm'])}" if v.get("shm") else "")
             for v in s["vgpus"])
         if "hybrid_vsock" in s:
@@ -459,11 +541,12 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
 
 
 @cli.command()
-@click.argument("vm")
+@click.argument("vm", callback=_vm_name)
 @click.option("--unplug", is_flag=True, help="Also remove the domain's vsock device.")
 @click.option("--device", type=int, default=None, metavar="N",
               help="Only the VM's vGPU N, which must be its last [default: all of them].")
 @_json_option
+@_agent_options
 @click.pass_context
 def detach(ctx, vm, unplug, device, as_json):
     """Remove VM's slice (and its domain metadata); its CUDA connections are closed.
@@ -483,9 +566,9 @@ def detach(ctx, vm, unplug, device, as_json):
 
 
 @cli.command()
-@click.argument("vm")
-@click.option("--mem", default=None, metavar="SIZE", callback=_checked(_size),
-              help="New memory quota: " + SIZE_FORMS + ".")
+@click.argument("vm", callback=_vm_name)
+@click.option("--mem", default=None, metavar="SIZE", callback=_checked(_mem),
+              help=f"New memory quota: {SIZE_FORMS}; {_MEM_RANGE}.")
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help="New compute share. " + _COMPUTE_HELP + ".")
 @click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
@@ -495,6 +578,7 @@ def detach(ctx, vm, unplug, device, as_json):
 @click.option("--device", type=int, default=0, show_default=True, metavar="N",
               help="Which of the VM's vGPUs.")
 @_json_option
+@_agent_options
 @click.pass_context
 def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
     """Change a running VM's slice.
@@ -522,7 +606,8 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
 
     def text(s):
         line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
-                + f": {format_size(s['mem'])}, compute {_share(s['compute'])}"
+                + f": {format_size(s['mem'])}, compute "
+                + _share(s["compute"], s.get("compute_enforced"))
                 + (f", shared memory {format_size(s['shm'])}" if s.get("shm") else ""))
         if s.get("pending"):
             line += ("\nCUDA connections already open keep their MPS limits until they close; "
@@ -533,6 +618,7 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
 
 @cli.command(name="list")
 @_json_option
+@_agent_options
 @click.pass_context
 def list_(ctx, as_json):
     """List the slices.
@@ -547,11 +633,18 @@ def list_(ctx, as_json):
 
 @cli.command()
 @_json_option
+@_agent_options
 @click.pass_context
 def status(ctx, as_json):
     """Per slice: memory used of its quota, compute share, connected guest processes.
 
-    GPU UTIL is the utilization NVML reports for the slice's whole GPU.
+    UTIL is the slice's own utilization, as hvgpu-guest smi shows it in the
+    VM: its executors' share of the GPU as NVML samples it, N/A where NVML
+    has no figure for it (under MPS, whose server runs every slice's work,
+    or where the driver samples no process). GPU UTIL is the whole GPU's,
+    every slice's work together, N/A where NVML cannot say. A compute share
+    that MPS does not enforce is shown as "25% (not enforced)"; without one,
+    the slice's kernels time-share the GPU ("time-shared").
 
     \b
     Example:
@@ -563,8 +656,8 @@ def status(ctx, as_json):
         return _table(_slice_rows(data, extra=(
             ("USED", lambda s: format_size(s["mem_used"]) if s["mem_used"] else "0"),
             ("CONNECTIONS", lambda s: str(s["connections"])),
-            ("GPU UTIL", lambda s: "-" if s.get("gpu_utilization") is None
-             else f"{s['gpu_utilization']}%"),
+            ("UTIL", lambda s: _percent(s.get("utilization"))),
+            ("GPU UTIL", lambda s: _percent(s.get("gpu_utilization"))),
             ("EXECUTORS", lambda s: ", ".join(
                 f"pid {e['pid']}" + (" (retiring)" if e["retiring"] else "")
                 for e in s["executors"]) or "-"))))
@@ -572,7 +665,7 @@ def status(ctx, as_json):
 
 
 @cli.command(name="domain-xml")
-@click.argument("name")
+@click.argument("name", callback=_vm_name)
 @click.option("--memory", default="8G", show_default=True, metavar="SIZE",
               help=f"Guest RAM, at least 1M: {SIZE_FORMS}.")
 @click.option("--vcpus", default=4, show_default=True, type=int, callback=_vcpus_option,
@@ -651,6 +744,61 @@ def _unit_dir(ctx, param, value):
     return os.path.normpath(value)
 
 
+# What the agent's unit (templates/systemd/hvgpu-agent.service.j2) hides from the
+# service: PrivateTmp=yes gives it a /tmp and /var/tmp of its own, empty; ProtectHome=yes
+# makes /home, /root and /run/user unreachable.
+_UNIT_HIDES = (("/tmp", "PrivateTmp=yes"), ("/var/tmp", "PrivateTmp=yes"),
+               ("/home", "ProtectHome=yes"), ("/root", "ProtectHome=yes"),
+               ("/run/user", "ProtectHome=yes"))
+
+
+def _interpreter(exe: str) -> str:
+    """The Python a console script runs with (its #! line), else this one."""
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(4096)
+    except OSError:
+        first = b""
+    if first.startswith(b"#!"):
+        words = first[2:].decode(errors="replace").split()
+        if words and words[0].startswith("/") and os.path.basename(words[0]) != "env":
+            return words[0]
+    return sys.executable
+
+
+def _unit_program_paths(exe: str) -> list[tuple[str, str]]:
+    """What the unit's ExecStart needs to reach: (what it is, path), real paths too."""
+    import sysconfig
+
+    import hvgpu
+
+    python = _interpreter(exe)
+    found = [("the hvgpu command", exe), ("the hvgpu command", os.path.realpath(exe)),
+             ("its Python", python), ("its Python", os.path.realpath(python)),
+             ("the hvgpu package", os.path.realpath(os.path.dirname(hvgpu.__file__)))]
+    stdlib = sysconfig.get_path("stdlib")
+    if stdlib:
+        found.append(("Python's standard library", os.path.realpath(stdlib)))
+    return found
+
+
+def _hidden_from_unit(paths: list[tuple[str, str]]) -> str | None:
+    """Why the agent's unit could not run from these paths (None: it can)."""
+    for what, path in paths:
+        for top, directive in _UNIT_HIDES:
+            if path == top or path.startswith(top + "/"):
+                how = ("gives the service a " + top + " of its own, empty"
+                       if directive.startswith("PrivateTmp") else
+                       "makes " + top + " unreachable to the service")
+                return (f"the unit would not start: {what} is {path}, and the unit's "
+                        f"{directive} {how}. Install hvgpu where the service can reach it, "
+                        "outside /tmp, /var/tmp, /home, /root and /run/user, from a Python "
+                        "outside them too (as root: python3 -m venv /opt/hvgpu && "
+                        "/opt/hvgpu/bin/pip install 'hvgpu[host]'), and print the unit with "
+                        "that hvgpu (/opt/hvgpu/bin/hvgpu systemd-unit)")
+    return None
+
+
 @cli.command(name="systemd-unit")
 @click.option("--guest", is_flag=True, help="The guest's unit instead of the host agent's.")
 @click.option("--config", metavar="PATH", default=None,
@@ -661,6 +809,7 @@ def _unit_dir(ctx, param, value):
 @click.option("--cache-dir", default=None, metavar="DIR", callback=_unit_dir,
               help="Where the agent caches compiled modules [default: /var/cache/hvgpu, the "
                    "unit's CacheDirectory]; another is made writable (ReadWritePaths=).")
+@_connect_option
 @click.pass_context
 def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     """Print a systemd unit for the host agent (or, with --guest, for a VM).
@@ -671,6 +820,11 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     /var/cache/hvgpu, NVIDIA's device nodes only, Type=notify. Options of
     the agent go into /etc/hvgpu/agent.toml (hvgpu agent --print-config);
     -c given here is written into the unit's command line.
+
+    A unit that could not start is refused: one whose hvgpu, its Python or
+    the hvgpu package lies under /tmp or /var/tmp (the unit's PrivateTmp=yes
+    gives the service its own) or under /home, /root or /run/user
+    (ProtectHome=yes hides them). Install hvgpu in /opt/hvgpu, say, first.
 
     \b
     Examples:
@@ -686,6 +840,9 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
         click.echo(guest_unit("/usr/local/bin/hvgpu-guest"), nl=False)
         return
     exe = _shutil.which("hvgpu") or os.path.abspath(sys.argv[0])
+    hidden = _hidden_from_unit(_unit_program_paths(exe))
+    if hidden:
+        _fail(HvgpuError(hidden))
     args = ["--connect", ctx.obj["connect"]] if ctx.obj["connect_given"] else []
     agent_args = ["--config", config] if config else []
     read_write = []
@@ -701,6 +858,7 @@ def systemd_unit(ctx, guest, config, state_dir, cache_dir):
 @click.option("--vm", default=None, metavar="NAME",
               help="Use this domain of --connect (it gets a vsock device if it has none) "
                    "[default: a domain on libvirt's built-in test:///default host].")
+@_connect_option
 @click.pass_context
 def demo(ctx, size, vm):
     """Attach a slice, run a checked CUDA workload through it, detach.

@@ -18,11 +18,11 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
 from hvgpu.host.hypervisor import NoSuchVm
-from hvgpu.host.inventory import Gpu
+from hvgpu.host.inventory import Gpu, host_memory
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, shm_name
 from hvgpu.host.slices import SliceError, UnknownVm, check_cid
 from hvgpu.host.transaction import Transaction
-from hvgpu.units import parse_share, parse_shm_size, parse_size
+from hvgpu.units import BadValue, format_size, parse_mem, parse_share, parse_shm_size
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,16 @@ class ControlAPI:
         except NoSuchVm:
             return None
 
-    def _not_enforced(self, gpu_uuid: str | None) -> str | None:
+    def _not_enforced(self, gpu_uuid: str | None, gpus: list[Gpu] | None = None) -> str | None:
         """Why a compute share on this GPU (None: on any) would not be enforced; None when
-        MPS does (as far as can be said without the GPU)."""
+        MPS does (as far as can be said without the GPU). ``gpus``: the inventory, when
+        it was read already."""
         if not self.agent.mps.running:
             return self.agent.mps.reason or "MPS is not running"
         if gpu_uuid is None:
             return None
-        gpu = next((g for g in self._gpus() if g.uuid == gpu_uuid), None)
+        gpu = next((g for g in (self._gpus() if gpus is None else gpus)
+                    if g.uuid == gpu_uuid), None)
         if gpu is not None and gpu.mps:
             return None
         return (gpu.mps_reason if gpu is not None else "") or "MPS cannot serve this GPU"
@@ -128,6 +130,17 @@ class ControlAPI:
             return f"{where} ({reason})"
         return None
 
+    def _enforced(self, share: int, gpu_uuid: str, inventory) -> bool | None:
+        """Whether MPS enforces the compute share ``share`` on that GPU (None: no share,
+        or the GPUs could not be read to say)."""
+        if not share:
+            return None
+        try:
+            gpus = self._inventory(inventory)
+        except HvgpuError:
+            return None if self.agent.mps.running else False
+        return self._not_enforced(gpu_uuid, gpus) is None
+
     @staticmethod
     def _warn_time_shared(vm: str, share: int, where: str) -> str:
         """The warning for a share taken with --allow-time-shared: logged, and returned for
@@ -136,6 +149,34 @@ class ControlAPI:
                    "time-share the GPU with every other slice's (--allow-time-shared)")
         log.warning("%s", warning)
         return warning
+
+    def _check_sizes(self, size: int | None, region: int | None, inventory,
+                     gpu_uuid: str | None = None) -> None:
+        """Refuse a memory quota no GPU could hold (``gpu_uuid``: the slice's own GPU,
+        which a resize cannot leave) and a shared-memory region larger than this host's
+        RAM, naming what there is. Where NVML cannot be read, the slice manager's own
+        refusal (no room) stands."""
+        if size is not None:
+            try:
+                gpus = self._inventory(inventory)
+            except HvgpuError:
+                gpus = []
+            if gpu_uuid is not None:
+                gpus = [g for g in gpus if g.uuid == gpu_uuid]
+            if gpus:
+                largest = max(gpus, key=lambda g: g.memory_total)
+                if size > largest.memory_total:
+                    which = "the slice's" if gpu_uuid is not None else "the largest here"
+                    raise BadValue(
+                        f"--mem {format_size(size)} is more than any GPU could give: "
+                        f"{which}, GPU {largest.index} ({largest.name}), has "
+                        f"{format_size(largest.memory_total)} in all")
+        if region:
+            ram = host_memory()
+            if ram is not None and region > ram:
+                raise BadValue(f"--shm {format_size(region)} is more than this host's memory "
+                               f"({format_size(ram)}): a shared-memory region is host RAM, "
+                               "in /dev/shm")
 
     def read_inventory(self):
         """The GPUs as NVML lists them now, or the error reading them: read before a
@@ -174,7 +215,8 @@ class ControlAPI:
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
                placement: str | None = None, count: int = 1, add: bool = False,
-               shm=None, allow_time_shared: bool = False, connect: str | None = None) -> dict:
+               shm=None, allow_time_shared: bool = False, connect: str | None = None, *,
+               _inventory=None) -> dict:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has), each
         with a shared-memory region of ``shm`` (a size; none by default); a libvirt
         domain also gets a vsock device (hot-plugged, live and in its config, when
@@ -199,9 +241,10 @@ class ControlAPI:
             raise NotBuilt(f"cannot find VM {vm!r}: libvirt is not available to the agent "
                            f"({self.agent.libvirt_reason}); pass --cid N (the VM's vsock "
                            f"CID), or bind a socket to it (--listen unix:///PATH={vm})")
-        size = parse_size(mem)
+        size = parse_mem(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
         region = parse_shm_size(shm) if shm not in (None, "") else 0
+        self._check_sizes(size, region, _inventory)
         if share and not self.agent.mps.running:  # refused before anything changes
             self._unenforced(vm, share, [None], allow_time_shared)
         if cid is not None and vms is not None:
@@ -238,7 +281,10 @@ class ControlAPI:
                 vms.record(self.slices.of_vm(vm), tx)
             self.agent.apply(change)
         d = new[0].as_dict()
-        d["vgpus"] = [s.as_dict() for s in new]
+        d["compute_enforced"] = self._enforced(share, new[0].gpu_uuid, _inventory)
+        d["vgpus"] = [dict(s.as_dict(), compute_enforced=self._enforced(share, s.gpu_uuid,
+                                                                         _inventory))
+                      for s in new]
         if by_libvirt and hybrid is not None:
             d["hybrid_vsock"] = hybrid
         elif by_libvirt:
@@ -293,7 +339,8 @@ class ControlAPI:
         return d
 
     def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None,
-               allow_time_shared: bool = False, connect: str | None = None) -> dict:
+               allow_time_shared: bool = False, connect: str | None = None, *,
+               _inventory=None) -> dict:
         """New limits for one vGPU. Its shared-memory region (``shm``) changes only while
         its guest cannot use it: a libvirt domain that is shut off (in its config), a
         VM of another kind with no CUDA connection open. A compute share that MPS will
@@ -304,9 +351,10 @@ class ControlAPI:
             raise HvgpuError("nothing to change: give --mem, --compute and/or --shm")
         old = self.slices.get(vm, device)
         key = old.key
-        size = parse_size(mem) if mem not in (None, "") else None
+        size = parse_mem(mem) if mem not in (None, "") else None
         share = parse_share(compute) if compute not in (None, "") else None
         region = parse_shm_size(shm) if shm not in (None, "") else None
+        self._check_sizes(size, region, _inventory, old.gpu_uuid)
         unenforced = self._unenforced(vm, share, [old.gpu_uuid], allow_time_shared)
         vms = self.agent.vms
         by_libvirt = vms is not None and old.cid is None and vms.knows(vm)
@@ -333,18 +381,21 @@ class ControlAPI:
                 vms.record(self.slices.of_vm(vm), tx)
         pending = key in self.agent.apply(change)
         d = s.as_dict()
+        d["compute_enforced"] = self._enforced(s.compute, s.gpu_uuid, _inventory)
         d["pending"] = pending
         if unenforced:
             d["warning"] = self._warn_time_shared(vm, s.compute, unenforced)
         return d
 
-    def _described(self, slices) -> list[dict]:
+    def _described(self, slices, inventory) -> list[dict]:
         """Each vGPU as a dict; a libvirt domain's with "vsock_cid", the CID libvirt gave
-        it (what attach printed; "cid" is the one a VM was attached with, by --cid)."""
+        it (what attach printed; "cid" is the one a VM was attached with, by --cid), and
+        "compute_enforced": whether MPS enforces its compute share (None: it has none)."""
         cids: dict[str, int | None] = {}
         out = []
         for s in slices:
             d = s.as_dict()
+            d["compute_enforced"] = self._enforced(s.compute, s.gpu_uuid, inventory)
             if s.cid is None and self.agent.vms is not None:
                 if s.vm not in cids:
                     cids[s.vm] = self._libvirt_cid(s.vm)
@@ -352,22 +403,27 @@ class ControlAPI:
             out.append(d)
         return out
 
-    def list(self, connect: str | None = None) -> list[dict]:
+    def list(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
         self._check_connect(connect)
-        return self._described(self.slices.list())
+        return self._described(self.slices.list(), _inventory)
 
     def status(self, connect: str | None = None, *, _inventory=None) -> list[dict]:
-        """Per slice; ``gpu_utilization`` is the whole GPU's (NVML), not the slice's own."""
+        """Per slice; ``utilization`` is the slice's own (its executors' share of the GPU
+        as NVML last sampled it, what the guest's VGPU_UTILIZATION says; None where NVML
+        has no figure for it, as under MPS), ``gpu_utilization`` the whole GPU's."""
         self._check_connect(connect)
         try:
-            util = {g.uuid: g.utilization for g in self._inventory(_inventory)}
-        except HvgpuError:
-            util = {}
+            inventory = self._inventory(_inventory)
+            util = {g.uuid: g.utilization for g in inventory}
+        except HvgpuError as exc:
+            inventory, util = exc, {}
         out = []
         slices = self.slices.list()
-        for s, d in zip(slices, self._described(slices)):
+        for s, d in zip(slices, self._described(slices, inventory)):
             used, executors = self.agent.slice_usage(s.key)
+            record = self.agent.registry.get(s.key)
             d.update(mem_used=used, connections=sum(e.connections for e in executors),
+                     utilization=getattr(record, "util", None),
                      gpu_utilization=util.get(s.gpu_uuid),
                      executors=[{"pid": e.process.pid, "generation": e.generation,
                                  "connections": e.connections, "retiring": e.retiring,

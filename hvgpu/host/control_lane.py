@@ -398,27 +398,87 @@ def serve(api, path: str, group: str | None = None) -> ControlServer:
     return ControlServer(server, relay, private)
 
 
+class OutcomeUnknown(TransportError):
+    """A change was sent to the agent, and no reply came: the agent may or may not have
+    made it (it stopped, or did not answer in time, while working on it)."""
+
+    code = "outcome-unknown"
+
+
+# Calls that change something: when one goes unanswered, whether it took effect is unknown.
+CHANGES = frozenset({"attach", "detach", "resize"})
+CONNECT_TIMEOUT = 10.0  # seconds to reach the agent's control socket
+
+
 class ControlClient:
+    """Calls the agent over its control socket.
+
+    It first connects to the socket itself (and closes that connection), so that a
+    missing or refused socket ("no agent answers": nothing was asked) is told apart
+    from a call the agent received and did not answer (:class:`OutcomeUnknown` for a
+    change): gRPC gives both the same status, UNAVAILABLE. An agent that stops between
+    the two is reported as the second: its outcome is then truly unknown here."""
+
     def __init__(self, path: str | None = None, timeout: float = 60.0):
         self.path = path or os.environ.get("HVGPU_CONTROL") or default_socket()
         self.timeout = timeout
         self.channel = grpc.insecure_channel(f"unix://{self.path}")
 
+    def _unreachable(self) -> TransportError | None:
+        """Why nothing answers on the socket, as the kernel says it when this client
+        connects (before anything is sent); None when something accepts there."""
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.settimeout(CONNECT_TIMEOUT)
+            probe.connect(self.path)
+            return None
+        except FileNotFoundError:
+            why = "there is no socket there"
+        except ConnectionRefusedError:
+            why = "nothing listens on it (an agent that stopped left it behind)"
+        except PermissionError:
+            why = "you may not open it: it is root's, or its --control-group's"
+        except OSError as exc:
+            why = exc.strerror or str(exc)
+        finally:
+            probe.close()
+        return TransportError(f"no agent answers on {self.path} ({why}): is `hvgpu agent` "
+                              "running, and may you open its control socket (root or its "
+                              "group)? Nothing was asked of it")
+
     def call(self, name: str, **kwargs):
+        unreachable = self._unreachable()
+        if unreachable is not None:
+            raise unreachable
         stub = self.channel.unary_unary(f"/{SERVICE}/{name}", request_serializer=_encode,
                                         response_deserializer=json.loads)
         try:
             reply = stub({k: v for k, v in kwargs.items() if v is not None}, timeout=self.timeout,
                          metadata=((CALLER_KEY, _me()),))
         except grpc.RpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise TransportError(f"no agent answers on {self.path}: is `hvgpu agent` "
-                                     "running, and may you open its control socket (root or "
-                                     "its group)?") from None
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                              grpc.StatusCode.CANCELLED):
+                raise self._unanswered(name, kwargs, exc.code()) from None
             raise TransportError(f"control call {name} failed: {exc.details()}") from None
         if not reply["ok"]:
             raise HvgpuError(reply["message"], code=reply["code"])
         return reply["result"]
+
+    def _unanswered(self, name: str, kwargs: dict, code) -> TransportError:
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            how = f"no reply came within {self.timeout:g} s"
+        else:
+            how = "the connection closed before its reply came (the agent stopped or restarted)"
+        if name not in CHANGES:
+            return TransportError(f"the agent on {self.path} took the {name} call, and {how}. "
+                                  "Nothing was changed; ask again once it answers")
+        vm = kwargs.get("vm")
+        what = f"{name} {vm}" if vm else name
+        return OutcomeUnknown(
+            f"the agent on {self.path} received `{what}`, and {how}: whether it was done "
+            f"is unknown. Once the agent answers again (systemctl status hvgpu-agent), "
+            "`hvgpu list` and `hvgpu status` show what it holds; its log says what "
+            "happened (journalctl -u hvgpu-agent)")
 
     def close(self) -> None:
         self.channel.close()

@@ -6,6 +6,7 @@ The only module in hvgpu that imports NVML. It reports; it decides nothing
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import asdict, dataclass
 
@@ -32,6 +33,14 @@ class Gpu:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def host_memory() -> int | None:
+    """This host's RAM in bytes (what the kernel manages); None where it cannot say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 def _load_nvml():

@@ -19,8 +19,10 @@ import logging
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,14 +226,127 @@ class Launcher:
                 (probe.stderr.strip().splitlines() or [f"status {probe.returncode}"])[-1]
         except (OSError, subprocess.SubprocessError) as exc:
             why = str(exc)
-        if why:
-            raise ExecutorUserError(
-                f"user {self.user.name!r} cannot start an executor with {sys.executable} "
-                f"({why}): install hvgpu where that user can read and execute it (every "
-                "directory above the venv must be searchable, e.g. /opt/hvgpu, not /root), "
-                "or start the agent with --executor-user root (unconfined by uid)")
+        if not why:
+            return
+        found = first_blocked(self.user, needed_paths())
+        if found is not None:
+            raise ExecutorUserError(f"user {self.user.name!r} cannot start an executor with "
+                                    f"{sys.executable} ({why}): {found}")
+        raise ExecutorUserError(
+            f"user {self.user.name!r} cannot start an executor with {sys.executable} "
+            f"({why}): install hvgpu where that user can read and execute it (every "
+            "directory above the venv and above the Python it was made from must be "
+            "searchable, e.g. /opt/hvgpu, not /root), or start the agent with "
+            "--executor-user root (unconfined by uid)")
 
     def close(self) -> None:
         self.lifeline.close()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+# -- why the executor user cannot reach Python or hvgpu ----------------------------------
+
+_SEARCH, _READ = 0o1, 0o4  # a permission class's bits: x, r
+_MAX_LINKS = 40  # as the kernel follows them (ELOOP past that)
+
+
+def needed_paths() -> list[tuple[str, str, int]]:
+    """What an executor opens to start: (what it is, path, bits it needs on it)."""
+    needed = [("the Python interpreter", sys.executable, _SEARCH),
+              ("Python's standard library", sysconfig.get_path("stdlib"), _READ | _SEARCH),
+              ("the hvgpu package", os.path.dirname(os.path.abspath(hvgpu.__file__)),
+               _READ | _SEARCH)]
+    for name in ("purelib", "platlib"):
+        needed.append(("the installed Python packages", sysconfig.get_path(name),
+                       _READ | _SEARCH))
+    return [(what, path, bits) for what, path, bits in needed if path]
+
+
+def _class_of(st: os.stat_result, user: ExecutorUser) -> tuple[str, int]:
+    """Which of the mode's classes applies to ``user`` ('u', 'g' or 'o') and its bits."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid == user.uid:
+        return "u", (mode >> 6) & 7
+    if st.st_gid == user.gid or st.st_gid in user.groups:
+        return "g", (mode >> 3) & 7
+    return "o", mode & 7
+
+
+def _walk(path: str, user: ExecutorUser, bits: int) -> tuple[str, os.stat_result, int] | None:
+    """The first place on ``path`` that ``user`` is refused by its mode bits, walked as
+    the kernel walks it: every directory on the way needs search (x), every symbolic
+    link is followed from where it lies, and the end needs ``bits``. (place, its stat,
+    the bits missing); None when nothing refuses (or the path does not exist: that is
+    another error)."""
+    parts = [p for p in path.split("/") if p]
+    current, links = "/", 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            if name == ".":
+                continue
+            st = os.stat(current)
+            if not _class_of(st, user)[1] & _SEARCH:
+                return current, st, _SEARCH
+            if name == "..":
+                current = os.path.dirname(current)
+                continue
+            step = os.path.join(current, name)
+            if stat.S_ISLNK(os.lstat(step).st_mode):
+                links += 1
+                if links > _MAX_LINKS:
+                    return None
+                target = os.readlink(step)
+                parts = [p for p in target.split("/") if p] + parts
+                if target.startswith("/"):
+                    current = "/"
+                continue
+            current = step
+        st = os.stat(current)
+    except OSError:
+        return None
+    missing = bits & ~_class_of(st, user)[1]
+    return (current, st, missing) if missing else None
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def first_blocked(user: ExecutorUser, needed: list[tuple[str, str, int]]) -> str | None:
+    """Where and why ``user`` cannot reach what an executor needs (needed_paths()), and
+    what would fix it, in words; None when the mode bits let it reach all of it (ACLs,
+    a security module or a mount option may still refuse)."""
+    if user.uid == 0:
+        return None
+    for what, path, bits in needed:
+        found = _walk(path, user, bits)
+        if found is None:
+            continue
+        place, st, missing = found
+        who, _ = _class_of(st, user)
+        letters = "".join(c for bit, c in ((_READ, "r"), (_SEARCH, "x")) if missing & bit)
+        real = os.path.realpath(path)
+        shown = real if real == os.path.normpath(path) else f"{path}, really {real},"
+        kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
+        cls = {"u": "its owner", "g": "in its group", "o": "neither its owner nor in its group"}
+        text = (f"{what} is {shown} and user {user.name!r} ({cls[who]}) may not "
+                f"{'pass through' if letters == 'x' and kind == 'directory' else 'use'} "
+                f"the {kind} {place}{'' if place == real else ' on its way'} (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}, owner "
+                f"{_owner(st.st_uid)}). Fix one of: `chmod {who}+{letters} {place}`")
+        if kind == "directory" and letters == "x":
+            text += " (lets it pass through, not list)"
+        under = place if kind == "directory" else os.path.dirname(place)
+        if what == "the hvgpu package":
+            text += f"; hvgpu installed outside {under} (such as in /opt/hvgpu)"
+        else:
+            text += (f"; a venv made from a Python outside {under} (/usr/bin/python3 -m venv "
+                     "/opt/hvgpu; `venv --copies` is not enough: the standard library stays "
+                     "with the Python it was made from)")
+        return text + "; or --executor-user root (executors then unconfined by uid)"
+    return None

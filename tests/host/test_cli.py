@@ -294,7 +294,17 @@ def test_demo_with_a_vm_libvirt_lacks_is_an_error_before_anything_is_attached():
     assert "attach:" not in result.output
 
 
-def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
+@pytest.fixture
+def installed_in_opt(monkeypatch):
+    """hvgpu as the unit expects it, outside what the unit hides (this checkout may be
+    under /tmp or /home, its Python under /root)."""
+    from hvgpu.host import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "_unit_program_paths",
+                        lambda exe: [("the hvgpu command", "/opt/hvgpu/bin/hvgpu")])
+
+
+def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories(installed_in_opt):
     plain = CliRunner().invoke(cli, ["systemd-unit"])
     assert plain.exit_code == 0 and " agent\n" in plain.output  # options: agent.toml's
     assert "\nReadWritePaths=" not in plain.output
@@ -308,3 +318,241 @@ def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
     assert "ReadWritePaths=/var/cache/hvgpu" not in result.output  # CacheDirectory's own
     bad = CliRunner().invoke(cli, ["systemd-unit", "--state-dir", "srv"])
     assert bad.exit_code == 2 and "an absolute path" in bad.output
+
+
+# -- --connect and --control after the command, as the README writes them -------------
+
+
+def test_agent_takes_connect_after_the_command_too(tmp_path, monkeypatch):
+    from hvgpu.errors import HvgpuError
+    from hvgpu.host import agent as agent_module
+
+    seen = {}
+
+    class Stop(HvgpuError):
+        pass
+
+    def start(config, gpus=None):
+        seen["connect"] = config.connect
+        raise Stop("stopped before starting")
+    monkeypatch.setattr(agent_module, "Agent", start)
+    args = ["--no-vsock", "--state-dir", str(tmp_path), "--config", str(tmp_path / "a.toml")]
+    (tmp_path / "a.toml").write_text('connect = "qemu:///session"\n')
+    for given, means in ((["agent", "--connect", "test:///default"], "test:///default"),
+                         (["agent", "-c", "test:///default"], "test:///default"),
+                         (["--connect", "test:///default", "agent"], "test:///default"),
+                         (["agent"], "qemu:///session")):  # the file's, when none is given
+        seen.clear()
+        result = CliRunner().invoke(cli, given + args)
+        assert result.exit_code == 1 and "stopped before starting" in result.output, result.output
+        assert seen["connect"] == means, given
+    result = CliRunner().invoke(cli, ["-c", "qemu:///system", "agent", "-c", "test:///default"])
+    assert result.exit_code == 2 and "give it once" in result.output
+
+
+def test_commands_that_talk_to_the_agent_take_connect_and_control_after_them(agent):
+    runner = CliRunner()
+    assert runner.invoke(cli, ["attach", "vm1", "--mem", "64M", "--control",
+                               agent.control]).exit_code == 0
+    for command in (["list"], ["status"], ["gpus"], ["detach", "vm1"],
+                    ["resize", "vm1", "--mem", "32M"], ["attach", "vm2", "--mem", "8M"]):
+        result = runner.invoke(cli, command + ["--control", agent.control,
+                                               "--connect", "test:///default"])
+        assert result.exit_code == 1, command
+        assert "this agent manages VMs through no libvirt" in result.output, command
+    assert [s["vm"] for s in agent.api.list()] == ["vm1"]
+    assert "vm1" in runner.invoke(cli, ["list", "--control", agent.control]).output
+
+
+def test_systemd_unit_and_demo_take_connect_after_them(installed_in_opt):
+    result = CliRunner().invoke(cli, ["systemd-unit", "--connect", "qemu:///session"])
+    assert result.exit_code == 0 and " --connect qemu:///session agent\n" in result.output
+    result = CliRunner().invoke(cli, ["demo", "-c", "qemu:///system"])
+    assert result.exit_code == 1 and "-c/--connect does not apply to `demo`" in result.output
+
+
+# -- one rule for VM names -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, said", [
+    ("v/m", "it contains '/'"),
+    ("vm#1", "it contains '#'"),
+    ("vm\x07", "the control character U+0007"),
+    ("v" * 300, "is 300 bytes long; a VM name has at most 255"),
+])
+def test_domain_xml_refuses_the_names_attach_refuses(tmp_path, name, said):
+    runner = CliRunner()
+    made = runner.invoke(cli, ["domain-xml", name, "--disk", "/d.qcow2"])
+    assert made.exit_code == 2 and said in made.output, made.output
+    assert "<domain" not in made.output
+    for command in (["attach", name, "--mem", "4G"], ["detach", name],
+                    ["resize", name, "--mem", "4G"]):
+        refused = runner.invoke(cli, ["--control", str(tmp_path / "none.sock"), *command])
+        assert refused.exit_code == 2 and said in refused.output, command
+        assert "no agent answers" not in refused.output  # refused before asking
+
+
+def test_the_agent_refuses_them_by_the_same_rule(agent):
+    from hvgpu.host.names import BadVmName
+
+    for name in ("v/m", "vm\x07", "v" * 300):
+        with pytest.raises(BadVmName):
+            agent.api.attach(name, "8M")
+
+
+# -- a unit that could not start --------------------------------------------------------
+
+
+def test_systemd_unit_from_a_checkout_under_tmp_is_refused(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/tmp/hvgpu-checkout/.venv/bin/hvgpu")
+    result = CliRunner().invoke(cli, ["systemd-unit"])
+    assert result.exit_code == 1
+    assert "ExecStart" not in result.output
+    text = " ".join(result.output.split())
+    assert ("the unit would not start: the hvgpu command is /tmp/hvgpu-checkout/.venv/bin/hvgpu, "
+            "and the unit's PrivateTmp=yes gives the service a /tmp of its own, empty") in text
+    assert "python3 -m venv /opt/hvgpu" in text
+    assert CliRunner().invoke(cli, ["systemd-unit", "--guest"]).exit_code == 0  # not the agent's
+
+
+def test_what_the_unit_hides_is_what_it_says():
+    from hvgpu.host.cli import _hidden_from_unit
+
+    unit = (REPO / "templates" / "systemd" / "hvgpu-agent.service.j2").read_text()
+    assert "PrivateTmp=yes" in unit and "ProtectHome=yes" in unit
+    for path, said in (("/home/alice/hvgpu/hvgpu", "ProtectHome=yes makes /home unreachable"),
+                       ("/root/.pyenv/versions/3.12/bin/python3.12", "ProtectHome=yes"),
+                       ("/run/user/1000/hvgpu", "ProtectHome=yes"),
+                       ("/var/tmp/venv/bin/python", "PrivateTmp=yes")):
+        assert said in _hidden_from_unit([("its Python", path)]), path
+    for path in ("/opt/hvgpu/bin/hvgpu", "/usr/bin/python3.12", "/tmpfs/hvgpu", "/homes/x"):
+        assert _hidden_from_unit([("its Python", path)]) is None, path
+
+
+def test_a_console_script_s_python_is_its_shebang_s(tmp_path):
+    from hvgpu.host.cli import _interpreter, _unit_program_paths
+
+    script = tmp_path / "hvgpu"
+    script.write_text("#!/srv/venv/bin/python3 -E\nimport sys\n")
+    assert _interpreter(str(script)) == "/srv/venv/bin/python3"
+    assert ("its Python", "/srv/venv/bin/python3") in _unit_program_paths(str(script))
+
+
+# -- sizes no slice can have ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--mem", "10B"], "a slice's memory quota is at least 1 MiB"),
+    (["--mem", "99999999999999999999999G"], "is more than 1024 TiB"),
+])
+def test_attach_and_resize_refuse_sizes_no_slice_can_have(tmp_path, args, said):
+    for command in (["attach", "vm1"], ["resize", "vm1"]):
+        result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), *command,
+                                          *args])
+        assert result.exit_code == 2 and said in result.output, result.output
+        assert "99999999999999991611392" not in result.output
+
+
+def test_a_quota_larger_than_any_gpu_is_refused_naming_the_largest(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "2G"])
+    assert result.exit_code == 1
+    assert ("--mem 2 GiB is more than any GPU could give: the largest here, GPU 0 "
+            "(hvgpu fake GPU), has 1 GiB in all") in result.output
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M"]).exit_code == 0
+    result = runner.invoke(cli, base + ["resize", "vm1", "--mem", "1.5T"])
+    assert result.exit_code == 1
+    assert ("--mem 1.5 TiB is more than any GPU could give: the slice's, GPU 0 (hvgpu fake "
+            "GPU), has 1 GiB in all") in result.output
+    assert agent.api.list()[0]["mem"] == 64 << 20
+
+
+def test_a_shared_memory_region_larger_than_the_host_is_refused(agent, monkeypatch):
+    from hvgpu.host import control
+
+    monkeypatch.setattr(control, "host_memory", lambda: 23 << 30)
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "1T"])
+    assert result.exit_code == 1
+    assert ("--shm 1 TiB is more than this host's memory (23 GiB): a shared-memory region is "
+            "host RAM") in result.output
+    assert agent.api.list() == []
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "16G"]
+                         ).exit_code == 0
+    result = runner.invoke(cli, base + ["resize", "vm1", "--shm", "32G"])
+    assert result.exit_code == 1 and "more than this host's memory (23 GiB)" in result.output
+
+
+# -- one word for each thing ------------------------------------------------------------
+
+
+def test_a_slice_without_a_share_is_time_shared_in_every_listing(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    attached = runner.invoke(cli, base + ["attach", "vm1", "--mem", "512M"])
+    assert "512 MiB, compute time-shared" in attached.output
+    for command in ("list", "status"):
+        out = runner.invoke(cli, base + [command]).output
+        assert "time-shared" in out and " shared " not in out, command
+
+
+def test_a_share_mps_does_not_enforce_says_so_wherever_it_is_shown(agent):
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    attached = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--compute", "25%",
+                                          "--allow-time-shared"])
+    assert "compute 25% (not enforced)" in attached.output
+    assert agent.api.list()[0]["compute_enforced"] is False
+    for command in ("list", "status"):
+        assert "25% (not enforced)" in runner.invoke(cli, base + [command]).output, command
+    resized = runner.invoke(cli, base + ["resize", "vm1", "--compute", "50%",
+                                         "--allow-time-shared"])
+    assert "compute 50% (not enforced)" in resized.output
+
+
+def _gpus_with_mps():
+    from hvgpu.host.inventory import Gpu
+
+    return [Gpu(0, "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f", "hvgpu fake GPU", 1 << 30, 0,
+                None, False, True, "")]
+
+
+def test_a_share_mps_enforces_is_shown_plainly(tmp_path):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",),
+                           gpus=_gpus_with_mps)
+    try:
+        running.agent.mps.running = True  # what a started MPS daemon says (none runs here)
+        base = ["--control", running.control]
+        attached = CliRunner().invoke(cli, base + ["attach", "vm1", "--mem", "64M",
+                                                   "--compute", "25%"])
+        assert attached.exit_code == 0, attached.output
+        assert "compute 25%," in attached.output and "not enforced" not in attached.output
+        assert running.api.list()[0]["compute_enforced"] is True
+        assert "not enforced" not in CliRunner().invoke(cli, base + ["list"]).output
+        # and where NVML has no utilisation for the GPU, nvidia-smi's N/A, not a 0%
+        gpus = CliRunner().invoke(cli, base + ["gpus"]).output
+        assert "25%               N/A   GPU-" in gpus.splitlines()[1], gpus
+    finally:
+        running.agent.mps.running = False
+        running.stop()
+
+
+def test_status_shows_the_slice_s_own_utilisation_or_n_a_as_smi_does(agent):
+    import re
+
+    from hvgpu.host.names import VgpuKey
+
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M"])
+    out = runner.invoke(cli, base + ["status"]).output.splitlines()
+    assert re.search(r"CONNECTIONS +UTIL +GPU UTIL +EXECUTORS", out[0]), out[0]
+    # NVML has no figure for the slice (hvgpu-guest smi: N/A); the whole GPU's is 0%
+    assert re.search(r" N/A +0% ", out[1]) and agent.api.status()[0]["utilization"] is None
+    agent.agent.registry.get(VgpuKey("vm1")).util = 37  # as the sampler sets it
+    out = runner.invoke(cli, base + ["status"]).output.splitlines()
+    assert re.search(r" 37% +0% ", out[1]), out[1]

@@ -153,7 +153,7 @@ def test_cli_talks_to_the_agent_with_json_and_tables(agent):
     out = runner.invoke(cli, base + ["attach", "vm1", "--mem", "0.5G", "--compute", "0.25",
                                      "--allow-time-shared"])
     assert out.exit_code == 0, out.output
-    assert "attached vm1: 512 MiB, compute 25%, GPU 0" in out.output
+    assert "attached vm1: 512 MiB, compute 25% (not enforced), GPU 0" in out.output
     out = runner.invoke(cli, base + ["list"])
     assert "vm1" in out.output and "512 MiB" in out.output and "25%" in out.output
     out = runner.invoke(cli, base + ["status", "--json"])
