@@ -15,7 +15,7 @@ import sys
 
 try:
     import click
-except ImportError:  # a guest-only install: no host dependencies at all
+except ImportError:  # an install without its dependencies (click is the guest's too)
     sys.stderr.write("hvgpu: the host commands need the host install: pip install "
                      "'hvgpu[host]'; in a VM, use hvgpu-guest\n")
     raise SystemExit(1) from None
@@ -767,8 +767,21 @@ def man():
                         see_also=["hvgpu-guest", "virsh"]), nl=False)
 
 
+# The host extra's modules: a plain `pip install hvgpu` (the guest's install) has click,
+# so `hvgpu --help` runs, but a command that reaches for one of these says what to install
+HOST_EXTRA_MODULES = {"grpc", "jinja2", "libvirt", "pynvml", "prometheus_client", "cupy",
+                      "cuda"}
+
+
 def main():
-    cli(prog_name="hvgpu", complete_var=COMPLETE_VAR)
+    try:
+        cli(prog_name="hvgpu", complete_var=COMPLETE_VAR)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in HOST_EXTRA_MODULES:
+            raise
+        sys.stderr.write(f"hvgpu: the host commands need the host install ({exc.name} is "
+                         "missing): pip install 'hvgpu[host]'; in a VM, use hvgpu-guest\n")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

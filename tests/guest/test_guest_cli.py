@@ -16,6 +16,7 @@ from hvgpu.guest.client import Connection
 from hvgpu.guest.region import ENV_SYSFS
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 from tests.guest.fake_sysfs import MiB, add_device
+from tests.wheels import guest_dependency_wheels
 
 
 @pytest.fixture
@@ -160,8 +161,9 @@ def test_no_slice_and_no_agent_are_said_plainly(agent, tmp_path, capsys):
     assert "is the hvgpu agent running" in err and "hvgpu attach VM --mem SIZE" in err
 
 
-def test_guest_install_pulls_no_host_dependency(tmp_path):
-    """Build the wheel, install it alone into an empty venv: hvgpu-guest works."""
+def test_guest_install_pulls_click_alone(tmp_path):
+    """Build the wheel, install it into an empty venv with click's wheel alone beside it
+    (no index, as in a VM without network): hvgpu-guest works."""
     wheels = tmp_path / "wheels"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)]
     if subprocess.run(build).returncode != 0:
@@ -170,13 +172,16 @@ def test_guest_install_pulls_no_host_dependency(tmp_path):
     env_dir = tmp_path / "vm"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index",
-                    *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
+    links = tmp_path / "links"
+    guest_dependency_wheels(links)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(links), *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
     listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], check=True,
                             capture_output=True, text=True).stdout
     names = {p["name"].lower() for p in json.loads(listed)}
+    assert "click" in names
     assert not names & {"libvirt-python", "cupy-cuda12x", "cupy-cuda13x", "nvidia-ml-py",
-                        "grpcio", "cuda-bindings", "click", "jinja2", "numpy"}
+                        "grpcio", "cuda-bindings", "jinja2", "numpy"}
     out = subprocess.run([str(env_dir / "bin" / "hvgpu-guest"), "--agent",
                           f"unix://{tmp_path}/none.sock", "info"], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})

@@ -308,3 +308,20 @@ def test_systemd_unit_writes_what_differs_from_the_unit_s_own_directories():
     assert "ReadWritePaths=/var/cache/hvgpu" not in result.output  # CacheDirectory's own
     bad = CliRunner().invoke(cli, ["systemd-unit", "--state-dir", "srv"])
     assert bad.exit_code == 2 and "an absolute path" in bad.output
+
+
+def test_a_host_command_in_the_guest_install_says_what_to_install(tmp_path):
+    # A plain `pip install hvgpu` (the guest's) has click, so `hvgpu` starts; the control
+    # lane's gRPC is the host extra's
+    import subprocess
+    import sys
+
+    program = ("import sys; sys.modules['grpc'] = None\n"  # as if it were not installed
+               "from hvgpu.host.cli import main\n"
+               f"sys.argv = ['hvgpu', '--control', {str(tmp_path / 'c.sock')!r}, 'list']\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'hvgpu[host]'" in done.stderr and "grpc" in done.stderr
+    assert "Traceback" not in done.stderr
