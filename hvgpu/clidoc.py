@@ -3,19 +3,22 @@
 Both commands, ``hvgpu`` (click) and ``hvgpu-guest`` (argparse), describe
 themselves once, in their parsers; this module turns that description into a
 roff man page (``hvgpu man``, ``hvgpu-guest man``) and, for the argparse one,
-bash, zsh and fish completion scripts (click writes its own). It reads an
-argparse parser (``from_argparse``); hvgpu.host.manpage reads a click group into
-the same ``Command``.
+bash, zsh and fish completion scripts; click's completion is click's own
+(``completion_script``). It reads an argparse parser (``from_argparse``) or a
+click group (``from_click``) into the same ``Command``.
 
-Standard library only (the guest ships it). It must not run the command it
-describes nor write anywhere: it returns text.
+It imports click and nothing of hvgpu (the guest ships it). It must not run the
+command it describes nor write anywhere: it returns text.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 from dataclasses import dataclass, field
+
+import click
 
 
 @dataclass
@@ -85,6 +88,58 @@ def from_argparse(parser: argparse.ArgumentParser, summary: str = "",
             choices=[str(c) for c in action.choices or ()],
             rest_is_command=action.nargs == argparse.REMAINDER))
     return cmd
+
+
+# ---- reading a click group ----------------------------------------------------------
+
+def _metavar(param: click.Parameter, ctx: click.Context) -> str:
+    try:
+        return param.make_metavar(ctx)  # click >= 8.2 takes the context
+    except TypeError:
+        return param.make_metavar()
+
+
+def _choices(param: click.Parameter) -> list[str]:
+    return [str(c) for c in param.type.choices] if isinstance(param.type, click.Choice) else []
+
+
+def _options(command: click.Command, ctx: click.Context) -> list[Option]:
+    out = []
+    for param in command.get_params(ctx):
+        if getattr(param, "hidden", False):
+            continue
+        if isinstance(param, click.Argument):
+            out.append(Option(flags=[], metavar=_metavar(param, ctx), choices=_choices(param)))
+            continue
+        record = param.get_help_record(ctx)
+        flag = getattr(param, "is_flag", False) or getattr(param, "count", False)
+        out.append(Option(flags=[*param.opts, *param.secondary_opts],
+                          metavar=None if flag else _metavar(param, ctx),
+                          help=record[1] if record else "", choices=_choices(param)))
+    return out
+
+
+def _command(command: click.Command, ctx: click.Context, name: str) -> Command:
+    text = inspect.cleandoc(command.help or "")
+    if command.epilog:
+        text += "\n\n" + inspect.cleandoc(command.epilog)
+    return Command(name=name, summary=command.get_short_help_str(limit=80),
+                   usage=" ".join(command.collect_usage_pieces(ctx)), description=text,
+                   options=_options(command, ctx))
+
+
+def from_click(group: click.Group, name: str) -> Command:
+    """``group`` and its subcommands (one level), as ``name --help`` shows them."""
+    # each with its context_settings, as running it has them (-h beside --help)
+    ctx = click.Context(group, info_name=name, **group.context_settings)
+    top = _command(group, ctx, name)
+    for sub_name in group.list_commands(ctx):
+        sub = group.get_command(ctx, sub_name)
+        if sub is None or sub.hidden:
+            continue
+        sub_ctx = click.Context(sub, info_name=sub_name, parent=ctx, **sub.context_settings)
+        top.commands.append(_command(sub, sub_ctx, sub_name))
+    return top
 
 
 # ---- roff ------------------------------------------------------------------------------
@@ -259,3 +314,11 @@ def fish_completion(cmd: Command) -> str:
 
 
 COMPLETIONS = {"bash": bash_completion, "zsh": zsh_completion, "fish": fish_completion}
+
+
+def completion_script(group: click.Group, name: str, complete_var: str, shell: str) -> str:
+    """click's completion script of ``group`` for ``shell``: sourced, it runs ``name``
+    with ``complete_var`` set to ask it what completes the line."""
+    from click.shell_completion import get_completion_class
+
+    return get_completion_class(shell)(group, {}, name, complete_var).source()

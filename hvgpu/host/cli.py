@@ -746,10 +746,9 @@ def completion(shell):
     zsh:  hvgpu completion zsh > ~/.zfunc/_hvgpu   (~/.zfunc on $fpath)
     fish: hvgpu completion fish > ~/.config/fish/completions/hvgpu.fish
     """
-    from click.shell_completion import get_completion_class
+    from hvgpu.clidoc import completion_script
 
-    script = get_completion_class(shell)(cli, {}, "hvgpu", COMPLETE_VAR)
-    click.echo(script.source())
+    click.echo(completion_script(cli, "hvgpu", COMPLETE_VAR, shell))
 
 
 @cli.command()
@@ -760,8 +759,7 @@ def man():
     `man -l <(hvgpu man)`, or install it as
     /usr/local/share/man/man1/hvgpu.1.
     """
-    from hvgpu.clidoc import man_page
-    from hvgpu.host.manpage import from_click
+    from hvgpu.clidoc import from_click, man_page
 
     click.echo(man_page(from_click(cli, "hvgpu"), __version__,
                         see_also=["hvgpu-guest", "virsh"]), nl=False)
