@@ -18,7 +18,7 @@ from hvgpu.guest.client import Connection
 from hvgpu.guest.region import ENV_SYSFS
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 from tests.guest.fake_sysfs import MiB, add_device
-from tests.wheels import guest_dependency_wheels
+from tests.wheels import CannotMake, guest_dependency_wheels
 
 
 @pytest.fixture
@@ -262,7 +262,10 @@ def test_guest_install_pulls_click_alone(tmp_path):
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     links = tmp_path / "links"
-    guest_dependency_wheels(links)
+    try:
+        guest_dependency_wheels(links)
+    except CannotMake as exc:
+        pytest.skip(f"no wheel of the guest's dependencies: {exc}")
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links",
                     str(links), *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
     listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], check=True,
