@@ -1,11 +1,12 @@
 """Shell completion and man pages of ``hvgpu`` and ``hvgpu-guest``, generated from their
-definitions: every subcommand is in them, completion works in a real bash, and man
-renders the pages without a warning."""
+definitions the same way (both are click groups read by hvgpu.clidoc): every subcommand
+is in them, completion works in a real bash, and man renders the pages without a
+warning."""
 
 from __future__ import annotations
 
-import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,9 +23,7 @@ MAN = shutil.which("man")
 
 
 def _guest_commands() -> list[str]:
-    sub = next(a for a in guest_cli.parser()._actions
-               if isinstance(a, argparse._SubParsersAction))
-    return list(sub.choices)
+    return guest_cli.cli.list_commands(click.Context(guest_cli.cli))
 
 
 def _host_commands() -> list[str]:
@@ -57,27 +56,68 @@ printf '%s\\n' "${{COMPREPLY[@]}}"
     return [line for line in out.stdout.splitlines() if line]
 
 
+def _on_path(tmp_path, name: str, module: str) -> str:
+    """A directory holding ``name``, which runs this checkout's ``module``: the completion
+    scripts call the command back to complete."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text(f"#!/bin/sh\nexport PYTHONPATH={REPO}\n"
+                                f"exec {sys.executable} -m {module} \"$@\"\n")
+    (bin_dir / name).chmod(0o755)
+    return str(bin_dir)
+
+
 @pytest.mark.skipif(BASH is None, reason="no bash here")
-def test_guest_bash_completion_completes_every_subcommand_and_their_options():
+def test_guest_bash_completion_completes_every_subcommand_and_their_options(tmp_path):
     proc = _run("hvgpu.guest.cli", "completion", "bash")
     assert proc.returncode == 0, proc.stderr
     script = proc.stdout
     subprocess.run([BASH, "-n"], input=script, text=True, check=True)
-    assert set(_guest_commands()) <= set(_bash_complete(script, ["hvgpu-guest", ""],
-                                                        "_hvgpu_guest"))
-    assert _bash_complete(script, ["hvgpu-guest", "--agent", "x", "cov"], "_hvgpu_guest") \
-        == ["coverage"]
-    assert _bash_complete(script, ["hvgpu-guest", "coverage", "--mi"], "_hvgpu_guest") \
-        == ["--missing"]
-    assert _bash_complete(script, ["hvgpu-guest", "completion", "z"], "_hvgpu_guest") == ["zsh"]
+    assert "complete -o nosort -F _hvgpu_guest_completion hvgpu-guest" in script
+    bin_dir = _on_path(tmp_path, "hvgpu-guest", "hvgpu.guest.cli")
+
+    def complete(*words):
+        return _bash_complete(script, ["hvgpu-guest", *words], "_hvgpu_guest_completion",
+                              bin_dir)
+
+    assert set(_guest_commands()) <= set(complete(""))
+    assert complete("--agent", "x", "cov") == ["coverage"]
+    assert complete("coverage", "--mi") == ["--missing"]
+    assert complete("smi", "--query") == ["--query-gpu"]
+    assert complete("completion", "z") == ["zsh"]
+
+
+def _click_complete(bin_dir: str, *words: str) -> list[tuple[str, str]]:
+    """(type, value) of what hvgpu-guest answers bash's completion script for ``words``
+    (the last is being typed): "file" and "dir" leave it to bash's own completion."""
+    env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ["PATH"],
+               COMP_WORDS=" ".join(["hvgpu-guest", *words]), COMP_CWORD=str(len(words)),
+               _HVGPU_GUEST_COMPLETE="bash_complete")
+    out = subprocess.run([f"{bin_dir}/hvgpu-guest"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [tuple(line.split(",", 1)) for line in out.stdout.splitlines()]
+
+
+def test_guest_completion_of_run_is_a_program_on_path_then_its_files(tmp_path):
+    bin_dir = _on_path(tmp_path, "hvgpu-guest", "hvgpu.guest.cli")
+    (tmp_path / "bin" / "hvgpu-guest-tool").write_text("#!/bin/sh\n")
+    (tmp_path / "bin" / "hvgpu-guest-tool").chmod(0o755)
+    (tmp_path / "bin" / "hvgpu-guest-data").write_text("not a program\n")
+    for words in (["run", "hvgpu-gue"], ["run", "--", "hvgpu-gue"]):
+        assert _click_complete(bin_dir, *words) == [("plain", "hvgpu-guest"),
+                                                     ("plain", "hvgpu-guest-tool")], words
+    # the program's own arguments, options too after --: files, as bash completes them
+    assert _click_complete(bin_dir, "run", "--", "python3", "tr") == [("file", "tr")]
+    assert _click_complete(bin_dir, "run", "--", "python3", "--he") == [("file", "--he")]
+    assert _click_complete(bin_dir, "install", "--root", "/t") == [("dir", "/t")]
 
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
-def test_guest_zsh_and_fish_completion_name_every_subcommand(shell):
+def test_guest_zsh_and_fish_completion_call_back_into_hvgpu_guest(shell):
     proc = _run("hvgpu.guest.cli", "completion", shell)
     assert proc.returncode == 0, proc.stderr
-    for name in _guest_commands():
-        assert f" {name}" in proc.stdout, f"{name} is missing from the {shell} completion"
+    assert "_HVGPU_GUEST_COMPLETE" in proc.stdout and "hvgpu-guest" in proc.stdout
 
 
 @pytest.mark.skipif(BASH is None, reason="no bash here")
@@ -85,18 +125,13 @@ def test_host_bash_completion_completes_every_subcommand_and_their_options(tmp_p
     proc = _run("hvgpu.host.cli", "completion", "bash")
     assert proc.returncode == 0, proc.stderr
     assert "complete -o nosort -F _hvgpu_completion hvgpu" in proc.stdout
-    # The script asks `hvgpu` itself (click's completion): this checkout's, here
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "hvgpu").write_text(f"#!/bin/sh\nexport PYTHONPATH={REPO}\n"
-                                   f"exec {sys.executable} -m hvgpu.host.cli \"$@\"\n")
-    (bin_dir / "hvgpu").chmod(0o755)
-    got = _bash_complete(proc.stdout, ["hvgpu", ""], "_hvgpu_completion", str(bin_dir))
+    bin_dir = _on_path(tmp_path, "hvgpu", "hvgpu.host.cli")
+    got = _bash_complete(proc.stdout, ["hvgpu", ""], "_hvgpu_completion", bin_dir)
     assert set(_host_commands()) <= set(got)
     assert _bash_complete(proc.stdout, ["hvgpu", "attach", "vm1", "--pla"], "_hvgpu_completion",
-                          str(bin_dir)) == ["--placement"]
+                          bin_dir) == ["--placement"]
     assert _bash_complete(proc.stdout, ["hvgpu", "completion", "f"], "_hvgpu_completion",
-                          str(bin_dir)) == ["fish"]
+                          bin_dir) == ["fish"]
 
 
 @pytest.mark.parametrize("shell", ["zsh", "fish"])
@@ -129,7 +164,10 @@ def test_man_page_has_the_sections_and_every_subcommand(module, name, commands):
         sub = sub.replace("-", "\\-")
         assert f'\n.SS "{roff_name} {sub}"\n' in page, sub
         assert f"\n.B {roff_name} {sub}\n" in page, sub  # in the synopsis too
-    assert "\\fB\\-\\-help\\fR" in page
+    # -h is --help's other name in every subcommand too, and the page says so (in either
+    # order: click 8.1 keeps them in a set)
+    helps = re.findall(r"^\\fB\\-(?:h\\fR, \\fB\\-\\-help|\\-help\\fR, \\fB\\-h)\\fR$", page, re.M)
+    assert len(helps) == len(commands()) + 1
 
 
 @pytest.mark.skipif(MAN is None, reason="man is not installed")

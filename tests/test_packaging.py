@@ -1,10 +1,11 @@
 """Both distributions build (sdist, then the wheel from that sdist) and install alone.
 
-``hvgpu-guest`` (guest-dist/hvgpu-guest) is the guest runtime alone: no host code and no
-dependency, its shim built at install, one wheel for every CPython 3. ``hvgpu`` (the
-top-level project) is the host and holds the guest's files too, byte for byte: the two
-are alternatives, one per environment. Each wheel is installed into an empty venv from
-the wheel alone (--no-index) and its command is run there, outside this checkout.
+``hvgpu-guest`` (guest-dist/hvgpu-guest) is the guest runtime alone: no host code, click
+its one dependency, its shim built at install, one wheel for every CPython 3. ``hvgpu``
+(the top-level project) is the host and holds the guest's files too, byte for byte: the
+two are alternatives, one per environment. Each wheel is installed into an empty venv
+with no index, from the wheel and click's (tests/wheels.py), and its command is run
+there, outside this checkout.
 
 Slow (two C builds, two venvs: about a minute): ``-m "not packaging"`` leaves it out;
 ``bash .ci/run`` runs it (and installs ``build``, which it needs).
@@ -28,12 +29,13 @@ import pytest
 
 from hvgpu import __version__
 from tests.conftest import REPO
+from tests.wheels import GUEST_DEPENDENCIES, CannotMake, guest_dependency_wheels
 
 pytestmark = pytest.mark.packaging
 
 GUEST_PROJECT = REPO / "guest-dist" / "hvgpu-guest"
 HOST_ONLY_DEPENDENCIES = {"libvirt-python", "cupy-cuda12x", "cupy-cuda13x", "nvidia-ml-py",
-                          "pynvml", "grpcio", "cuda-bindings", "click", "jinja2", "numpy"}
+                          "pynvml", "grpcio", "cuda-bindings", "jinja2", "numpy"}
 # A command run from an installed venv must not see this checkout.
 CLEAN_ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
@@ -70,6 +72,17 @@ def dists(tmp_path_factory) -> dict[str, dict[str, Path]]:
         wheel, = (out / name).glob(f"{stem}-*.whl")
         found[name] = {"sdist": sdist, "wheel": wheel}
     return found
+
+
+@pytest.fixture(scope="module")
+def links(tmp_path_factory) -> str:
+    """A directory of the guest's dependencies' wheels, for pip's --find-links."""
+    out = tmp_path_factory.mktemp("links")
+    try:
+        guest_dependency_wheels(out)
+    except CannotMake as exc:
+        pytest.skip(f"no wheel of the guest's dependencies: {exc}")
+    return str(out)
 
 
 def _venv(path: Path) -> Path:
@@ -112,7 +125,7 @@ def test_the_host_project_has_the_version_of_the_package():
         "pyproject.toml's version and hvgpu.__version__ differ (hvgpu-guest takes the latter)"
 
 
-def test_guest_wheel_holds_the_guest_alone_and_needs_nothing(dists):
+def test_guest_wheel_holds_the_guest_alone_and_needs_click_alone(dists):
     with zipfile.ZipFile(dists["hvgpu-guest"]["wheel"]) as z:
         names = z.namelist()
         meta = z.read(f"hvgpu_guest-{__version__}.dist-info/METADATA").decode()
@@ -121,7 +134,7 @@ def test_guest_wheel_holds_the_guest_alone_and_needs_nothing(dists):
     assert "hvgpu/virtio/include/hvgpu_wire.h" in names
     assert not [n for n in names if n.startswith(("hvgpu/host/", "hvgpu/templates"))]
     assert "hvgpu/virtio/cgen.py" not in names  # the header's generator needs the host's files
-    assert "Requires-Dist" not in meta
+    assert re.findall(r"^Requires-Dist: ([\w.-]+)", meta, re.M) == list(GUEST_DEPENDENCIES)
     assert "hvgpu-guest = hvgpu.guest.cli:main" in scripts and "hvgpu =" not in scripts
 
 
@@ -150,11 +163,12 @@ def test_the_host_wheel_holds_the_guest_files_byte_for_byte(dists):
                 assert g.read(n) == h.read(n), n
 
 
-def test_guest_wheel_installs_alone_into_an_empty_venv_and_runs(dists, tmp_path):
+def test_guest_wheel_installs_alone_into_an_empty_venv_and_runs(dists, links, tmp_path):
     bin_dir = _venv(tmp_path / "vm")
-    done = _pip_install(bin_dir, "--no-index", str(dists["hvgpu-guest"]["wheel"]))
+    done = _pip_install(bin_dir, "--no-index", "--find-links", links,
+                        str(dists["hvgpu-guest"]["wheel"]))
     assert done.returncode == 0, done.stderr
-    assert "hvgpu-guest" in _installed(bin_dir)
+    assert {"hvgpu-guest", *GUEST_DEPENDENCIES} <= _installed(bin_dir)
     assert not _installed(bin_dir) & HOST_ONLY_DEPENDENCIES
     help_ = _run(bin_dir, "hvgpu-guest", "--help", cwd=tmp_path)
     assert help_.returncode == 0 and "coverage" in help_.stdout, help_.stderr
@@ -178,21 +192,21 @@ print("\\n".join(names))
     assert not [m for m in modules if m.startswith("hvgpu.host")]
 
 
-def test_host_wheel_installs_into_an_empty_venv_and_runs(dists, tmp_path):
+def test_host_wheel_installs_into_an_empty_venv_and_runs(dists, links, tmp_path):
     bin_dir = _venv(tmp_path / "host")
-    done = _pip_install(bin_dir, "--no-index", str(dists["hvgpu"]["wheel"]))
+    done = _pip_install(bin_dir, "--no-index", "--find-links", links,
+                        str(dists["hvgpu"]["wheel"]))
     assert done.returncode == 0, done.stderr
-    # Without the host extra, hvgpu says what to install instead of a traceback
-    bare = _run(bin_dir, "hvgpu", "--help", cwd=tmp_path)
-    assert bare.returncode == 1 and "pip install 'hvgpu[host]'" in bare.stderr
+    assert not _installed(bin_dir) & HOST_ONLY_DEPENDENCIES  # plain: the guest's install
+    # Without the host extra, a host command says what to install instead of a traceback
+    bare = _run(bin_dir, "hvgpu", "list", cwd=tmp_path)
+    assert bare.returncode == 1 and "pip install 'hvgpu[host]'" in bare.stderr, bare.stderr
     burst = subprocess.run([str(bin_dir / "python"), "-c",
                             "from hvgpu.host.executor import launch_burst; "
                             "print(launch_burst.unavailable_reason() or 'built')"],
                            capture_output=True, text=True, env=CLEAN_ENV, cwd=tmp_path)
     assert burst.stdout.strip() == "built", burst.stderr  # the executor's C launch loop
-    # `hvgpu --help` needs click alone of the host extra (the rest are GPU/libvirt stacks)
-    if _pip_install(bin_dir, "click>=8.1").returncode != 0:
-        pytest.skip("no package index for click here: hvgpu --help not run")
+    # `hvgpu --help` needs click alone (the host extra's others are GPU/libvirt stacks)
     help_ = _run(bin_dir, "hvgpu", "--help", cwd=tmp_path)
     assert help_.returncode == 0, help_.stderr
     assert "attach" in help_.stdout and "completion" in help_.stdout

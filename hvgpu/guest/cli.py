@@ -12,13 +12,16 @@
 
 Every listing takes --json. Output into a pipe that closes early
 (``hvgpu-guest coverage | head -2``) ends the command quietly, as it ends cat.
-Standard library only (argparse), so it runs in a VM where nothing but this
-package is installed. Must not import ``hvgpu.host``.
+A click group, as ``hvgpu`` is: its man page and shell completion come from
+this definition through hvgpu.clidoc, the same way as the host's. click is the
+guest's one dependency outside the standard library (both distributions
+require it); a VM without a package index installs it from a wheel carried in
+beside hvgpu's (tests/vm does so). Must not import ``hvgpu.host``.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import signal
@@ -27,12 +30,19 @@ import sys
 import time
 from pathlib import Path
 
+import click
+from click.shell_completion import CompletionItem
+
 from hvgpu import __version__
 from hvgpu.errors import CudaError, HvgpuError, TransportError
 from hvgpu.guest import region
 from hvgpu.guest.client import ENV_ADDRESS, Connection, default_address
 from hvgpu.guest.device import Device
 from hvgpu.virtio import protocol as P
+
+PROG = "hvgpu-guest"
+COMPLETE_VAR = "_HVGPU_GUEST_COMPLETE"  # click's: the completion script calls hvgpu-guest
+#                                         back with it set
 
 
 def _gib(n: int) -> str:
@@ -355,125 +365,40 @@ def install_command(root: str) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """The command; a reader that goes away (EPIPE) ends it quietly with 128 + SIGPIPE,
-    the status a shell reports for a program that SIGPIPE ended."""
+def smi_command(agent: str | None, as_json: bool, loop: float | None, query_gpu: str | None,
+                fmt: str | None) -> int:
+    """smi once, or every -l SECONDS until Ctrl-C (which ends it with status 0)."""
+    query = None
     try:
-        code = _main(argv)
-        sys.stdout.flush()  # here, where EPIPE is caught, not at exit, where it is not
-        return code
-    except BrokenPipeError:
-        # Python would flush stdout again at exit and print that it could not: point
-        # stdout at /dev/null first
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return 128 + signal.SIGPIPE
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's definition: what it parses, and what its man page and shell
-    completion are generated from."""
-    ap = argparse.ArgumentParser(
-        prog="hvgpu-guest", description="This VM's GPU slices, served by the host's hvgpu agent.",
-        epilog=f"The agent is reached at ${ENV_ADDRESS}, else vsock://{P.HOST_CID}:"
-               f"{P.DEFAULT_PORT} (the host seen from a VM).")
-    ap.add_argument("--version", action="version", version=f"hvgpu-guest {__version__}")
-    ap.add_argument("--agent", metavar="ADDR", help=f"agent address (overrides ${ENV_ADDRESS}): one per vGPU, "
-                         "comma-separated, or one whose port + N reaches vGPU N")
-    sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("info", help="list this VM's vGPUs (memory = quota, compute share)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p = sub.add_parser(
-        "smi", help="an nvidia-smi-like view of the slice",
-        description="This VM's vGPUs as nvidia-smi shows GPUs: memory (= quota) and use, the "
-                    "slice's utilisation where the host measures it, and the VM's processes "
-                    "on each vGPU.",
-        epilog="example: hvgpu-guest smi --query-gpu=index,name,memory.used,memory.total "
-               "--format=csv,noheader -l 5")
-    p.add_argument("--json", action="store_true",
-                   help="machine-readable output (what info --json prints)")
-    p.add_argument("-l", "--loop", type=float, metavar="SECONDS",
-                   help="show it again every SECONDS until Ctrl-C")
-    p.add_argument("--query-gpu", metavar="FIELDS",
-                   help=f"comma-separated fields, as nvidia-smi names them: "
-                        f"{', '.join(QUERY_FIELDS)} (needs --format=csv)")
-    p.add_argument("--format", metavar="csv[,noheader][,nounits]",
-                   help="the output of --query-gpu")
-    p = sub.add_parser(
-        "run", help="run a command with the libcuda shim in place",
-        description="Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, "
-                    "...) on this VM's vGPU: the command finds hvgpu's libcuda.so.1 (and "
-                    "libnvidia-ml.so.1, for NVML tools) first on the library path, and its "
-                    "driver calls go to the host's agent.",
-        epilog="example: hvgpu-guest run -- python3 -c 'import cupy; print(cupy.arange(3) * 2)'")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="the command and its arguments")
-    p = sub.add_parser("coverage", help="list the CUDA driver entry points the shim implements",
-                       description="Every driver entry point CUDA 13.0's cuda.h declares, and "
-                                   "whether the shim implements it.")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--missing", action="store_true", help="list only what is not implemented")
-    p = sub.add_parser("ldconfig", help="make the shim the default libcuda.so.1 of this VM",
-                       description=f"Print (or, with --write, install) {LDCONFIG_SNIPPET}, "
-                                   "which puts the shim's directory first for the dynamic "
-                                   "loader, so every program uses the vGPU without "
-                                   "`hvgpu-guest run`.")
-    p.add_argument("--write", action="store_true", help="write the file and run ldconfig (root)")
-    p = sub.add_parser("install", help="give group hvgpu the VM's shared-memory device (root)",
-                       description="Install the udev rule that gives group hvgpu read and "
-                                   "write on the VM's shared-memory device (ivshmem, which "
-                                   "carries the vGPU's bulk copies), create the group, and "
-                                   "give it the devices present now.")
-    p.add_argument("--root", default="/", metavar="DIR",
-                   help="install the rule under DIR instead (an image being built); leaves "
-                        "this system's group and devices alone")
-    p = sub.add_parser("completion", help="print a shell completion script",
-                       description="Print the completion script for SHELL, generated from "
-                                   "this command's definition.",
-                       epilog="bash: hvgpu-guest completion bash > "
-                              "/etc/bash_completion.d/hvgpu-guest (or eval \"$(hvgpu-guest "
-                              "completion bash)\" in ~/.bashrc); zsh: hvgpu-guest completion "
-                              "zsh > ~/.zfunc/_hvgpu-guest; fish: hvgpu-guest completion fish "
-                              "> ~/.config/fish/completions/hvgpu-guest.fish")
-    p.add_argument("shell", choices=["bash", "zsh", "fish"])
-    sub.add_parser("man", help="print this command's man page (roff: man -l <(hvgpu-guest man))",
-                   description="Print the man page of hvgpu-guest, generated from this "
-                               "command's definition, as roff: read it with man -l, or "
-                               "install it as /usr/local/share/man/man1/hvgpu-guest.1.")
-    return ap
-
-
-def docs_command(what: str, shell: str | None = None) -> int:
-    from hvgpu import clidoc
-
-    cmd = clidoc.from_argparse(parser())
-    if what == "man":
-        print(clidoc.man_page(cmd, __version__, see_also=["hvgpu"]), end="")
-    else:
-        print(clidoc.COMPLETIONS[shell](cmd), end="")
-    return 0
-
-
-def _main(argv=None) -> int:
-    args = parser().parse_args(argv)
-    if args.command in ("man", "completion"):
-        return docs_command(args.command, getattr(args, "shell", None))
-    if args.command == "install":
-        return install_command(args.root)
-    if args.command == "run":
-        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-        return run_command(cmd, args.agent)
-    if args.command == "coverage":
-        return coverage_command(args.json, args.missing)
-    if args.command == "ldconfig":
-        return ldconfig_command(args.write)
-    if args.command == "smi":
-        return smi_command(args)
-    d = _collect_or_say(args.agent)
-    if d is None:
-        return 1
-    print(json.dumps(d, indent=2) if args.json else info_text(d))
-    return 0
+        if query_gpu is not None:
+            query = parse_query(query_gpu, fmt)
+        elif fmt is not None:
+            raise UsageError("--format goes with --query-gpu=FIELDS")
+        if loop is not None and not 0 < loop <= 86400:
+            raise UsageError(f"-l {loop:g}: give a number of seconds above 0")
+    except UsageError as exc:
+        print(f"hvgpu-guest smi: {exc}", file=sys.stderr)
+        return 2
+    first = True
+    try:
+        while True:
+            d = _collect_or_say(agent)
+            if d is None:
+                return 1
+            if as_json:
+                print(json.dumps(d, indent=2))
+            elif query is not None:
+                names, header, units = query
+                print(query_text(d, names, header and first, units))
+            else:
+                print(smi_text(d) + ("\n" if loop else ""))
+            sys.stdout.flush()
+            if loop is None:
+                return 0
+            first = False
+            time.sleep(loop)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _collect_or_say(agent: str | None) -> dict | None:
@@ -490,39 +415,208 @@ def _collect_or_say(agent: str | None) -> dict | None:
     return None
 
 
-def smi_command(args) -> int:
-    """smi once, or every -l SECONDS until Ctrl-C (which ends it with status 0)."""
-    query = None
+# ---- the command line ------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _reader_gone():
+    """A reader that goes away (EPIPE) ends the command quietly with 128 + SIGPIPE, the
+    status a shell reports for a program that SIGPIPE ended (click's own ending says 1)."""
     try:
-        if args.query_gpu is not None:
-            query = parse_query(args.query_gpu, args.format)
-        elif args.format is not None:
-            raise UsageError("--format goes with --query-gpu=FIELDS")
-        if args.loop is not None and not 0 < args.loop <= 86400:
-            raise UsageError(f"-l {args.loop:g}: give a number of seconds above 0")
-    except UsageError as exc:
-        print(f"hvgpu-guest smi: {exc}", file=sys.stderr)
-        return 2
-    first = True
+        yield
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and print that it could not: point
+        # stdout at /dev/null first
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        raise click.exceptions.Exit(128 + signal.SIGPIPE) from None
+
+
+class _Group(click.Group):
+    """hvgpu-guest's subcommands, listed in the order they are defined here; an unknown
+    one is refused with the list; see _reader_gone for a pipe that closes early."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name = args[0]
+        if self.get_command(ctx, name) is None and not ctx.resilient_parsing \
+                and not name.startswith("-"):
+            raise click.UsageError(f"No such command {name!r}: the commands are "
+                                   f"{', '.join(self.list_commands(ctx))}.", ctx)
+        return super().resolve_command(ctx, args)
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        with _reader_gone():  # --help into a closed pipe
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context):
+        with _reader_gone():
+            code = super().invoke(ctx)
+            sys.stdout.flush()  # here, where EPIPE is caught, not at exit, where it is not
+            return code
+
+
+def _json_option(help_: str):
+    return click.option("--json", "as_json", is_flag=True, help=help_)
+
+
+def _complete_command(ctx: click.Context, param: click.Parameter,
+                      incomplete: str) -> list[CompletionItem]:
+    """run's command line: a program on PATH, then files (as a shell completes after
+    sudo or env)."""
+    if ctx.params.get(param.name) or "/" in incomplete:
+        return [CompletionItem(incomplete, type="file")]
+    names = set()
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        try:
+            with os.scandir(directory or ".") as entries:
+                names.update(e.name for e in entries if e.name.startswith(incomplete)
+                             and not e.is_dir() and os.access(e.path, os.X_OK))
+        except OSError:
+            continue
+    return [CompletionItem(n) for n in sorted(names)]
+
+
+def _complete_dir(ctx, param, incomplete: str) -> list[CompletionItem]:
+    return [CompletionItem(incomplete, type="dir")]
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             no_args_is_help=False,  # "Missing command", status 2, in every click 8
+             epilog=f"The agent is reached at ${ENV_ADDRESS}, else vsock://{P.HOST_CID}:"
+                    f"{P.DEFAULT_PORT} (the host seen from a VM).")
+@click.version_option(__version__, "--version", prog_name=PROG,
+                      message="%(prog)s %(version)s")
+@click.option("--agent", metavar="ADDR", default=None,
+              help=f"agent address (overrides ${ENV_ADDRESS}): one per vGPU, comma-separated, "
+                   "or one whose port + N reaches vGPU N")
+@click.pass_context
+def cli(ctx: click.Context, agent: str | None) -> None:
+    """This VM's GPU slices, served by the host's hvgpu agent."""
+    ctx.obj = agent
+
+
+@cli.command("info", short_help="list this VM's vGPUs (memory = quota, compute share)")
+@_json_option("machine-readable output")
+@click.pass_obj
+def _info(agent: str | None, as_json: bool) -> int:
+    """List this VM's vGPUs: name, memory (= quota) and what is in use, compute share,
+    SMs, compute capability and UUID; then the VM's shared-memory device, and whether
+    this user may map it."""
+    d = _collect_or_say(agent)
+    if d is None:
+        return 1
+    print(json.dumps(d, indent=2) if as_json else info_text(d))
+    return 0
+
+
+@cli.command("smi", short_help="an nvidia-smi-like view of the slice",
+             epilog="\b\nexample: hvgpu-guest smi --query-gpu=index,name,memory.used,"
+                    "memory.total --format=csv,noheader -l 5")
+@_json_option("machine-readable output (what info --json prints)")
+@click.option("-l", "--loop", type=float, metavar="SECONDS",
+              help="show it again every SECONDS until Ctrl-C")
+@click.option("--query-gpu", metavar="FIELDS",
+              help=f"comma-separated fields, as nvidia-smi names them: "
+                   f"{', '.join(QUERY_FIELDS)} (needs --format=csv)")
+@click.option("--format", "fmt", metavar="csv[,noheader][,nounits]",
+              help="the output of --query-gpu")
+@click.pass_obj
+def _smi(agent: str | None, as_json: bool, loop: float | None, query_gpu: str | None,
+         fmt: str | None) -> int:
+    """This VM's vGPUs as nvidia-smi shows GPUs: memory (= quota) and use, the slice's
+    utilisation where the host measures it, and the VM's processes on each vGPU."""
+    return smi_command(agent, as_json, loop, query_gpu, fmt)
+
+
+# Options end at the command's name: `run prog --help -l 5` gives prog its own options
+# (and `run -- --prog` a name that starts with a dash)
+@cli.command("run", short_help="run a command with the libcuda shim in place",
+             context_settings={"allow_interspersed_args": False},
+             epilog="\b\nexample: hvgpu-guest run -- python3 -c 'import cupy; "
+                    "print(cupy.arange(3) * 2)'")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[--] CMD [ARGS]...",
+                shell_complete=_complete_command)
+@click.pass_obj
+def _run(agent: str | None, command: tuple[str, ...]) -> int:
+    """Run an unmodified CUDA program (static or shared cudart, cuBLAS, CuPy, ...) on
+    this VM's vGPU: the command finds hvgpu's libcuda.so.1 (and libnvidia-ml.so.1, for
+    NVML tools) first on the library path, and its driver calls go to the host's agent.
+    Its exit status is the program's own."""
+    return run_command(list(command), agent)
+
+
+@cli.command("coverage", short_help="list the CUDA driver entry points the shim implements")
+@_json_option("machine-readable output")
+@click.option("--missing", is_flag=True, help="list only what is not implemented")
+def _coverage(as_json: bool, missing: bool) -> int:
+    """Every driver entry point CUDA 13.0's cuda.h declares, and whether the shim
+    implements it."""
+    return coverage_command(as_json, missing)
+
+
+@cli.command("ldconfig", short_help="make the shim the default libcuda.so.1 of this VM",
+             help=f"Print (or, with --write, install) {LDCONFIG_SNIPPET}, which puts the "
+                  "shim's directory first for the dynamic loader, so every program uses the "
+                  "vGPU without `hvgpu-guest run`.")
+@click.option("--write", is_flag=True, help="write the file and run ldconfig (root)")
+def _ldconfig(write: bool) -> int:
+    return ldconfig_command(write)
+
+
+@cli.command("install", short_help="give group hvgpu the VM's shared-memory device (root)")
+@click.option("--root", default="/", metavar="DIR", shell_complete=_complete_dir,
+              help="install the rule under DIR instead (an image being built); leaves this "
+                   "system's group and devices alone")
+def _install(root: str) -> int:
+    """Install the udev rule that gives group hvgpu read and write on the VM's
+    shared-memory device (ivshmem, which carries the vGPU's bulk copies), create the
+    group, and give it the devices present now."""
+    return install_command(root)
+
+
+@cli.command("completion", short_help="print a shell completion script",
+             epilog="\b\nbash: hvgpu-guest completion bash > "
+                    "~/.local/share/bash-completion/completions/hvgpu-guest\n"
+                    "      (or: eval \"$(hvgpu-guest completion bash)\" in ~/.bashrc)\n"
+                    "zsh:  hvgpu-guest completion zsh > ~/.zfunc/_hvgpu-guest   "
+                    "(~/.zfunc on $fpath)\n"
+                    "fish: hvgpu-guest completion fish > "
+                    "~/.config/fish/completions/hvgpu-guest.fish")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def _completion(shell: str) -> int:
+    """Print the completion script for SHELL: click's, from this command's definition
+    (subcommands, options and their choices), as hvgpu's. The script calls hvgpu-guest
+    back to complete, so it must be on PATH."""
+    from hvgpu.clidoc import completion_script
+
+    print(completion_script(cli, PROG, COMPLETE_VAR, shell))
+    return 0
+
+
+@cli.command("man", short_help="print this command's man page (roff: man -l <(hvgpu-guest man))")
+def _man() -> int:
+    """Print the man page of hvgpu-guest, generated from this command's definition, as
+    roff: read it with man -l, or install it as /usr/local/share/man/man1/hvgpu-guest.1."""
+    from hvgpu.clidoc import from_click, man_page
+
+    print(man_page(from_click(cli, PROG), __version__, see_also=["hvgpu"]), end="")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command; returns its exit status (the script exits with it)."""
     try:
-        while True:
-            d = _collect_or_say(args.agent)
-            if d is None:
-                return 1
-            if args.json:
-                print(json.dumps(d, indent=2))
-            elif query is not None:
-                names, header, units = query
-                print(query_text(d, names, header and first, units))
-            else:
-                print(smi_text(d) + ("\n" if args.loop else ""))
-            sys.stdout.flush()
-            if args.loop is None:
-                return 0
-            first = False
-            time.sleep(args.loop)
-    except KeyboardInterrupt:
-        return 0
+        code = cli.main(args=argv, prog_name=PROG, complete_var=COMPLETE_VAR,
+                        standalone_mode=False)
+    except click.ClickException as exc:  # a usage error: status 2, as click says it
+        exc.show()
+        return exc.exit_code
+    except click.Abort:  # Ctrl-C (smi -l ends on it with 0 itself)
+        return 128 + signal.SIGINT
+    return code or 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 
 try:
     import click
-except ImportError:  # a guest-only install: no host dependencies at all
+except ImportError:  # an install without its dependencies (click is the guest's too)
     sys.stderr.write("hvgpu: the host commands need the host install: pip install "
                      "'hvgpu[host]'; in a VM, use hvgpu-guest\n")
     raise SystemExit(1) from None
@@ -904,10 +904,9 @@ def completion(shell):
     zsh:  hvgpu completion zsh > ~/.zfunc/_hvgpu   (~/.zfunc on $fpath)
     fish: hvgpu completion fish > ~/.config/fish/completions/hvgpu.fish
     """
-    from click.shell_completion import get_completion_class
+    from hvgpu.clidoc import completion_script
 
-    script = get_completion_class(shell)(cli, {}, "hvgpu", COMPLETE_VAR)
-    click.echo(script.source())
+    click.echo(completion_script(cli, "hvgpu", COMPLETE_VAR, shell))
 
 
 @cli.command()
@@ -918,15 +917,27 @@ def man():
     `man -l <(hvgpu man)`, or install it as
     /usr/local/share/man/man1/hvgpu.1.
     """
-    from hvgpu.clidoc import man_page
-    from hvgpu.host.manpage import from_click
+    from hvgpu.clidoc import from_click, man_page
 
     click.echo(man_page(from_click(cli, "hvgpu"), __version__,
                         see_also=["hvgpu-guest", "virsh"]), nl=False)
 
 
+# The host extra's modules: a plain `pip install hvgpu` (the guest's install) has click,
+# so `hvgpu --help` runs, but a command that reaches for one of these says what to install
+HOST_EXTRA_MODULES = {"grpc", "jinja2", "libvirt", "pynvml", "prometheus_client", "cupy",
+                      "cuda"}
+
+
 def main():
-    cli(prog_name="hvgpu", complete_var=COMPLETE_VAR)
+    try:
+        cli(prog_name="hvgpu", complete_var=COMPLETE_VAR)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in HOST_EXTRA_MODULES:
+            raise
+        sys.stderr.write(f"hvgpu: the host commands need the host install ({exc.name} is "
+                         "missing): pip install 'hvgpu[host]'; in a VM, use hvgpu-guest\n")
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -7,15 +7,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import venv
 
 import pytest
 
+from hvgpu import __version__
 from hvgpu.guest.cli import main, shm_text
 from hvgpu.guest.client import Connection
 from hvgpu.guest.region import ENV_SYSFS
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 from tests.guest.fake_sysfs import MiB, add_device
+from tests.wheels import CannotMake, guest_dependency_wheels
 
 
 @pytest.fixture
@@ -138,7 +141,8 @@ def test_smi_takes_json_as_every_listing_does(agent, capsys):
 
 
 @pytest.mark.parametrize("args", [["coverage"], ["coverage", "--json"],
-                                  ["coverage", "--missing"], ["ldconfig"]])
+                                  ["coverage", "--missing"], ["ldconfig"], ["--help"],
+                                  ["smi", "--help"], ["man"]])
 def test_a_reader_that_goes_away_ends_the_command_quietly(args):
     # `hvgpu-guest coverage | head -2` ended in a BrokenPipeError traceback
     read, write = os.pipe()
@@ -152,6 +156,92 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(args):
     assert proc.returncode == 128 + 13  # as a shell reports a program SIGPIPE ended
 
 
+def _guest(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hvgpu.guest.cli", *args], capture_output=True,
+                          text=True, cwd=REPO, env=env, timeout=120)
+
+
+ECHO = 'printf "%s\\n" "$0" "$@"; exit 5'  # the program's arguments, then its own status
+
+
+@pytest.mark.parametrize("line", [
+    ["--", "sh", "-c", ECHO, "prog", "--help", "-l", "5", "--", "-h"],
+    ["sh", "-c", ECHO, "prog", "--help", "-l", "5", "--", "-h"],  # without -- too
+])
+def test_run_gives_the_program_every_argument_after_its_name_and_its_exit_status(line):
+    # hvgpu-guest's own options (--help, smi's -l) after the program's name are the
+    # program's: `hvgpu-guest run -- python3 train.py --help` must not show run's help
+    done = _guest("run", *line)
+    assert done.returncode == 5, done.stderr
+    assert done.stdout.splitlines() == ["prog", "--help", "-l", "5", "--", "-h"]
+    assert done.stderr == ""
+
+
+def test_run_puts_the_shim_first_and_passes_the_agent(tmp_path):
+    done = _guest("--agent", "vsock://9:1", "run", "--", "sh", "-c",
+                  'echo "$HVGPU_AGENT"; echo "${LD_LIBRARY_PATH%%:*}"',
+                  env=dict(os.environ, PYTHONPATH=str(REPO), LD_LIBRARY_PATH="/elsewhere"))
+    assert done.returncode == 0, done.stderr
+    agent, first = done.stdout.splitlines()
+    assert agent == "vsock://9:1"
+    assert first == str(REPO / "hvgpu" / "guest" / "shim")
+
+
+@pytest.mark.parametrize("line, status, said", [
+    ([], 2, "name a command, e.g. hvgpu-guest run -- python3 train.py"),
+    (["--"], 2, "name a command"),
+    (["--", "/nonexistent/prog"], 127, "cannot run '/nonexistent/prog': No such file"),
+    (["--", "--help"], 127, "cannot run '--help'"),  # after --, a name, even this one
+    (["-l", "5"], 2, "-l"),  # an option of run's (it has none) before the program: refused
+])
+def test_run_says_why_it_cannot_run_a_program(line, status, said):
+    done = _guest("run", *line)
+    assert done.returncode == status and said in done.stderr, done.stderr
+    assert done.stdout == "" and "Traceback" not in done.stderr
+
+
+def test_run_help_is_runs_own():
+    done = _guest("run", "--help")
+    assert done.returncode == 0 and "hvgpu-guest run" in done.stdout
+    assert "libcuda.so.1" in done.stdout and "CMD" in done.stdout
+
+
+@pytest.mark.parametrize("line, said", [
+    (["bogus"], "'bogus'"), (["inf"], "'inf'"), ([], "ommand")])
+def test_an_unknown_or_missing_subcommand_is_refused_with_the_list(line, said, capsys):
+    assert main(line) == 2
+    err = capsys.readouterr().err
+    assert said in err
+    if line:  # every command named, as the choice
+        assert all(name in err for name in ("info", "smi", "run", "coverage", "ldconfig",
+                                            "install", "completion", "man")), err
+
+
+def test_version_and_help_end_with_status_0(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"hvgpu-guest {__version__}\n"
+    for line in (["--help"], ["-h"], ["smi", "-h"], ["run", "-h"]):
+        assert main(line) == 0
+        assert "hvgpu-guest" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("loop", ["-1", "nan", "100000"])
+def test_smi_refuses_a_loop_that_is_no_number_of_seconds(loop, capsys):
+    assert main(["--agent", "unix:///nonexistent.sock", "smi", "-l", loop]) == 2
+    assert f"-l {loop}: give a number of seconds above 0" in capsys.readouterr().err
+
+
+def test_smi_loop_takes_its_value_as_nvidia_smi_does(agent, capsys, monkeypatch):
+    def ctrl_c(_seconds):  # the first wait ends as Ctrl-C ends it
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(time, "sleep", ctrl_c)
+    for form in (["-l0.5"], ["--loop=0.5"], ["-l", "0.5"]):
+        assert main(["--agent", agent.vm_address("vm1"), "smi", "--query-gpu=index",
+                     "--format=csv,noheader", *form]) == 0
+        assert capsys.readouterr().out == "0\n", form
+
+
 def test_no_slice_and_no_agent_are_said_plainly(agent, tmp_path, capsys):
     assert main(["--agent", agent.vm_address("vm2"), "info"]) == 1
     assert "no GPU slice is attached to this VM" in capsys.readouterr().err
@@ -160,8 +250,9 @@ def test_no_slice_and_no_agent_are_said_plainly(agent, tmp_path, capsys):
     assert "is the hvgpu agent running" in err and "hvgpu attach VM --mem SIZE" in err
 
 
-def test_guest_install_pulls_no_host_dependency(tmp_path):
-    """Build the wheel, install it alone into an empty venv: hvgpu-guest works."""
+def test_guest_install_pulls_click_alone(tmp_path):
+    """Build the wheel, install it into an empty venv with click's wheel alone beside it
+    (no index, as in a VM without network): hvgpu-guest works."""
     wheels = tmp_path / "wheels"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)]
     if subprocess.run(build).returncode != 0:
@@ -170,13 +261,19 @@ def test_guest_install_pulls_no_host_dependency(tmp_path):
     env_dir = tmp_path / "vm"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index",
-                    *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
+    links = tmp_path / "links"
+    try:
+        guest_dependency_wheels(links)
+    except CannotMake as exc:
+        pytest.skip(f"no wheel of the guest's dependencies: {exc}")
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--no-index", "--find-links",
+                    str(links), *map(str, wheels.glob("hvgpu-*.whl"))], check=True)
     listed = subprocess.run([str(py), "-m", "pip", "list", "--format=json"], check=True,
                             capture_output=True, text=True).stdout
     names = {p["name"].lower() for p in json.loads(listed)}
+    assert "click" in names
     assert not names & {"libvirt-python", "cupy-cuda12x", "cupy-cuda13x", "nvidia-ml-py",
-                        "grpcio", "cuda-bindings", "click", "jinja2", "numpy"}
+                        "grpcio", "cuda-bindings", "jinja2", "numpy"}
     out = subprocess.run([str(env_dir / "bin" / "hvgpu-guest"), "--agent",
                           f"unix://{tmp_path}/none.sock", "info"], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})

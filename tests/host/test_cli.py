@@ -556,3 +556,20 @@ def test_status_shows_the_slice_s_own_utilisation_or_n_a_as_smi_does(agent):
     agent.agent.registry.get(VgpuKey("vm1")).util = 37  # as the sampler sets it
     out = runner.invoke(cli, base + ["status"]).output.splitlines()
     assert re.search(r" 37% +0% ", out[1]), out[1]
+
+
+def test_a_host_command_in_the_guest_install_says_what_to_install(tmp_path):
+    # A plain `pip install hvgpu` (the guest's) has click, so `hvgpu` starts; the control
+    # lane's gRPC is the host extra's
+    import subprocess
+    import sys
+
+    program = ("import sys; sys.modules['grpc'] = None\n"  # as if it were not installed
+               "from hvgpu.host.cli import main\n"
+               f"sys.argv = ['hvgpu', '--control', {str(tmp_path / 'c.sock')!r}, 'list']\n"
+               "main()\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'hvgpu[host]'" in done.stderr and "grpc" in done.stderr
+    assert "Traceback" not in done.stderr

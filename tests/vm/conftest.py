@@ -64,6 +64,8 @@ def guest_run(tmp_path_factory) -> GuestRun:
         (overlay / d).mkdir(parents=True)
     shutil.copy(vm.wheel(work / "dist"), overlay / "opt/wheels")
     shutil.copy(vm.pip_wheel(work / "dist"), overlay / "opt/wheels/pip.whl")
+    for dependency in vm.dependency_wheels(work / "deps"):
+        shutil.copy(dependency, overlay / "opt/wheels")
     for name, exe in vm.programs(work / "programs").items():
         shutil.copy(exe, overlay / "opt/programs" / name)
     shutil.copy(vm.HERE / "guest_api.py", overlay / "opt/tests")

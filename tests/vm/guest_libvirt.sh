@@ -32,10 +32,11 @@ c.close()
 PY
 }
 cd /tmp
+# No network: from hvgpu's wheel and its dependencies' (click), all in /opt/wheels
 install() {
     python3 -m venv --without-pip /opt/hvgpu &&
-    /opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install --no-index --no-cache-dir \
-        --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
+    /opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install --no-index --find-links /opt/wheels \
+        --no-cache-dir --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
 }
 step install install || { echo "VMTEST done rc=1"; exit 1; }
 export PATH=/opt/hvgpu/bin:$PATH

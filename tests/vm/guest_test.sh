@@ -33,10 +33,11 @@ PY
 }
 cd /tmp
 # Debian's python is externally managed (PEP 668): a venv, as pip itself advises.
+# No network: from hvgpu's wheel and its dependencies' (click), all in /opt/wheels
 install() {
     python3 -m venv --without-pip /opt/hvgpu &&
-    /opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install --no-index --no-cache-dir \
-        --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
+    /opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install --no-index --find-links /opt/wheels \
+        --no-cache-dir --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
 }
 step install install
 export PATH=/opt/hvgpu/bin:$PATH

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 def test_the_wheel_installs_in_the_guest_as_a_user_installs_it(guest_run):
     rc, out = guest_run.step("install")
     assert rc == 0, out
+    assert re.search(r"Successfully installed .*click-", out), out  # from /opt/wheels: no index
 
 
 def test_a_vm_without_a_slice_is_refused_clearly(guest_run):

@@ -165,6 +165,8 @@ def _boot(conn, cache: Path, name: str, work: Path, build: Path):
     (overlay / "opt/wheels").mkdir(parents=True)
     shutil.copy(vm.wheel(build / "dist"), overlay / "opt/wheels")
     shutil.copy(vm.pip_wheel(build / "dist"), overlay / "opt/wheels/pip.whl")
+    for dependency in vm.dependency_wheels(build / "deps"):
+        shutil.copy(dependency, overlay / "opt/wheels")
     shutil.copy(vm.HERE / "guest_libvirt.sh", overlay / "guest-test.sh")
     os.chmod(overlay / "guest-test.sh", 0o755)
     initrd = vm.initrd(cache, overlay, work / "initrd.cpio")

@@ -6,9 +6,10 @@ host side as the VM tests (tests/vm/vm.py), with a shell on the guest's console.
 It builds (or reuses) the guest image, builds hvgpu's wheel from this checkout, starts
 vhost-device-vsock and an agent with the GPU test double listening for the guest as
 VM ``vm1``, attaches a slice with ``hvgpu attach``, and boots the guest under QEMU
-(TCG). In the guest, hvgpu is installed from the wheel into /opt/hvgpu (a venv) and
-on PATH; try ``hvgpu-guest info``, ``hvgpu-guest smi``, ``python3``'s
-``from hvgpu.guest import Device``, or ``hvgpu-guest run -- /opt/programs/saxpy_static``.
+(TCG). In the guest, hvgpu is installed from the wheel (and click's, beside it) into
+/opt/hvgpu (a venv) and on PATH; try ``hvgpu-guest info``, ``hvgpu-guest smi``,
+``python3``'s ``from hvgpu.guest import Device``, or ``hvgpu-guest run --
+/opt/programs/saxpy_static``.
 ``exit`` (or Ctrl-a x) powers the guest off and stops everything. The GPU test double
 computes on the host CPU: what works and what is refused is real, speed is not.
 """
@@ -28,8 +29,8 @@ from tests.vm import vm
 GUEST_SHELL = """#!/bin/sh
 echo "[try] installing hvgpu from its wheel into /opt/hvgpu (about 20 s under TCG)"
 python3 -m venv --without-pip /opt/hvgpu &&
-/opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install -q --no-index --no-cache-dir \\
-    --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
+/opt/hvgpu/bin/python /opt/wheels/pip.whl/pip install -q --no-index --find-links /opt/wheels \\
+    --no-cache-dir --disable-pip-version-check --root-user-action=ignore /opt/wheels/hvgpu-*.whl
 export PATH=/opt/hvgpu/bin:$PATH
 echo "[try] ready: hvgpu-guest info | hvgpu-guest smi | hvgpu-guest run -- /opt/programs/saxpy_static"
 echo "[try] exit powers the guest off"
@@ -60,6 +61,8 @@ def main() -> int:
     print("[try] building hvgpu's wheel and the example programs ...", flush=True)
     shutil.copy(vm.wheel(work / "dist"), overlay / "opt/wheels")
     shutil.copy(vm.pip_wheel(work / "dist"), overlay / "opt/wheels/pip.whl")
+    for dependency in vm.dependency_wheels(work / "deps"):
+        shutil.copy(dependency, overlay / "opt/wheels")
     for name, exe in vm.programs(work / "programs").items():
         shutil.copy(exe, overlay / "opt/programs" / name)
     (overlay / "guest-test.sh").write_text(GUEST_SHELL)

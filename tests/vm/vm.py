@@ -9,11 +9,11 @@ The guest also gets a shared-memory device as libvirt's ``<shmem>`` gives one: Q
 guest maps from its PCI BAR 2 and the host reads back.
 
 The guest is the cached image of guest_image.sh plus an overlay per boot: hvgpu's
-wheel (installed in the guest by pip, as a user installs it), programs built on the
-host, and a test script whose output comes back on the serial console. Each step the
-script runs prints ``VMOUT <step> <line>`` for its output and ``VMTEST <step> rc=<n>``;
-``VMWANT <what>`` asks the host to act (attach a slice, restart the agent) while the
-guest waits.
+wheel and click's (installed in the guest by pip from them alone, as a user without
+network installs it), programs built on the host, and a test script whose output
+comes back on the serial console. Each step the script runs prints ``VMOUT <step>
+<line>`` for its output and ``VMTEST <step> rc=<n>``; ``VMWANT <what>`` asks the host
+to act (attach a slice, restart the agent) while the guest waits.
 
 Must not: touch the host beyond its work directory, the image cache and its one
 /dev/shm file (removed when its context ends), or leave a process behind (every
@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+from tests.wheels import guest_dependency_wheels
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -62,6 +64,12 @@ def wheel(out: Path) -> Path:
                     "--disable-pip-version-check", "-w", str(out),
                     str(REPO)], check=True, timeout=600)
     return Path(sorted(glob.glob(str(out / "hvgpu-*.whl")))[-1])
+
+
+def dependency_wheels(out: Path) -> list[Path]:
+    """The wheels of what hvgpu needs in the guest (click): the guest has no network, so
+    they travel in beside hvgpu's and pip finds them there (--find-links /opt/wheels)."""
+    return guest_dependency_wheels(out)
 
 
 def pip_wheel(out: Path) -> Path:
