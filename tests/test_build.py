@@ -51,7 +51,9 @@ def test_setup_builds_every_shim_source():
 @pytest.mark.parametrize("name", sorted(LIBRARIES))
 def test_a_c_library_that_should_build_did(name):
     library, sources = LIBRARIES[name]
-    rebuild = "python setup.py build_ext --inplace (or pip install -e .); its output says why"
+    rebuild = (
+        "python setup.py build_ext --inplace, or pip install -e ., or (any setuptools, "
+        "offline) python3 build_c.py; its output says why")
     assert library.exists(), f"the {name} ({library.name}) did not build: {rebuild}"
     built = library.stat().st_mtime
     stale = [str(s.relative_to(ROOT)) for s in sources if s.stat().st_mtime > built]
