@@ -6,7 +6,7 @@ bench/frameworks.py; see there for the one command to run):
     python3 bench/data_lane.py --out /tmp/hvgpu-bench                # default rows, ~3 min
     python3 bench/data_lane.py --out /tmp/hvgpu-bench --rows all     # every row, ~9 min
     python3 bench/data_lane.py --out /tmp/hvgpu-quick --quick        # smoke run, ~1 min
-    python3 bench/data_lane.py --render /tmp/hvgpu-bench/data_lane.json README.md
+    python3 bench/data_lane.py --render /tmp/hvgpu-bench/data_lane.json docs/performance.md
 
 Every figure compares one front end with itself, natively and through hvgpu:
 
@@ -29,7 +29,8 @@ into poisoned memory; odd sizes at odd offsets are copied both ways, pageable an
 pinned, before any window. Writes data_lane.json, data_lane.md and data_lane.png to
 --out and every process's log to --out/logs.
 
-Must not write README or bench/results by itself: --render does that, from a results
+Must not write the docs or bench/results by itself: --render does that (the table on
+docs/performance.md, README's headline rows from it; bench/readme.py), from a results
 file that is not a quick run.
 """
 
@@ -862,7 +863,7 @@ def _target_cell(fig_row: pairs.Row, e: dict) -> str:
 
 
 def table(doc: dict) -> str:
-    """README's table from a results file: figures by group, the footer with date, pairs,
+    """The page's table from a results file: figures by group, the footer with date, pairs,
     window and spread rule, what each side's front end was, and what was checked."""
     r = doc["results"]
     m = doc["method"]
@@ -945,14 +946,14 @@ def plot(doc: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def render_readme(results: Path, readme: Path) -> None:
-    from bench.readme import replace_table
+def render_page(results: Path, page: Path) -> None:
+    from bench.readme import publish
 
     doc = json.loads(results.read_text())
     why = pairs.unpublishable(doc)
     if why:
-        raise SystemExit(f"{results} does not go into {readme}: {why}")
-    replace_table(readme, "bench-table", table(doc))
+        raise SystemExit(f"{results} does not go into {page}: {why}")
+    publish(page, "bench-table", table(doc))
 
 
 def main() -> int:
@@ -962,11 +963,12 @@ def main() -> int:
     ap.add_argument("--rows", nargs="+", default=["default"],
                     help="row names, groups (api, cupy, shim), 'default' or 'all'")
     pairs.arguments(ap)
-    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
-                    help="rewrite README's bench table from a results file and exit")
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "PAGE"),
+                    help="rewrite the bench table of PAGE (docs/performance.md) and README's "
+                         "headline table from a results file and exit")
     args = ap.parse_args()
     if args.render:
-        render_readme(*args.render)
+        render_page(*args.render)
         return 0
     if args.out is None:
         ap.error("--out DIR is needed (results and logs go there)")

@@ -6,7 +6,7 @@ bench/data_lane.py; see there for the one command to run):
     python3 bench/frameworks.py --out /tmp/hvgpu-bench                 # default rows, ~4 min
     python3 bench/frameworks.py --out /tmp/hvgpu-bench --only gpt      # one row
     python3 bench/frameworks.py --out /tmp/hvgpu-quick --quick         # smoke run, ~2 min
-    python3 bench/frameworks.py --render /tmp/hvgpu-bench/frameworks.json README.md
+    python3 bench/frameworks.py --render /tmp/hvgpu-bench/frameworks.json docs/performance.md
 
 Each row is a workload of bench/workloads/ run as two processes on the same GPU: one on
 the real driver, one with hvgpu's libcuda.so.1 first on the library path, talking to an
@@ -24,8 +24,9 @@ than LOSS_RTOL. Variants (VARIANTS) give both sides the same environment, e.g. P
 cudaMallocAsync allocator natively against the same allocator through the shim.
 
 Writes frameworks.json and frameworks.md to --out and every process's log to
---out/logs. Must not write README or bench/results by itself: --render does that, from
-a results file that is not a quick run.
+--out/logs. Must not write the docs or bench/results by itself: --render does that (the
+table on docs/performance.md, README's headline rows from it; bench/readme.py), from a
+results file that is not a quick run.
 """
 
 from __future__ import annotations
@@ -365,7 +366,7 @@ def machine() -> dict:
 
 
 def table(doc: dict) -> str:
-    """README's table from a results file: each row's median ratio and range, round trips
+    """The page's table from a results file: each row's median ratio and range, round trips
     per step, whether the final weights and losses matched native, and the method."""
     m = doc["method"]
     rows = [f"| training step | native | hvgpu | hvgpu / native (median of {m['pairs']} pairs, "
@@ -395,14 +396,14 @@ def table(doc: dict) -> str:
     return "\n".join(rows) + "\n\n" + " ".join(notes) + "\n"
 
 
-def render_readme(results: Path, readme: Path) -> None:
-    from bench.readme import replace_table
+def render_page(results: Path, page: Path) -> None:
+    from bench.readme import publish
 
     doc = json.loads(results.read_text())
     why = pairs.unpublishable(doc)
     if why:
-        raise SystemExit(f"{results} does not go into {readme}: {why}")
-    replace_table(readme, "frameworks-table", table(doc))
+        raise SystemExit(f"{results} does not go into {page}: {why}")
+    publish(page, "frameworks-table", table(doc))
 
 
 def main() -> int:
@@ -415,11 +416,12 @@ def main() -> int:
     ap.add_argument("--trace", action="store_true", help="HVGPU_SHIM_TRACE=1 for the shim runs")
     ap.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT,
                     help="seconds a workload may take to warm up")
-    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
-                    help="rewrite README's frameworks table from a results file and exit")
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "PAGE"),
+                    help="rewrite the frameworks table of PAGE (docs/performance.md) and "
+                         "README's headline table from a results file and exit")
     args = ap.parse_args()
     if args.render:
-        render_readme(*args.render)
+        render_page(*args.render)
         return 0
     if args.out is None:
         ap.error("--out DIR is needed (results and logs go there)")

@@ -12,7 +12,7 @@ each slice's GPU utilisation is recorded over time from the agent's usage
 snapshot (what `hvgpu agent --metrics` serves; NVML's per-process figures of
 each slice's executor), so this needs no prometheus-client. Writes
 multi_tenant.json, multi_tenant.png, multi_tenant_util.png (matplotlib, when
-importable) and multi_tenant.md.
+importable) and multi_tenant.md; --render JSON docs/performance.md publishes the table.
 """
 
 from __future__ import annotations
@@ -360,14 +360,15 @@ def main() -> int:
                          "(spread: tenants on all of them) [default: best-fit]")
     ap.add_argument("--tenant", help=argparse.SUPPRESS)
     ap.add_argument("--blocks", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "README"),
-                    help="rewrite README's multi-tenant table from a results file and exit")
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("JSON", "PAGE"),
+                    help="rewrite the multi-tenant table of PAGE (docs/performance.md) and "
+                         "README's headline table from a results file and exit")
     args = ap.parse_args()
     if args.render:
-        from bench.readme import replace_table
+        from bench.readme import publish
 
-        replace_table(args.render[1], "multi-tenant-table",
-                      table(json.loads(args.render[0].read_text())))
+        publish(args.render[1], "multi-tenant-table",
+                table(json.loads(args.render[0].read_text())))
         return 0
     if args.tenant:
         tenant_main(None if args.tenant == "native" else args.tenant, args.seconds, args.blocks)

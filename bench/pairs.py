@@ -199,7 +199,7 @@ def window_seconds(args) -> float:
 
 
 def unpublishable(doc: dict) -> str | None:
-    """Why a results file must not go into README, or None."""
+    """Why a results file must not be published (docs/performance.md), or None."""
     if "method" not in doc:
         return "it comes from before paired windows (no 'method' in it)"
     m = doc["method"]

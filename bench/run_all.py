@@ -7,8 +7,10 @@ on the GPU machine, about six minutes on an H200.
 
 then, if its tables say nothing failed:
 
-    python3 bench/data_lane.py --render bench/results/data_lane.json README.md
-    python3 bench/frameworks.py --render bench/results/frameworks.json README.md
+    python3 bench/data_lane.py --render bench/results/data_lane.json docs/performance.md
+    python3 bench/frameworks.py --render bench/results/frameworks.json docs/performance.md
+
+(each puts its table on docs/performance.md and README's headline rows from it)
 
 How the six minutes go: one agent starts; every training row's native and shim processes
 start at once and warm up side by side (imports, torch.compile, XLA), untimed, while the

@@ -50,7 +50,7 @@ from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.names import SHM_DIR, VgpuKey
 from hvgpu.host.registry import Registry, SliceExecutor, VgpuRecord
 from hvgpu.host.router import Router, split_binding  # noqa: F401  (split_binding: public)
-from hvgpu.host.slices import SliceManager
+from hvgpu.host.slices import NOTHING, SliceManager, StoreChange
 from hvgpu.host.state import StateStore, lock_state_dir
 from hvgpu.host.supervisor import Supervisor
 from hvgpu.host import usage
@@ -240,9 +240,10 @@ class Agent:
             start_event_loop()
             hypervisor = Hypervisor(uri)
             self.vms = VmDirectory(hypervisor)
-            for change in self.vms.reconcile(self.slices):
-                log.info("reconciled with libvirt: %s", change)
-            self._apply(self.registry.sync())
+            reconciled = self.vms.reconcile(self.slices)
+            for said in reconciled.said:
+                log.info("reconciled with libvirt: %s", said)
+            self.apply(*reconciled.changes)
             # libvirt's thread only posts: the loop does the work
             hypervisor.watch(self.post, lambda reason: self.post(LibvirtLost(reason)))
         except HvgpuError as exc:
@@ -399,10 +400,10 @@ class Agent:
         elif event.kind is EventKind.UNDEFINED:
             log.info("%s was undefined: its slice is removed", vm)
             try:
-                self.slices.detach(vm)
-            except HvgpuError:
-                pass
-            self._apply(self.registry.sync())
+                gone = self.slices.detach(vm)
+            except HvgpuError:  # it had none
+                gone = NOTHING
+            self.apply(gone)
         elif event.kind is EventKind.MIGRATING:
             log.error("%s is migrating: hvgpu does not support migrating a VM with a GPU "
                       "slice; its slice stays on this host and its CUDA connections will end. "
@@ -423,7 +424,7 @@ class Agent:
         if self._libvirt_retry is None or time.monotonic() < self._libvirt_retry:
             return
         try:
-            self.vms.reconnect(self.slices)  # logs what reconciling changed
+            reconciled = self.vms.reconnect(self.slices)  # logs what reconciling changed
             running = self.vms.running()
         except Exception as exc:  # HvgpuError as a rule; anything else must not stop the loop
             if not isinstance(exc, HvgpuError):
@@ -433,7 +434,7 @@ class Agent:
             self._libvirt_delay = min(self._libvirt_delay * 2, LIBVIRT_RETRY_MOST)
             return
         self._libvirt_retry = None
-        self._apply(self.registry.sync())
+        self.apply(*reconciled.changes)
         for vm in sorted({k.vm for k in self.registry.records}):
             record = self.registry.get(VgpuKey(vm, 0))
             if record.slice.cid is None and vm not in running and any(
@@ -702,7 +703,16 @@ class Agent:
 
     # -- slice changes (the control API, on the loop) --------------------------------
 
-    def _apply(self, changes) -> set[VgpuKey]:
+    def apply(self, *changes: StoreChange) -> set[VgpuKey]:
+        """After the slice manager changed (each StoreChange it returned, in order): bring
+        the registry and executors in step; returns the vGPUs whose open connections
+        keep older MPS limits for now."""
+        pending: set[VgpuKey] = set()
+        for change in changes:
+            pending |= self._act(self.registry.apply(change))
+        return pending
+
+    def _act(self, changes) -> set[VgpuKey]:
         """Act on what changed in the registry: a dropped vGPU's guests are disconnected
         and its executors end; a vGPU whose limits changed keeps serving under the new
         memory limit at once, and under MPS (whose limits are fixed per process) its
@@ -720,11 +730,6 @@ class Agent:
             if ex.connections > 0:
                 pending.add(record.key)
         return pending
-
-    def slices_changed(self) -> set[VgpuKey]:
-        """After the slice manager changed: bring the registry and executors in step;
-        returns the vGPUs whose open connections keep older MPS limits for now."""
-        return self._apply(self.registry.sync())
 
     def release_vm(self, vm: str) -> None:
         """End the executors of every vGPU of a VM; its slices and ledgers stay."""

@@ -665,8 +665,8 @@ def _unit_dir(ctx, param, value):
 def systemd_unit(ctx, guest, config, state_dir, cache_dir):
     """Print a systemd unit for the host agent (or, with --guest, for a VM).
 
-    The agent's unit is hardened (README: "Running the agent as a service"
-    says what each line does and costs): root with a few capabilities, a
+    The agent's unit is hardened (docs/operations.md says what each line
+    does and costs): root with a few capabilities, a
     read-only file system but for /var/lib/hvgpu, /run/hvgpu and
     /var/cache/hvgpu, NVIDIA's device nodes only, Type=notify. Options of
     the agent go into /etc/hvgpu/agent.toml (hvgpu agent --print-config);

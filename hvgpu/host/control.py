@@ -224,16 +224,19 @@ class ControlAPI:
             if region:  # a name too long for a file in /dev/shm: refused before any change
                 last = len(self.slices.of_vm(vm)) + count - 1 if add else count - 1
                 shm_name(VgpuKey.of(vm, min(last, MAX_VGPUS - 1)))
-            new = self.slices.attach(vm, size, share, gpu, cid, placement, count, add,
-                                     shm=region)
+            change = self.slices.attach(vm, size, share, gpu, cid, placement, count, add,
+                                        shm=region)
+            new = list(change.added)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
-                tx.on_undo(lambda d=s.device: self.slices.detach(vm, d), "slice record")
+                # the registry follows too, whether or not it had seen the vGPU
+                tx.on_undo(lambda d=s.device: self.agent.apply(self.slices.detach(vm, d)),
+                           "slice record")
             unenforced = self._unenforced(vm, share, [s.gpu_uuid for s in new],
                                           allow_time_shared)
             if by_libvirt:
                 vms.plug_regions(new, tx)
                 vms.record(self.slices.of_vm(vm), tx)
-            self.agent.slices_changed()
+            self.agent.apply(change)
         d = new[0].as_dict()
         d["vgpus"] = [s.as_dict() for s in new]
         if by_libvirt and hybrid is not None:
@@ -283,8 +286,8 @@ class ControlAPI:
             vms.record(rest)
         elif libvirt_vm:
             vms.forget(vm, unplug)
-        self.slices.detach(vm, device)
-        self.agent.slices_changed()  # the vGPUs' guests are disconnected, executors end
+        # the vGPUs' guests are disconnected, their executors end
+        self.agent.apply(self.slices.detach(vm, device))
         d = gone[0].as_dict()
         d["vgpus"] = [g.as_dict() for g in gone]
         return d
@@ -321,12 +324,14 @@ class ControlAPI:
                         "end its CUDA programs, or detach the slice and attach it again with "
                         "the new --shm")
             before = (old.mem, old.compute, old.shm)
-            s = self.slices.resize(vm, size, share, in_use=used, device=device, shm=region)
-            tx.on_undo(lambda: self.slices.resize(vm, *before[:2], device=device,
-                                                  shm=before[2]), "slice record")
+            change = self.slices.resize(vm, size, share, in_use=used, device=device,
+                                        shm=region)
+            s = change.now[0] if change.now else old
+            tx.on_undo(lambda: self.agent.apply(self.slices.resize(
+                vm, *before[:2], device=device, shm=before[2])), "slice record")
             if by_libvirt:
                 vms.record(self.slices.of_vm(vm), tx)
-        pending = key in self.agent.slices_changed()
+        pending = key in self.agent.apply(change)
         d = s.as_dict()
         d["pending"] = pending
         if unenforced:

@@ -10,6 +10,7 @@ driver is asked. Must not talk to CUDA or sockets.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from hvgpu.errors import CudaError
 from hvgpu.units import format_size
@@ -17,10 +18,17 @@ from hvgpu.virtio import protocol as P
 
 
 class QuotaLedger:
-    def __init__(self, limit: int):
-        self.limit = limit
+    """``limit``: the slice's memory quota, read where it is kept (a callable), or a
+    fixed number of bytes."""
+
+    def __init__(self, limit: int | Callable[[], int]):
+        self._limit = limit if callable(limit) else (lambda: limit)
         self._held: dict[object, int] = {}
         self._lock = threading.Lock()
+
+    @property
+    def limit(self) -> int:
+        return self._limit()
 
     @property
     def used(self) -> int:
@@ -30,9 +38,10 @@ class QuotaLedger:
     def reserve(self, holder: object, n: int) -> None:
         with self._lock:
             used = sum(self._held.values())
-            if used + n > self.limit:
+            limit = self.limit
+            if used + n > limit:
                 raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
-                                f"the slice's quota is {format_size(self.limit)}; "
+                                f"the slice's quota is {format_size(limit)}; "
                                 f"{format_size(used)} in use, {format_size(n)} asked for")
             self._held[holder] = self._held.get(holder, 0) + n
 

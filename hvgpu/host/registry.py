@@ -1,11 +1,14 @@
-"""The registry: every vGPU the agent serves, and what runs for it, in one place.
+"""The registry: what runs for every vGPU the agent serves, in one place.
 
-Each vGPU has one record: its slice (as the slice manager keeps and persists
-it), its quota ledger, its current executor and the older ones still ending
-their guests' connections (retiring). The agent's loop is the only writer;
-after any change of slices it calls :meth:`Registry.sync`, which is the one
-place records are made, changed and dropped, so the list of vGPUs and their
-ledgers cannot drift apart.
+Each vGPU has one record: the runtime half of it (its quota ledger's charges,
+its current executor and the older ones still ending their guests'
+connections, what they reported). The slice itself (limits, GPU, CID) is the
+slice manager's, the one store: a record holds the immutable Slice the store
+last gave it, and its ledger's limit is that slice's memory, never a copy.
+The agent's loop is the only writer; it hands every StoreChange the slice
+manager returns to :meth:`Registry.apply`, the one place records are made,
+changed and dropped, so the list of vGPUs and their ledgers cannot drift
+apart.
 
 Must not start or stop processes (supervisor.py does), talk to sockets or
 libvirt, or choose where a slice goes (slices.py).
@@ -15,11 +18,11 @@ from __future__ import annotations
 
 import subprocess
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from hvgpu.host.names import VgpuKey
 from hvgpu.host.quota import QuotaLedger
-from hvgpu.host.slices import SliceManager
+from hvgpu.host.slices import SliceManager, StoreChange
 from hvgpu.host.state import Slice
 
 
@@ -57,8 +60,8 @@ class SliceExecutor:
 
 @dataclass(eq=False)
 class VgpuRecord:
-    slice: Slice  # as it was at the last sync
-    ledger: QuotaLedger
+    slice: Slice  # the store's, as of the last change applied
+    ledger: QuotaLedger = field(init=False)
     current: SliceExecutor | None = None
     retiring: list[SliceExecutor] = field(default_factory=list)
     generations: int = 0  # executors started for it so far
@@ -72,6 +75,9 @@ class VgpuRecord:
     faults: int = 0
     last_fault: float = 0.0
     restart_after: float = 0.0
+
+    def __post_init__(self):
+        self.ledger = QuotaLedger(lambda: self.slice.mem)  # follows resizes at once
 
     @property
     def key(self) -> VgpuKey:
@@ -87,8 +93,8 @@ class VgpuRecord:
 
 @dataclass
 class Changes:
-    """What :meth:`Registry.sync` found: new vGPUs, vGPUs whose limits changed (with
-    the slice they had), and dropped ones (whose executors must end)."""
+    """What :meth:`Registry.apply` did: new records, records whose vGPU changed (with
+    the slice it had), and dropped ones (whose executors must end)."""
 
     added: list[VgpuRecord] = field(default_factory=list)
     changed: list[tuple[VgpuRecord, Slice]] = field(default_factory=list)
@@ -97,29 +103,35 @@ class Changes:
 
 class Registry:
     def __init__(self, slices: SliceManager | None):
-        self.slices = slices
         self.records: dict[VgpuKey, VgpuRecord] = {}
+        self.sliced = slices is not None  # False: whole-GPU mode, no vGPUs to route to
         if slices is not None:
-            self.sync()
+            self.apply(StoreChange(added=tuple(slices.list())))
 
-    def sync(self) -> Changes:
-        """Bring the records in step with the slice manager; ledgers follow their
-        slice's memory limit at once (accounting needs no restart)."""
-        changes = Changes()
-        now = {s.key: s for s in self.slices.list()} if self.slices is not None else {}
-        for key in [k for k in self.records if k not in now]:
-            changes.removed.append(self.records.pop(key))
-        for key, s in now.items():
-            record = self.records.get(key)
+    def apply(self, change: StoreChange) -> Changes:
+        """Make, change and drop records as the store did."""
+        done = Changes()
+        for s in change.removed:
+            record = self.records.pop(s.key, None)
+            if record is not None:
+                done.removed.append(record)
+        for s in change.added:
+            record = self.records.get(s.key)
             if record is None:
-                # a copy: the slice manager changes its slices in place
-                record = self.records[key] = VgpuRecord(replace(s), QuotaLedger(s.mem))
-                changes.added.append(record)
-            elif record.slice != s:
-                old, record.slice = record.slice, replace(s)
-                record.ledger.limit = s.mem
-                changes.changed.append((record, old))
-        return changes
+                record = self.records[s.key] = VgpuRecord(s)
+                done.added.append(record)
+            else:  # adopted over what was there: a change of that vGPU
+                done.changed.append((record, record.slice))
+                record.slice = s
+        for before, after in change.changed:
+            record = self.records.get(after.key)
+            if record is None:
+                record = self.records[after.key] = VgpuRecord(after)
+                done.added.append(record)
+            else:
+                record.slice = after
+                done.changed.append((record, before))
+        return done
 
     def get(self, key: VgpuKey) -> VgpuRecord | None:
         return self.records.get(key)

@@ -180,7 +180,7 @@ class Router:
               vm_for_cid) -> tuple[str, object]:
         """("slice", vGPU key), ("whole", "") or ("refuse", why). ``vm_for_cid``: libvirt's
         answer for a CID no slice records (None without libvirt)."""
-        if registry.slices is None:
+        if not registry.sliced:
             return "whole", ""
         key = self.bindings.get(listener)
         if key is not None:

@@ -27,7 +27,7 @@ import os
 import sqlite3
 import time
 import zlib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from hvgpu.errors import HvgpuError
@@ -115,9 +115,11 @@ def lock_state_dir(directory: str | os.PathLike):
     return f
 
 
-@dataclass
+@dataclass(frozen=True)
 class Slice:
-    """One vGPU of a VM: a share of one physical GPU."""
+    """One vGPU of a VM: a share of one physical GPU. Immutable: a change is a new
+    Slice, so whoever holds one holds what was true when it was made (the slice
+    manager's is the current one)."""
 
     vm: str
     gpu_uuid: str
@@ -376,13 +378,14 @@ class StateStore:
             out.append(s)
         return out
 
-    def put(self, *slices: Slice) -> None:
-        """Write these vGPUs together: all or none."""
+    def put(self, *slices: Slice) -> list[Slice]:
+        """Write these vGPUs together: all or none. Returns them as stored (stamped with
+        when they were made and changed)."""
         now = time.time()
-        rows = []
+        rows, stamped = [], []
         for s in slices:
-            s.updated = now
-            s.created = float(s.created or now)
+            s = replace(s, updated=now, created=float(s.created or now))
+            stamped.append(s)
             row = (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute, s.cid, s.created,
                    s.updated, s.device, s.shm)
             try:  # what could not be loaded back is never stored
@@ -394,6 +397,7 @@ class StateStore:
         self._change([(f"INSERT OR REPLACE INTO vgpus ({_SELECT}) VALUES ({_VALUES})", rows),
                       ("INSERT OR REPLACE INTO sums VALUES (?,?,?)",
                        [(r[0], r[8], row_crc(r)) for r in rows])])
+        return stamped
 
     def delete(self, vm: str, device: int | None = None) -> None:
         """One vGPU of ``vm``, or all of them."""

@@ -23,12 +23,13 @@ import errno
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.hypervisor import Domain, Hypervisor, NoSuchVm, Scope
 from hvgpu.host.names import BadDevice, BadVmName, VgpuKey, shm_name, shm_path
-from hvgpu.host.slices import SliceManager
+from hvgpu.host.slices import SliceManager, StoreChange
 from hvgpu.host.state import Slice
 from hvgpu.host.transaction import Transaction
 
@@ -37,6 +38,37 @@ log = logging.getLogger(__name__)
 
 class RegionBusy(HvgpuError):
     code = "shm-live"
+
+
+@dataclass
+class Reconciled:
+    """What reconciling with libvirt said (each line for the log) and the changes of
+    the slice manager it made, for the agent to apply."""
+
+    said: list[str] = field(default_factory=list)
+    changes: list[StoreChange] = field(default_factory=list)
+
+
+_COMPARED = ("gpu_uuid", "gpu_index", "mem", "compute", "shm")
+
+
+def _differences(mine: list[Slice], recorded: list) -> list[str]:
+    """How a domain's recorded vGPUs differ from the agent's, in words ([]: they agree)."""
+    if not recorded:
+        return ["no record"]
+    theirs = {d.device: d for d in recorded}
+    out = []
+    if sorted(theirs) != [s.device for s in mine]:
+        out.append(f"the domain records {len(theirs)} vGPU(s), the agent has {len(mine)}")
+    for s in mine:
+        d = theirs.get(s.device)
+        if d is None:
+            continue
+        for name in _COMPARED:
+            if getattr(d, name) != getattr(s, name):
+                out.append(f"vGPU {s.device}'s {name}: the domain said {getattr(d, name)!r}, "
+                           f"the agent has {getattr(s, name)!r}")
+    return out
 
 
 class VmDirectory:
@@ -210,33 +242,37 @@ class VmDirectory:
         """The names of the domains that run now."""
         return {d.name for d in self.hv.domains() if d.is_active()}
 
-    def reconnect(self, slices: SliceManager) -> list[str]:
+    def reconnect(self, slices: SliceManager) -> "Reconciled":
         """After the connection to libvirt was lost: connect again, then reconcile (a
         domain may have been undefined, or its metadata changed, while nobody listened).
-        Returns the changes, each also logged; raises Unreachable while libvirtd is down.
-        """
+        What it said is also logged; raises Unreachable while libvirtd is down."""
         self.hv.reconnect()
         self.forget_cids()  # CIDs may have been reassigned meanwhile
-        changes = self.reconcile(slices)
-        for change in changes:
-            log.info("reconciled with libvirt after reconnecting: %s", change)
-        return changes
+        reconciled = self.reconcile(slices)
+        for said in reconciled.said:
+            log.info("reconciled with libvirt after reconnecting: %s", said)
+        return reconciled
 
-    def reconcile(self, slices: SliceManager) -> list[str]:
-        """Make the agent's state and the domains' metadata agree; says what changed.
+    def reconcile(self, slices: SliceManager) -> "Reconciled":
+        """Make the agent's state and the domains' metadata agree, value by value; says
+        what differed and what was done, and returns the slice manager's changes for
+        the agent to apply.
 
         A slice recorded on a domain but missing here is restored; one here whose
-        domain lacks the record gets it written; a slice of a domain that no
-        longer exists (and that was not attached by CID) is removed.
+        domain lacks the record, or records other values (another size, share, GPU or
+        region, or another number of vGPUs), gets the agent's written, since the agent's
+        state is what its guests are served by; a slice of a domain that no longer
+        exists (and that was not attached by CID) is removed.
         """
-        changes = []
+        said: list[str] = []
+        changes: list[StoreChange] = []
         recorded: dict[str, list] = {}
         for d in self.hv.recorded_slices():
             try:
                 VgpuKey.of(d.vm, d.device)
             except (BadVmName, BadDevice) as exc:
                 log.warning("domain %r carries hvgpu metadata that is ignored: %s", d.vm, exc)
-                changes.append(f"{d.vm!r}: its metadata was ignored ({exc})")
+                said.append(f"{d.vm!r}: its metadata was ignored ({exc})")
                 continue
             recorded.setdefault(d.vm, []).append(d)
         known: dict[str, list[Slice]] = {}
@@ -245,18 +281,20 @@ class VmDirectory:
         for vm, ds in recorded.items():
             if vm not in known:
                 for d in ds:
-                    slices.adopt(Slice(vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index,
-                                       mem=d.mem, compute=d.compute, device=d.device,
-                                       shm=d.shm))
-                changes.append(f"{vm}: slice restored from the domain's metadata"
-                               + (f" ({len(ds)} vGPUs)" if len(ds) > 1 else ""))
+                    changes.append(slices.adopt(Slice(
+                        vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index, mem=d.mem,
+                        compute=d.compute, device=d.device, shm=d.shm)))
+                said.append(f"{vm}: slice restored from the domain's metadata"
+                            + (f" ({len(ds)} vGPUs)" if len(ds) > 1 else ""))
         for vm, mine in known.items():
-            if vm in recorded and len(recorded[vm]) == len(mine):
+            differs = _differences(mine, recorded.get(vm, []))
+            if not differs:
                 continue
             if self.knows(vm):
                 self.record(mine)
-                changes.append(f"{vm}: slice written into the domain's metadata")
+                said.append(f"{vm}: slice written into the domain's metadata"
+                            + (f" ({'; '.join(differs)})" if vm in recorded else ""))
             elif mine[0].cid is None:
-                slices.detach(vm)
-                changes.append(f"{vm}: the domain no longer exists; its slice was removed")
-        return changes
+                changes.append(slices.detach(vm))
+                said.append(f"{vm}: the domain no longer exists; its slice was removed")
+        return Reconciled(said, changes)

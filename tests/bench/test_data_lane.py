@@ -1,5 +1,5 @@
 """bench/data_lane.py without a GPU: each row's window logic on a host-memory side that
-can be told to lose work, the pairing of a whole session, and the README table.
+can be told to lose work, the pairing of a whole session, and the published table.
 
 HostDevice follows data_lane.InProcess's primitives with NumPy arrays for device memory,
 so the logic that Native and Hvgpu share runs here as it runs on the GPU machine."""
@@ -216,23 +216,23 @@ def test_the_table_gives_medians_ranges_targets_and_the_method(tmp_path):
     json.dumps(doc)  # the results file is plain JSON
 
 
-def test_readme_takes_a_paired_run_and_refuses_a_quick_one(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- bench-table -->\nold\n<!-- /bench-table -->\nend\n")
+def test_the_page_takes_a_paired_run_and_refuses_a_quick_one(tmp_path):
+    page = tmp_path / "performance.md"
+    page.write_text("intro\n<!-- bench-table -->\nold\n<!-- /bench-table -->\nend\n")
     good, quick = tmp_path / "good.json", tmp_path / "quick.json"
     good.write_text(json.dumps(_doc(tmp_path)))
     quick.write_text(json.dumps(_doc(tmp_path, quick=True)))
     with pytest.raises(SystemExit, match="quick run"):
-        data_lane.render_readme(quick, readme)
-    assert "old" in readme.read_text()
-    data_lane.render_readme(good, readme)
-    text = readme.read_text()
+        data_lane.render_page(quick, page)
+    assert "old" in page.read_text()
+    data_lane.render_page(good, page)
+    text = page.read_text()
     assert "old" not in text and text.startswith("intro\n") and text.endswith("end\n")
     assert "3 pairs of windows" in text
     old_format = tmp_path / "old.json"
     old_format.write_text(json.dumps({"results": {}}))
     with pytest.raises(SystemExit, match="before paired windows"):
-        data_lane.render_readme(old_format, readme)
+        data_lane.render_page(old_format, page)
 
 
 def test_hvgpu_sides_copies_pass_every_check_through_a_real_agent(fake_agent):

@@ -1,6 +1,6 @@
 """bench/frameworks.py without a GPU: rows of two worker processes (a NumPy workload
 behind bench/workloads/common.py) measured in ABBA windows, brought to the same step
-count, judged by their final weights and losses; and the README table from a run."""
+count, judged by their final weights and losses; and the published table from a run."""
 
 from __future__ import annotations
 
@@ -100,16 +100,16 @@ def test_the_table_says_ratio_range_and_whether_the_result_was_the_same(measured
     drift = next(x for x in lines if x.startswith("| fake drift |"))
     assert "**failed**: final weights differ" in drift and "| **no** (weights" in drift
     assert "Quick run" in text and f"within {frameworks.WEIGHTS_RTOL:.0e}" in text
-    readme = tmp_path / "README.md"
-    readme.write_text("a\n<!-- frameworks-table -->\nold\n<!-- /frameworks-table -->\nb\n")
+    page = tmp_path / "performance.md"
+    page.write_text("a\n<!-- frameworks-table -->\nold\n<!-- /frameworks-table -->\nb\n")
     results = tmp_path / "frameworks.json"
     results.write_text(json.dumps(measured))
     with pytest.raises(SystemExit, match="quick run"):
-        frameworks.render_readme(results, readme)
+        frameworks.render_page(results, page)
     published = dict(measured, method=dict(measured["method"], quick=False, window_s=2.0))
     results.write_text(json.dumps(published))
-    frameworks.render_readme(results, readme)
-    assert "old" not in readme.read_text() and "| fake slower |" in readme.read_text()
+    frameworks.render_page(results, page)
+    assert "old" not in page.read_text() and "| fake slower |" in page.read_text()
 
 
 def test_a_row_whose_shim_side_cannot_start_fails_with_its_reason(tmp_path):

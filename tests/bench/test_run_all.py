@@ -27,4 +27,4 @@ def test_the_docstring_gives_the_commands_to_run_on_the_gpu_machine():
     doc = run_all.__doc__
     assert "python3 bench/run_all.py --out bench/results" in doc
     assert "python3 bench/run_all.py --out /tmp/hvgpu-quick --quick" in doc
-    assert "--render bench/results/data_lane.json README.md" in doc
+    assert "--render bench/results/data_lane.json docs/performance.md" in doc

@@ -151,17 +151,17 @@ def test_buffer_bounds_are_checked_in_the_guest_too(conn):
         buf.copy_to(bytearray(32))
 
 
-def test_readme_example_runs_as_written(fake_agent, monkeypatch):
+def test_the_documented_example_runs_as_written(fake_agent, monkeypatch):
     import pathlib
     import re
 
     import hvgpu.guest.runtime as runtime
 
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    example = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "guest-api.md").read_text()
+    example = re.search(r"```python\n(.*?)```", page, re.S).group(1)
     monkeypatch.setenv("HVGPU_AGENT", fake_agent.address)
     monkeypatch.setattr(runtime, "_defaults", {})
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, "docs/guest-api.md", "exec"), {})
 
 
 def test_ops_the_driver_shim_needs(conn):

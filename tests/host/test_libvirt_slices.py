@@ -6,6 +6,8 @@ each test defines domains of its own and removes them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import time
 
@@ -143,12 +145,31 @@ def test_a_restarted_agent_reconciles_with_the_domains(tmp_path):
 
 def forget(agent, vm):
     """The agent drops the VM's slices (on its loop, where slices change)."""
-    agent.agent.call("forget", lambda: (agent.agent.slices.detach(vm),
-                                        agent.agent.slices_changed()))
+    agent.agent.call("forget", lambda: agent.agent.apply(agent.agent.slices.detach(vm)))
 
 
 def reconcile(agent) -> list[str]:
-    return agent.agent.call("reconcile", lambda: agent.agent.vms.reconcile(agent.agent.slices))
+    """Reconcile on the agent's loop as the agent does: apply what the store changed;
+    returns what it said."""
+    def run():
+        reconciled = agent.agent.vms.reconcile(agent.agent.slices)
+        agent.agent.apply(*reconciled.changes)
+        return reconciled.said
+    return agent.agent.call("reconcile", run)
+
+
+def test_metadata_of_another_size_is_rewritten_and_the_difference_said(agent):
+    dom = define(agent, vsock_domain("lv-d"))
+    agent.api.attach("lv-d", "64M")
+    mine = agent.agent.slices.of_vm("lv-d")
+    agent.agent.call("edit", lambda: agent.agent.vms.record(
+        [dataclasses.replace(mine[0], mem=32 << 20, compute=0)]))
+    assert dom.read_slice().mem == 32 << 20  # someone edited the domain behind our back
+    assert reconcile(agent) == [
+        "lv-d: slice written into the domain's metadata (vGPU 0's mem: the domain said "
+        f"{32 << 20}, the agent has {64 << 20})"]
+    assert dom.read_slice().mem == 64 << 20 and agent.api.list()[0]["mem"] == 64 << 20
+    assert reconcile(agent) == []  # they agree now
 
 
 def test_every_vgpu_of_a_domain_is_recorded_and_restored_from_its_metadata(agent):
@@ -391,7 +412,7 @@ def test_reconnecting_reconciles_and_says_what_changed(agent, caplog):
     assert dom.read_slice() is None
     caplog.set_level("INFO", logger="hvgpu")
     assert agent.agent.call("reconnect", lambda: agent.agent.vms.reconnect(
-        agent.agent.slices)) == [
+        agent.agent.slices)).said == [
         "lv-r: slice written into the domain's metadata"]
     assert (dom.read_slice().mem, dom.read_slice().compute) == (64 << 20, 25)
     assert "reconciled with libvirt after reconnecting: lv-r: slice written" in caplog.text

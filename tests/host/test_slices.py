@@ -26,9 +26,9 @@ def manager(tmp_path):
 
 
 def test_best_fit_picks_the_tightest_gpu(manager):
-    assert manager.attach("vm1", 30 * G)[0].gpu_index == 1  # fits both; GPU 1 is tighter
-    assert manager.attach("vm2", 30 * G)[0].gpu_index == 0  # GPU 1 has 10 GiB left
-    assert manager.attach("vm3", 10 * G)[0].gpu_index == 1
+    assert manager.attach("vm1", 30 * G).added[0].gpu_index == 1  # fits both; GPU 1 is tighter
+    assert manager.attach("vm2", 30 * G).added[0].gpu_index == 0  # GPU 1 has 10 GiB left
+    assert manager.attach("vm3", 10 * G).added[0].gpu_index == 1
 
 
 def test_over_commit_is_refused_with_what_is_free_where(manager):
@@ -43,12 +43,12 @@ def test_compute_shares_cannot_exceed_the_gpu(manager):
     manager.attach("a", G, compute=75, gpu=0)
     with pytest.raises(NoRoom, match="25% compute free"):
         manager.attach("b", G, compute=50, gpu=0)
-    assert manager.attach("b", G, compute=25, gpu=0)[0].compute == 25
+    assert manager.attach("b", G, compute=25, gpu=0).added[0].compute == 25
 
 
 def test_named_gpu_by_index_or_uuid(manager):
-    assert manager.attach("a", G, gpu="GPU-0")[0].gpu_index == 0
-    assert manager.attach("b", G, gpu=1)[0].gpu_index == 1
+    assert manager.attach("a", G, gpu="GPU-0").added[0].gpu_index == 0
+    assert manager.attach("b", G, gpu=1).added[0].gpu_index == 1
     with pytest.raises(SliceError, match="no GPU '7'"):
         manager.attach("c", G, gpu="7")
 
@@ -64,12 +64,12 @@ def test_a_vm_and_a_cid_have_one_slice_each(manager):
 
 def test_resize_grows_and_refuses_to_shrink_below_use(manager):
     manager.attach("vm1", 10 * G, gpu=1)
-    assert manager.resize("vm1", mem=40 * G).mem == 40 * G
+    assert manager.resize("vm1", mem=40 * G).now[0].mem == 40 * G
     with pytest.raises(NoRoom, match="cannot grow"):
         manager.resize("vm1", mem=41 * G)
     with pytest.raises(SliceError, match="its guest uses 6 GiB now"):
         manager.resize("vm1", mem=5 * G, in_use=6 * G)
-    assert manager.resize("vm1", mem=6 * G, in_use=6 * G).mem == 6 * G
+    assert manager.resize("vm1", mem=6 * G, in_use=6 * G).now[0].mem == 6 * G
 
 
 def test_detach_and_unknown_vms(manager):
@@ -117,14 +117,15 @@ def test_state_of_the_one_slice_per_vm_release_is_kept_as_device_0(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80, 40))
     assert [(s.vm, s.device, s.gpu_index, s.mem, s.compute, s.cid) for s in m.list()] == [
         ("vm1", 0, 1, 4096, 25, 7)]
-    assert m.attach("vm1", G, add=True)[0].gpu_index == 0  # its second vGPU: the other GPU
+    assert m.attach("vm1", G, add=True).added[0].gpu_index == 0  # its second vGPU: the other GPU
 
 
 def test_count_places_a_vms_vgpus_on_distinct_gpus_all_or_none(manager):
-    a, b = manager.attach("vm1", 30 * G, count=2, cid=4)
+    a, b = manager.attach("vm1", 30 * G, count=2, cid=4).added
     assert (a.device, b.device, {a.gpu_index, b.gpu_index}) == (0, 1, {0, 1})
     assert b.cid == 4 and manager.by_cid(4) is a
-    with pytest.raises(NoRoom, match="every GPU of this host already holds a vGPU"):
+    with pytest.raises(NoRoom, match="3 vGPUs asked for, and this host has 2 GPUs: a VM's "
+                       "vGPUs go to distinct GPUs unless one is named; attach with --gpu N"):
         manager.attach("vm2", G, count=3)
     assert manager.of_vm("vm2") == []  # none of the three was kept
     with pytest.raises(NoRoom, match="no GPU has room"):
@@ -136,17 +137,17 @@ def test_add_attaches_another_vgpu_and_detach_takes_the_last_first(manager):
     manager.attach("vm1", G)
     with pytest.raises(SliceError, match="--add for another"):
         manager.attach("vm1", G)
-    second, = manager.attach("vm1", 2 * G, add=True)
+    second, = manager.attach("vm1", 2 * G, add=True).added
     assert second.device == 1 and second.key == VgpuKey("vm1", 1)
-    third, = manager.attach("vm1", G, add=True, gpu=second.gpu_index)  # named: may share a GPU
+    third, = manager.attach("vm1", G, add=True, gpu=second.gpu_index).added  # named: may share a GPU
     assert third.gpu_index == second.gpu_index
-    assert manager.resize("vm1", mem=3 * G, device=1).mem == 3 * G
+    assert manager.resize("vm1", mem=3 * G, device=1).now[0].mem == 3 * G
     with pytest.raises(SliceError, match="detach vGPU 2 of 'vm1' first"):
         manager.detach("vm1", device=1)
     with pytest.raises(SliceError, match="has no vGPU 5; its devices are 0, 1, 2"):
         manager.get("vm1", 5)
-    assert [s.key for s in manager.detach("vm1", device=2)] == [("vm1", 2)]
-    assert [s.key for s in manager.detach("vm1")] == [("vm1", 0), ("vm1", 1)]
+    assert [s.key for s in manager.detach("vm1", device=2).removed] == [("vm1", 2)]
+    assert [s.key for s in manager.detach("vm1").removed] == [("vm1", 0), ("vm1", 1)]
     assert manager.list() == []
 
 
@@ -173,21 +174,21 @@ def _recorded_host(tmp_path, placement):
 ])
 def test_placement_policies_on_a_two_gpu_host(tmp_path, placement, expected):
     m = _recorded_host(tmp_path, placement)
-    placed = [m.attach(f"vm{i}", 20 * G)[0].gpu_index for i in range(3)]
+    placed = [m.attach(f"vm{i}", 20 * G).added[0].gpu_index for i in range(3)]
     assert placed == expected
 
 
 def test_best_fit_and_pack_differ_where_a_later_gpu_is_tighter(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80, 40), "pack")
-    assert m.attach("vm1", 30 * G)[0].gpu_index == 0  # pack: GPU 0 first, though GPU 1 is tighter
-    assert m.attach("vm2", 30 * G, placement="best-fit")[0].gpu_index == 1  # per-attach override
-    assert m.attach("vm3", 5 * G, placement="spread")[0].gpu_index == 0  # 50 GiB free vs 10
+    assert m.attach("vm1", 30 * G).added[0].gpu_index == 0  # pack: GPU 0 first, though GPU 1 is tighter
+    assert m.attach("vm2", 30 * G, placement="best-fit").added[0].gpu_index == 1  # per-attach override
+    assert m.attach("vm3", 5 * G, placement="spread").added[0].gpu_index == 0  # 50 GiB free vs 10
 
 
 def test_a_full_gpu_sends_the_next_vm_to_the_other(tmp_path):
     m = _recorded_host(tmp_path, "best-fit")
-    assert m.attach("big", 130 * G)[0].gpu_index == 0
-    assert m.attach("next", 20 * G)[0].gpu_index == 1  # GPU 0 has < 20 GiB left
+    assert m.attach("big", 130 * G).added[0].gpu_index == 0
+    assert m.attach("next", 20 * G).added[0].gpu_index == 1  # GPU 0 has < 20 GiB left
 
 
 def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):
@@ -200,11 +201,11 @@ def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):
 
 def test_a_vgpus_shared_memory_size_is_kept_resized_and_checked(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80))
-    a, b = m.attach("vm1", 4 * G, count=2, gpu=0, shm=1 << 30)
+    a, b = m.attach("vm1", 4 * G, count=2, gpu=0, shm=1 << 30).added
     assert (a.shm, b.shm) == (1 << 30, 1 << 30)
-    assert m.attach("vm2", G)[0].shm == 0  # no region unless asked for
-    assert m.resize("vm1", device=1, shm=2 << 20).shm == 2 << 20
-    assert m.resize("vm1", mem=5 * G).shm == 1 << 30  # unchanged unless given
+    assert m.attach("vm2", G).added[0].shm == 0  # no region unless asked for
+    assert m.resize("vm1", device=1, shm=2 << 20).now[0].shm == 2 << 20
+    assert m.resize("vm1", mem=5 * G).now[0].shm == 1 << 30  # unchanged unless given
     with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
         m.attach("vm3", G, shm=3 << 20)
     with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
@@ -248,7 +249,7 @@ def test_rows_stored_before_shared_memory_existed_read_as_none_and_keep_their_su
     (s,) = m.list()
     assert (s.vm, s.mem, s.cid, s.shm) == ("vm1", 4096, 7, 0)
     assert store.problems == []  # its sum still holds: nothing reported as changed
-    assert m.resize("vm1", shm=1 << 20).shm == 1 << 20
+    assert m.resize("vm1", shm=1 << 20).now[0].shm == 1 << 20
     store.close()
     again = SliceManager(StateStore(tmp_path), gpus(80))
     assert [(s.vm, s.shm) for s in again.list()] == [("vm1", 1 << 20)]

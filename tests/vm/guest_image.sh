@@ -115,7 +115,9 @@ done
 cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
 # The C++ runtime an nvcc-built program links: the host's, as a distribution has it.
 for l in libstdc++.so.6 libgcc_s.so.1; do
-    p=$(ldconfig -p | awk -v n="$l" '$1 == n && /x86-64/{print $NF; exit}')
+    # awk reads all of ldconfig's output (no early exit): under pipefail a SIGPIPE
+    # to ldconfig would end the script with status 141 and no message
+    p=$(ldconfig -p | awk -v n="$l" '$1 == n && /x86-64/ && !p {p = $NF} END {print p}')
     [ -n "$p" ] && { mkdir -p "$R$(dirname "$p")"; cp -L "$p" "$R$p"; }
 done
 tar -C /usr/lib --exclude=python3.11/test --exclude=tests --exclude=idlelib --exclude=tkinter \
