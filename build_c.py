@@ -17,8 +17,11 @@ what is then missing says so when used; a library that fails to build is said
 loudly at the end of the build, and tests/test_build.py fails where a compiler is
 present and a library is missing or older than its sources.
 
-This module is read by setup.py only; it must not import hvgpu (the package may not
-be importable while it is being built).
+This module is read by setup.py; it must not import hvgpu (the package may not be
+importable while it is being built). Run as a script (``python3 build_c.py``) it
+builds every library in place, as ``setup.py build_ext --inplace`` does, without
+reading pyproject.toml: for a machine that cannot fetch the setuptools that
+pyproject.toml's metadata needs (77 or later, for the SPDX licence).
 """
 
 import os
@@ -149,3 +152,21 @@ if bdist_wheel is not None:
             return ("py3", "none", super().get_tag()[2])
 
     COMMANDS["bdist_wheel"] = BdistWheelAnyPython
+
+
+def build_in_place(libraries) -> int:
+    """Build ``libraries`` beside their sources (from the current directory, the top of
+    the tree); 1 when one that should build did not."""
+    from setuptools import Distribution
+
+    dist = Distribution({"ext_modules": libraries, "cmdclass": COMMANDS,
+                         "script_name": "build_c.py"})
+    command = dist.get_command_obj("build_ext")
+    command.inplace = True
+    dist.run_command("build_ext")
+    return 1 if command.failed else 0
+
+
+if __name__ == "__main__":
+    os.chdir(os.path.dirname(os.path.realpath(__file__)))  # the top of the source tree
+    sys.exit(build_in_place(GUEST_LIBRARIES + HOST_LIBRARIES))

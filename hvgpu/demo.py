@@ -98,21 +98,70 @@ def run_demo(size: int, echo=print, device: str | None = None, env: dict | None 
     logging.basicConfig(level=logging.WARNING)
     gpus_fn, gpu_note = _choose_gpus(gpus)
     uri, libvirt_note, name = _choose_libvirt(vm, connect)
-    with tempfile.TemporaryDirectory(prefix="hvgpu-demo-") as tmp:
-        guest_socket = f"unix://{Path(tmp) / 'guest.sock'}"
-        agent = Agent(AgentConfig(listen=[f"{guest_socket}={name}"], vsock_port=None,
-                                  cache_dir=default_cache_dir(), state_dir=str(Path(tmp) / "state"),
-                                  mps=False, device=device, log_level="WARNING", env=env or {},
-                                  connect=uri), gpus=gpus_fn)
-        agent.start()
-        thread = threading.Thread(target=agent.serve_forever, daemon=True)
-        thread.start()
-        try:
-            return _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
-                        define=vm is None, uri=connect)
-        finally:
-            agent.stop()
-            thread.join(timeout=10)
+    # The demo's own domain runs before the agent watches libvirt (see _start_own_domain).
+    own = _start_own_domain(uri, name) if vm is None and uri is not None else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="hvgpu-demo-") as tmp:
+            guest_socket = f"unix://{Path(tmp) / 'guest.sock'}"
+            agent = Agent(AgentConfig(listen=[f"{guest_socket}={name}"], vsock_port=None,
+                                      cache_dir=default_cache_dir(),
+                                      state_dir=str(Path(tmp) / "state"), mps=False,
+                                      device=device, log_level="WARNING", env=env or {},
+                                      connect=uri), gpus=gpus_fn)
+            agent.start()
+            thread = threading.Thread(target=agent.serve_forever, daemon=True)
+            thread.start()
+            try:
+                return _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note,
+                            libvirt_note, define=vm is None, uri=connect)
+            finally:
+                agent.stop()
+                thread.join(timeout=10)
+    finally:
+        if own is not None:
+            _remove_own_domain(own, name)
+
+
+def _start_own_domain(uri: str, name: str, wait: float = 10.0):
+    """Define and start the demo's domain on ``uri`` (libvirt's test host) and wait
+    until libvirt has delivered its start, before the agent watches libvirt.
+
+    libvirt delivers lifecycle events later, on its own thread. An agent that heard
+    of this start only after the demo's attach would take it for a VM booting with
+    a slice and start that slice's executor at once; on a host without a GPU that
+    executor fails ("no GPU", an ERROR line after the demo's result). Returns the
+    connection, kept open until the end: the test host's domains live while one is.
+    """
+    from hvgpu.host.hypervisor import EventKind, Hypervisor
+    from hvgpu.host.render import vsock_xml
+
+    started = threading.Event()
+    hv = Hypervisor(uri)
+    hv.watch(lambda event: started.set() if (event.vm, event.kind) == (
+        name, EventKind.STARTED) else None)
+    xml = TEST_DOMAIN.format(name=name, vsock="".join(
+        "    " + line + "\n" for line in vsock_xml(cid=3).splitlines()))
+    try:
+        hv.define(xml).start()
+    except BaseException:
+        hv.close()
+        raise
+    if not started.wait(wait):  # only the order of what the agent logs depends on it
+        logging.getLogger(__name__).warning("libvirt did not report %s started within "
+                                            "%.0f s; going on", name, wait)
+    return hv
+
+
+def _remove_own_domain(hv, name: str) -> None:
+    try:
+        dom = hv.domain(name)
+        dom.destroy()
+        dom.undefine()
+    except HvgpuError as exc:
+        logging.getLogger(__name__).warning("the demo's domain %s was not removed: %s",
+                                            name, exc)
+    finally:
+        hv.close()
 
 
 def _choose_gpus(gpus):
@@ -160,7 +209,6 @@ def _choose_libvirt(vm, connect):
 def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note, define,
          uri=None) -> int:
     from hvgpu.host.control import ControlAPI
-    from hvgpu.host.render import vsock_xml
 
     api = agent.commands(ControlAPI(agent, gpus_fn), who="hvgpu demo")
     ok = True
@@ -181,9 +229,6 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     elif define:
         echo("libvirt:   test:///default, libvirt's built-in test host (hvgpu demo --vm NAME "
              "uses one of your domains instead)")
-        xml = TEST_DOMAIN.format(name=name, vsock="".join(
-            "    " + line + "\n" for line in vsock_xml(cid=3).splitlines()))
-        agent.vms.hv.define(xml).start()
         echo(f"domain:    {name} defined and started there, with a vsock device")
     else:
         echo(f"libvirt:   {agent.vms.hv.uri}, domain {name}")
@@ -219,10 +264,6 @@ def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note,
     gone = agent.vms is None or agent.vms.hv.domain(name).read_slice() is None
     echo(f"detach:    {name}: slice released" + (", metadata removed" if agent.vms else "")
          + ("" if gone else " (METADATA LEFT BEHIND)"))
-    if define and agent.vms is not None:
-        dom = agent.vms.hv.domain(name)
-        dom.destroy()
-        dom.undefine()
     ran = ("the agent, the slice manager, libvirt metadata and the control API ran"
            if skipped is None else "the agent, the slice manager and the control API ran; "
            "the libvirt steps did NOT run (libvirt is not available)")

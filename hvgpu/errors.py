@@ -93,6 +93,21 @@ def _cuda_error(cls, status, detail, op, deferred):
     return cls(status, detail, op=op, deferred=deferred)
 
 
+class AgentLost(CudaError, ConnectionLost):
+    """The guest's connection to the agent is gone: the agent stopped, the executor
+    of its vGPU ended, the slice was detached, or the agent stayed silent for
+    $HVGPU_TIMEOUT seconds. The GPU work of that connection is gone with it.
+
+    A :class:`CudaError` with ``status`` CUDA_ERROR_DEVICE_UNAVAILABLE (46), the
+    status the guest's ``libcuda.so.1`` shim returns in the same case, so a CUDA
+    program and a Python one see the same error; every later call on that
+    connection raises it again. Also a :class:`ConnectionLost`, for code that
+    catches that.
+    """
+
+    code = "agent-lost"
+
+
 def report(exc: HvgpuError, prog: str, stream=None) -> int:
     """Tell a command line's user about ``exc`` on ``stream`` (stderr) and return
     the exit status: one line ``prog: error: message`` for an expected error; for an

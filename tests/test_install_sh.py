@@ -52,3 +52,17 @@ def test_pip_is_not_quiet_and_draws_its_bar_on_a_terminal():
     install = [line for line in text.splitlines() if "pip install" in line or "pip=(" in line]
     assert install and not [line for line in install if " -q" in line], install
     assert '[ -t 1 ]' in text and "--progress-bar on" in text
+
+
+def test_what_install_sh_installs_builds_the_guest_wheel():
+    """The README's `.venv/bin/python -m build guest-dist/hvgpu-guest` works in the venv
+    install.sh makes, whichever host extra it installs."""
+    tomllib = pytest.importorskip("tomllib")
+    text = (REPO / "install.sh").read_text()
+    default = re.search(r"^extra=\$\{HVGPU_EXTRA:-([\w-]+)\}$", text, re.M)
+    assert default, "install.sh no longer says its default extra"
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    for extra in {default.group(1), "host", "host-cuda13"}:
+        names = {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0] for r in extras[extra]}
+        assert "build" in names, f"the {extra} extra cannot build the guest's wheel"

@@ -119,6 +119,15 @@ def test_each_wheel_serves_every_cpython3_of_its_platform(dists, name):
     assert re.search(r"^Tag: py3-none-linux_\w+$", meta, re.M), meta
 
 
+@pytest.mark.parametrize("name", ["hvgpu-guest", "hvgpu"])
+def test_each_wheel_names_its_licence_by_an_spdx_expression(dists, name):
+    """PEP 639's License-Expression; setuptools deprecates the licence as a table."""
+    stem = name.replace("-", "_")
+    with zipfile.ZipFile(dists[name]["wheel"]) as z:
+        meta = z.read(f"{stem}-{__version__}.dist-info/METADATA").decode()
+    assert re.search(r"^License-Expression: Apache-2\.0$", meta, re.M), meta[:2000]
+
+
 def test_the_host_project_has_the_version_of_the_package():
     text = (REPO / "pyproject.toml").read_text()
     assert re.search(rf'^version = "{re.escape(__version__)}"$', text, re.M), \

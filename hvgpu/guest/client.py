@@ -12,9 +12,17 @@ share a connection.
 
 An agent that stays silent for the connection's timeout ($HVGPU_TIMEOUT
 seconds, default 60) while a reply is awaited, or takes none of what is sent
-for that long, gives ``CudaError`` CUDA_ERROR_DEVICE_UNAVAILABLE (46) and the
-connection is closed; the agent's progress frames, sent while it works on
-something long (a synchronize behind a long kernel), restart that clock.
+for that long, gives ``AgentLost`` and the connection is closed; the agent's
+progress frames, sent while it works on something long (a synchronize behind a
+long kernel), restart that clock.
+
+A connection that is lost (the agent stopped or was restarted, the executor of
+the vGPU ended, the slice was detached, the agent fell silent, or it sent
+something that is not the protocol) raises ``hvgpu.errors.AgentLost``: a
+``CudaError`` with CUDA_ERROR_DEVICE_UNAVAILABLE (46), the status the
+``libcuda.so.1`` shim returns in the same case, and a ``ConnectionLost``. The
+connection is closed then and every later call on it raises the same; the GPU
+work it held is gone (a new ``Connection`` starts afresh).
 
 Must not import ``hvgpu.host`` or anything the guest package does not ship.
 """
@@ -29,8 +37,8 @@ import threading
 import time
 
 from hvgpu import __version__
-from hvgpu.errors import (AddressError, CompileError, ConnectionLost, CudaError, HvgpuError,
-                          ProtocolError, TransportError)
+from hvgpu.errors import (AddressError, AgentLost, CompileError, ConnectionLost, CudaError,
+                          HvgpuError, ProtocolError, TransportError)
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.address import Address, parse_address
@@ -132,6 +140,7 @@ class Connection:
         self.lock = threading.RLock()
         self.seq = 0
         self.closed = False
+        self.lost: str | None = None  # why the connection was lost, once it is
         self._pending_frees: list[int] = []
         self._out = bytearray()  # coalesced one-way frames not yet sent
         self._out_pending = threading.Event()
@@ -156,7 +165,9 @@ class Connection:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise ConnectionLost(f"the connection to {self.address} is closed")
+            raise AgentLost(_DEVICE_UNAVAILABLE, self.lost or (
+                f"the connection to the hvgpu agent at {self.address} was closed by this "
+                "program"))
 
     def call(self, op: str, *values, payload=None, reply_into=None):
         """Send a synchronous op and return its reply's values.
@@ -293,13 +304,15 @@ class Connection:
     def _flush_out(self) -> None:
         """Send the coalesced frames now (lock held)."""
         if self._out:
+            # A failed send's traceback may still hold a view of the old buffer (a
+            # bytearray with a view cannot be cleared): on failure it is replaced.
             try:
                 send_all(self.sock, self._out, self._stalled)
             except PeerSilent:
-                self._out.clear()
+                self._out = bytearray()
                 self._silent(None)
             except (ConnectionLost, OSError) as exc:
-                self._out.clear()
+                self._out = bytearray()
                 self._broken(exc)
             self._out.clear()
 
@@ -393,6 +406,7 @@ class Connection:
         cls = CompileError if (code in _COMPILE_OPS and not deferred) else CudaError
         err = cls(status, message, op=P.op_name(failed_op), deferred=deferred)
         if status in (P.HV_VERSION, P.HV_HANDSHAKE, P.HV_OVERSIZE):
+            self.lost = f"the hvgpu agent at {self.address} closed the connection after: {err}"
             self.close()  # the agent closes its end after these
         raise err
 
@@ -401,18 +415,21 @@ class Connection:
         return self.reader.drain_progress() > 0
 
     def _silent(self, code: int | None):
-        self._out.clear()  # an agent that takes nothing is sent nothing more
-        self.close()
-        raise CudaError(_DEVICE_UNAVAILABLE,
-                        f"the hvgpu agent at {self.address} did not answer for "
-                        f"{self.timeout:g} s ({ENV_TIMEOUT}); the connection is closed",
-                        op=P.op_name(code) if code is not None else "")
+        self._out = bytearray()  # an agent that takes nothing is sent nothing more
+        self._lose(f"the hvgpu agent at {self.address} did not answer for {self.timeout:g} s "
+                   f"({ENV_TIMEOUT}); the connection is closed", code)
 
     def _broken(self, exc: Exception):
+        what = "broke the protocol" if isinstance(exc, ProtocolError) else "went away"
+        self._lose(f"lost the connection to the hvgpu agent at {self.address} ({what}: {exc}); "
+                   "the GPU work of this connection is gone", None)
+
+    def _lose(self, why: str, code: int | None):
+        """Close the connection for good and raise AgentLost, as every later call will."""
+        self.lost = why
         self.close()
-        if isinstance(exc, HvgpuError):
-            raise exc
-        raise ConnectionLost(f"lost the connection to the agent at {self.address}: {exc}") from None
+        raise AgentLost(_DEVICE_UNAVAILABLE, why,
+                        op=P.op_name(code) if code is not None else "") from None
 
     def close(self) -> None:
         with self.lock:

@@ -5,6 +5,10 @@ this guest, ``Buffer`` is device memory at its real device address, streams
 and events map 1:1 onto the host's. Copies accept any buffer-protocol object
 (numpy arrays, bytearrays, memoryviews); numpy is not required.
 
+What CUDA refuses raises ``CudaError`` with its status; a lost connection to the
+agent raises ``AgentLost``, a ``CudaError`` with CUDA_ERROR_DEVICE_UNAVAILABLE
+(46), on that call and every later one (see ``hvgpu.guest``).
+
 Must not import ``hvgpu.host``; talks to the host only through ``Connection``.
 """
 

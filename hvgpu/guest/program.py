@@ -8,6 +8,12 @@ kernel's parameter layout comes from the host (``cuFuncGetParamInfo``), is
 fetched once per kernel, and packs ``launch``'s Python arguments. The guest
 never parses ELF or PTX.
 
+A failed compilation raises ``CompileError`` (a ``CudaError``) with NVRTC's
+log; arguments that do not fit a kernel's parameters raise ``TypeError`` before
+anything is sent; a launch's own error surfaces as ``CudaError`` (``deferred``)
+at the next synchronising call; a lost agent raises ``AgentLost`` (a
+``CudaError`` with CUDA_ERROR_DEVICE_UNAVAILABLE, see ``hvgpu.guest``).
+
 Must not import ``hvgpu.host``.
 """
 

@@ -2,8 +2,10 @@
 
 Objects of the guest API use device 0's default connection unless given one
 (or a ``Device(N)``); each is opened on first use from ``$HVGPU_AGENT`` (or
-vsock to the host; see ``client.default_address``). Must not import
-``hvgpu.host``.
+vsock to the host; see ``client.default_address``). A default connection
+that was lost (``AgentLost``) or closed is replaced by a new one on its next
+use; objects made on the old one (buffers, modules, streams) went with it and
+keep raising ``AgentLost``. Must not import ``hvgpu.host``.
 """
 
 from __future__ import annotations

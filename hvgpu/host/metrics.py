@@ -6,8 +6,10 @@ reads the latest snapshot the agent's loop published
 (usage.Snapshot: immutable), so a scrape never touches the registry, never
 waits for the loop, and never reads NVML (the usage sampler did, off the
 loop). Names follow dcgm-exporter and HAMi: ``hvgpu_vgpu_*`` per vGPU
-(labels vm, device, gpu, uuid), ``hvgpu_gpu_*`` per GPU, ``hvgpu_*`` for the
-agent.
+(labels vm, device, gpu, uuid), ``hvgpu_gpu_*`` per GPU (labels gpu, uuid; its
+model's name is said once, by the info metric ``hvgpu_gpu_info``), ``hvgpu_*``
+for the agent. Prometheus's conventions: a fraction is a ``_ratio`` from 0 to 1,
+never a percent; a count is named for what it counts.
 
 The HTTP server is ours (MetricsServer), not prometheus-client's, which serves
 each connection from a thread of its own with no timeout and no bound: any
@@ -41,7 +43,8 @@ from hvgpu.virtio.transport import listen_tcp
 log = logging.getLogger(__name__)
 
 VGPU_LABELS = ["vm", "device", "gpu", "uuid"]
-GPU_LABELS = ["gpu", "uuid", "name"]
+GPU_LABELS = ["gpu", "uuid"]
+GPU_INFO_LABELS = [*GPU_LABELS, "name"]
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
 _HOST = re.compile(rf"{_LABEL}(\.{_LABEL})*")  # a host name or an IPv4 address
 
@@ -106,12 +109,13 @@ class Collector:
         used = vgpu_gauge("hvgpu_vgpu_memory_used_bytes",
                           "Device memory the vGPU's executors hold (reserved in its quota "
                           "before the driver allocates it).")
-        share = vgpu_gauge("hvgpu_vgpu_compute_share_percent",
-                           "Share of the GPU's SMs of the vGPU (MPS); 0: none reserved, "
-                           "time-shared.")
-        util = vgpu_gauge("hvgpu_vgpu_utilization_percent",
-                          "GPU (SM) utilisation of the vGPU's executor processes, from "
-                          "NVML's per-process samples; absent where the driver gives none.")
+        share = vgpu_gauge("hvgpu_vgpu_compute_share_ratio",
+                           "Share of the GPU's SMs of the vGPU (MPS), 0 to 1; 0: none "
+                           "reserved, time-shared.")
+        util = vgpu_gauge("hvgpu_vgpu_utilization_ratio",
+                          "GPU (SM) utilisation of the vGPU's executor processes, 0 to 1, "
+                          "from NVML's per-process samples; absent where the driver gives "
+                          "none.")
         conns = vgpu_gauge("hvgpu_vgpu_connections", "Guest connections open on the vGPU.")
         launches = CounterMetricFamily("hvgpu_vgpu_launches", "Kernel launches.",
                                        labels=VGPU_LABELS)
@@ -132,9 +136,9 @@ class Collector:
             labels = [v.vm, str(v.device), str(v.gpu), v.uuid]
             limit.add_metric(labels, v.limit)
             used.add_metric(labels, v.used)
-            share.add_metric(labels, v.compute)
+            share.add_metric(labels, v.compute / 100)
             if v.util is not None:
-                util.add_metric(labels, v.util)
+                util.add_metric(labels, v.util / 100)
             conns.add_metric(labels, v.connections)
             launches.add_metric(labels, v.launches)
             copied.add_metric([*labels, "to_gpu"], v.to_gpu)
@@ -153,21 +157,34 @@ class Collector:
         gpu_used = GaugeMetricFamily("hvgpu_gpu_memory_used_bytes",
                                      "Memory in use on the GPU, by any process (NVML).",
                                      labels=GPU_LABELS)
-        gpu_util = GaugeMetricFamily("hvgpu_gpu_utilization_percent",
-                                     "GPU utilisation (NVML).", labels=GPU_LABELS)
+        gpu_util = GaugeMetricFamily("hvgpu_gpu_utilization_ratio",
+                                     "GPU utilisation, 0 to 1 (NVML).", labels=GPU_LABELS)
+        gpu_info = GaugeMetricFamily("hvgpu_gpu_info", "The GPU's model name (empty where "
+                                     "it was not read); always 1.", labels=GPU_INFO_LABELS)
         for g in snap.gpus:
-            labels = [str(g.index), g.uuid, g.name]
+            labels = [str(g.index), g.uuid]
+            gpu_info.add_metric([*labels, g.name], 1)
             reserved.add_metric(labels, g.memory_reserved)
             if g.memory_total is not None:
                 total.add_metric(labels, g.memory_total)
             if g.memory_used is not None:
                 gpu_used.add_metric(labels, g.memory_used)
             if g.utilization is not None:
-                gpu_util.add_metric(labels, g.utilization)
-        yield from (total, reserved, gpu_used, gpu_util)
+                gpu_util.add_metric(labels, g.utilization / 100)
+        yield from (gpu_info, total, reserved, gpu_used, gpu_util)
 
-        yield GaugeMetricFamily("hvgpu_slices", "vGPUs (slices) the agent serves.",
-                                value=snap.slices)
+        yield GaugeMetricFamily("hvgpu_vgpus", "vGPUs the agent serves (each a slice of "
+                                "one GPU).", value=len(snap.vgpus))
+        yield GaugeMetricFamily("hvgpu_vms", "VMs with at least one vGPU.",
+                                value=len({v.vm for v in snap.vgpus}))
+        if snap.nvml is not None:  # absent until the first reading, about 2 s
+            yield GaugeMetricFamily("hvgpu_gpus", "GPUs in the agent's latest reading; 0 "
+                                    "with hvgpu_nvml_up 1: NVML answers and lists none.",
+                                    value=snap.gpus_read)
+            yield GaugeMetricFamily("hvgpu_nvml_up", "1: the latest reading of the GPUs "
+                                    "came from NVML; 0: NVML could not be opened or read "
+                                    "(no driver, or a broken one: the agent's log says "
+                                    "why).", value=int(snap.nvml))
         info = GaugeMetricFamily("hvgpu_build_info", "The agent's version; always 1.",
                                  labels=["version"])
         info.add_metric([snap.version], 1)

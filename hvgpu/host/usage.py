@@ -11,7 +11,9 @@ The :class:`Sampler` thread reads NVML (through inventory.Sampling, which owns
 it) for the executors' processes named in the latest snapshot, and posts what
 it read to the loop (Agent.post), which keeps it in the records: each vGPU's
 utilisation (the lane's USAGE answer carries it to the guest) and the GPUs'
-memory and utilisation.
+memory and utilisation. Its reading of the GPUs (:class:`Readings`) says whether
+NVML answered, so that a host without a GPU (NVML answers, no GPU) and a broken
+one (NVML cannot be opened or read) are told apart.
 
 Must not import NVML (inventory.py does) or prometheus-client (metrics.py
 does), change a vGPU, or block the agent's loop.
@@ -72,10 +74,27 @@ class GpuUsage:
 @dataclass(frozen=True)
 class Snapshot:
     taken: float  # time.time() when the loop made it
-    slices: int
+    slices: int  # vGPUs (each is a slice of one GPU)
     vgpus: tuple = ()
     gpus: tuple = ()
     version: str = __version__
+    gpus_read: int | None = None  # GPUs in the sampler's latest reading; None: none yet
+    nvml: bool | None = None  # whether that reading came from NVML; None: none yet
+    nvml_error: str = ""  # why it did not
+
+
+class Readings(tuple):
+    """The sampler's reading of the GPUs: a tuple of inventory.Gpu that also says
+    where it came from. ``nvml``: True when NVML answered; False when NVML could not
+    be opened or read (``why`` says what failed; the GPUs are then the fallback's, the
+    agent's inventory, without memory in use or utilisation). The agent keeps it as
+    it came and hands it to :func:`snapshot`; before the first reading it holds a
+    plain ``()``."""
+
+    def __new__(cls, gpus=(), *, nvml: bool, why: str = ""):
+        self = super().__new__(cls, gpus)
+        self.nvml, self.why = nvml, why
+        return self
 
 
 EMPTY = Snapshot(0.0, 0)
@@ -83,8 +102,8 @@ EMPTY = Snapshot(0.0, 0)
 
 @dataclass(frozen=True)
 class Sampled:
-    """What the sampler read, posted to the loop: the GPUs (inventory.Gpu) and each
-    vGPU's utilisation ((vm, device) -> percent or None)."""
+    """What the sampler read, posted to the loop: the GPUs (:class:`Readings`) and
+    each vGPU's utilisation ((vm, device) -> percent or None)."""
 
     gpus: tuple
     util: dict
@@ -120,7 +139,7 @@ def take_stats(record, ex, msg: dict) -> None:
 
 def snapshot(registry, gpus: tuple) -> Snapshot:
     """Every vGPU and GPU as the loop knows them now (call on the loop). ``gpus``: the
-    sampler's latest reading (inventory.Gpu)."""
+    sampler's latest reading (:class:`Readings`; a plain tuple: nothing read yet)."""
     vgpus, reserved, seen = [], {}, {}
     for key, record in sorted(registry.records.items()):
         s = record.slice
@@ -143,7 +162,10 @@ def snapshot(registry, gpus: tuple) -> Snapshot:
     read = {g.uuid for g in gpus}
     out += [GpuUsage(index, uuid, "", None, None, reserved[uuid], None)
             for uuid, index in seen.items() if uuid not in read]
-    return Snapshot(time.time(), len(vgpus), tuple(vgpus), tuple(out))
+    nvml = getattr(gpus, "nvml", None)
+    return Snapshot(time.time(), len(vgpus), tuple(vgpus), tuple(out),
+                    gpus_read=None if nvml is None else len(gpus), nvml=nvml,
+                    nvml_error=getattr(gpus, "why", ""))
 
 
 class Sampler:
@@ -163,6 +185,7 @@ class Sampler:
         self._source = None
         self._retry = 0.0  # when to try opening NVML again
         self._said = False
+        self._why = ""  # why NVML was not read, when it was not
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="hvgpu-usage", daemon=True)
@@ -196,6 +219,7 @@ class Sampler:
             try:
                 self._source = Sampling(self.nvml)
             except HvgpuError as exc:
+                self._why = str(exc)
                 self._retry = time.monotonic() + NVML_RETRY
                 if not self._said:
                     self._said = True
@@ -205,13 +229,21 @@ class Sampler:
     def sample(self) -> Sampled:
         snap = self.latest()
         source = self._open()
+        gpus = None
         if source is not None:
-            gpus = tuple(source.gpus())
-        else:
             try:
-                gpus = tuple(self.fallback()) if self.fallback is not None else ()
+                gpus = Readings(source.gpus(), nvml=True)
+            except Exception as exc:  # NVML opened, then failed: a broken driver or GPU
+                self._why = f"reading the GPUs through NVML failed: {exc}"
+                log.warning("metrics: %s (tried again in %.0f s)", self._why, NVML_RETRY)
+                self._close()
+                source = None
+        if gpus is None:
+            try:
+                found = tuple(self.fallback()) if self.fallback is not None else ()
             except HvgpuError:
-                gpus = ()
+                found = ()
+            gpus = Readings(found, nvml=False, why=self._why)
         figures: dict[int, dict | None] = {}
         util = {}
         for v in snap.vgpus:

@@ -7,9 +7,10 @@ import gc
 import numpy as np
 import pytest
 
-from hvgpu.errors import CompileError, CudaError
+from hvgpu.errors import CompileError, ConnectionLost, CudaError
 from hvgpu.guest import (Connection, Device, LaunchConfig, ObjectCode, Program, ProgramOptions,
                          launch)
+from hvgpu.virtio import protocol as P
 
 SAXPY = 'extern "C" __global__ void saxpy(float a, const float* x, float* y, int n) {}'
 MATMUL = 'extern "C" __global__ void matmul(const float* A, const float* B, float* C, int n) {}'
@@ -216,3 +217,21 @@ def test_launch_attributes_and_tensor_maps_are_checked_before_the_driver(conn):
                      bytes(8), 0, 0, 0, 0)[0]
     assert len(tmap) == 128
     assert conn.call("OCCUPANCY_CLUSTERS", 0, fn, 1, 1, 1, 32, 1, 1, 0, attr) == (16,)
+
+
+def test_an_agent_that_goes_away_is_the_cuda_error_the_shim_returns(fake_agent):
+    """What a CUDA program under the shim gets then (test_shim.py): DEVICE_UNAVAILABLE,
+    on the call that finds the loss and on every later one."""
+    conn = Connection(fake_agent.address)
+    dev = Device(connection=conn)
+    buf = dev.allocate(1 << 12)
+    fake_agent.stop()
+    for _ in range(2):
+        with pytest.raises(CudaError) as info:
+            buf.copy_from(np.zeros(1 << 10, dtype=np.float32))
+            dev.sync()
+        assert info.value.status == P.CUDA_ERROR_DEVICE_UNAVAILABLE == 46
+        assert info.value.name == "CUDA_ERROR_DEVICE_UNAVAILABLE"
+        assert "lost the connection to the hvgpu agent" in str(info.value)
+        assert isinstance(info.value, ConnectionLost)  # what it was before, still caught so
+    assert conn.closed

@@ -104,21 +104,28 @@ def test_a_scrape_shows_what_the_guest_did(agent, nvml):
         nvml.gpus[0]["processes"] = {pid: 37, 999999: 90}  # another process's share is not ours
 
         s = wait_for(agent, lambda s: value(s, "hvgpu_vgpu_launches_total") == 5
-                     and value(s, "hvgpu_vgpu_utilization_percent") == 37)
+                     and value(s, "hvgpu_vgpu_utilization_ratio") == 0.37)
         assert value(s, "hvgpu_vgpu_memory_limit_bytes") == 64 * M
         assert value(s, "hvgpu_vgpu_memory_used_bytes") == st["mem_used"]
-        assert value(s, "hvgpu_vgpu_compute_share_percent") == 25
+        assert value(s, "hvgpu_vgpu_compute_share_ratio") == 0.25
         assert value(s, "hvgpu_vgpu_connections") == 1
         assert value(s, "hvgpu_vgpu_copy_bytes_total", direction="to_gpu") == 2 * x.nbytes
         assert value(s, "hvgpu_vgpu_copy_bytes_total", direction="from_gpu") == x.nbytes
         assert value(s, "hvgpu_vgpu_round_trips_total") >= 5  # allocations, compile, copy back
         assert value(s, "hvgpu_vgpu_errors_total", status="CUDA_ERROR_OUT_OF_MEMORY") == 1
         assert value(s, "hvgpu_vgpu_executor_restarts_total") == 0
-        gpu_labels = frozenset({"gpu": "0", "uuid": UUID, "name": "NVIDIA H200"}.items())
+        # the GPU's name once, in its info metric; its series carry index and UUID only
+        gpu_labels = frozenset({"gpu": "0", "uuid": UUID}.items())
+        assert s[("hvgpu_gpu_info", gpu_labels | {("name", "NVIDIA H200")})] == 1
         assert s[("hvgpu_gpu_memory_total_bytes", gpu_labels)] == 1 << 30
         assert s[("hvgpu_gpu_memory_reserved_bytes", gpu_labels)] == 64 * M
-        assert s[("hvgpu_gpu_utilization_percent", gpu_labels)] == 40
-        assert s[("hvgpu_slices", frozenset())] == 1
+        assert s[("hvgpu_gpu_utilization_ratio", gpu_labels)] == 0.40
+        assert not [key for key in s if key[0] != "hvgpu_gpu_info" and
+                    "name" in dict(key[1])]
+        assert not [key for key in s if key[0].endswith("_percent")]  # fractions: 0 to 1
+        assert s[("hvgpu_vgpus", frozenset())] == 1 and s[("hvgpu_vms", frozenset())] == 1
+        assert ("hvgpu_slices", frozenset()) not in s  # it counted vGPUs: hvgpu_vgpus
+        assert s[("hvgpu_gpus", frozenset())] == 1 and s[("hvgpu_nvml_up", frozenset())] == 1
         assert s[("hvgpu_build_info", frozenset({"version": __version__}.items()))] == 1
         held.close()
 
@@ -159,17 +166,42 @@ def test_utilisation_is_absent_where_the_driver_gives_none_and_usage_carries_it(
         nvml.gpus[0]["processes"] = None  # per-process figures not supported
         wait_for(agent, lambda s: value(s, "hvgpu_vgpu_memory_used_bytes") == M
                  and record.util is None)
-        assert value(scrape(agent), "hvgpu_vgpu_utilization_percent") is None
+        assert value(scrape(agent), "hvgpu_vgpu_utilization_ratio") is None
         assert "util" not in usage_reply()
         nvml.gpus[0]["processes"] = {pid: None}  # on the GPU, no sample: it ran nothing
-        wait_for(agent, lambda s: value(s, "hvgpu_vgpu_utilization_percent") == 0)
+        wait_for(agent, lambda s: value(s, "hvgpu_vgpu_utilization_ratio") == 0)
         nvml.gpus[0]["processes"] = {pid: 63}
-        wait_for(agent, lambda s: value(s, "hvgpu_vgpu_utilization_percent") == 63)
+        wait_for(agent, lambda s: value(s, "hvgpu_vgpu_utilization_ratio") == 0.63)
         deadline = time.monotonic() + 30
         while usage_reply().get("util") != 63:
             assert time.monotonic() < deadline
             time.sleep(0.1)
         lane.encode(lane.REPLY, id=1, **usage_reply())  # the table carries it
+
+
+class _BrokenNvml(FakeNvml):
+    """NVML that opens, then fails every read (a driver or GPU gone bad)."""
+
+    def nvmlDeviceGetCount(self):
+        raise RuntimeError("GPU is lost")
+
+
+@pytest.mark.parametrize("case, nvml, up", [
+    ("no GPU", FakeNvml([]), 1),  # NVML answers and lists none
+    ("no driver", FakeNvml(fail_init="Driver Not Loaded"), 0),
+    ("broken", _BrokenNvml(), 0),
+])
+def test_no_gpu_and_a_broken_driver_are_told_apart(tmp_path, case, nvml, up):
+    running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",), nvml=nvml,
+                           metrics="127.0.0.1:0", gpus=lambda: [])  # the inventory: none
+    running.agent.sampler.every = 0.2
+    try:
+        s = wait_for(running, lambda s: ("hvgpu_nvml_up", frozenset()) in s)
+        assert s[("hvgpu_nvml_up", frozenset())] == up, case
+        assert s[("hvgpu_gpus", frozenset())] == 0, case
+        assert s[("hvgpu_vgpus", frozenset())] == 0
+    finally:
+        running.stop()
 
 
 def _tcp_listening() -> set:
@@ -239,7 +271,7 @@ def test_the_endpoint_answers_http_as_a_scraper_expects(agent):
     with urllib.request.urlopen(gz, timeout=10) as reply:
         assert reply.headers["Content-Encoding"] == "gzip"
         import gzip
-        assert b"hvgpu_slices" in gzip.decompress(reply.read())
+        assert b"hvgpu_vgpus" in gzip.decompress(reply.read())
 
 
 def test_a_request_head_over_its_bound_is_refused(agent):

@@ -91,7 +91,7 @@ def test_idle_connections_to_the_metrics_endpoint_hold_a_bounded_share_of_the_ag
         assert held_by_server(port) <= SCRAPERS
         assert threading.active_count() <= threads_before + 2  # no thread per connection
         # a scrape, a guest and the control lane are all served meanwhile
-        assert "hvgpu_slices" in scrape(port)
+        assert "hvgpu_vgpus" in scrape(port)
         client = ControlClient(agent.control, timeout=10)
         try:
             client.call("attach", vm="vm1", mem="64M")
@@ -165,7 +165,7 @@ def test_failing_accepts_of_the_metrics_endpoint_are_logged_once_and_do_not_spin
                                       "hvgpu.host.metrics")
         assert cpu < 0.5  # it rested instead of trying again at once
         assert len(lines) == 1 and "Too many open files" in lines[0]
-        assert "hvgpu_slices" in scrape(server.port)  # and accepts again once it can
+        assert "hvgpu_vgpus" in scrape(server.port)  # and accepts again once it can
     finally:
         server.stop()
 
