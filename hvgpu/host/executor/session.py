@@ -36,7 +36,7 @@ from typing import Any, Callable
 
 from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
-from hvgpu.host.executor import admission, nvrtc_policy
+from hvgpu.host.executor import admission, nvrtc_policy, ops
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device_memory import DeviceMemoryLock
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
@@ -174,8 +174,7 @@ class Session:
         self.frame_fd: int | None = None  # the descriptor the SHM_ATTACH in work came with
         self.owns_staging = staging is None
         self.version = 0
-        self.handlers: dict[int, Callable] = {
-            code: getattr(self, "op_" + op.name.lower()) for code, op in P.OPS_BY_CODE.items()}
+        self.serving = _SERVING  # op -> serve(session, hdr, body)
         self.counts = {"frames": 0, "launches": 0, "h2d_bytes": 0, "d2h_bytes": 0}
         self.by_op: dict[int, int] = {}  # op << 1 | one-way -> frames (see op_counts)
         self.errors: dict[int, int] = {}  # CUDA status -> the guest's calls that failed with it
@@ -229,7 +228,7 @@ class Session:
             return
         reader = self.reader
         read_frame = reader.read_frame
-        handlers = self.handlers
+        serving = self.serving
         monotonic = time.monotonic
         graphs = self.graphs
         while True:
@@ -253,8 +252,7 @@ class Session:
                 self._fatal(hdr.op, hdr.seq, ProtocolError(
                     f"frame of protocol version {hdr.version} on a v{self.version} connection"))
                 return
-            handler = handlers.get(hdr.op)
-            if handler is None:
+            if hdr.op not in serving:
                 self.reader.skip_payload()
                 self._failed(hdr, oneway, CudaError(
                     P.HV_UNKNOWN_OP, f"op 0x{hdr.op:02x} is not part of protocol v{self.version}"))
@@ -294,7 +292,7 @@ class Session:
             if hdr.op == _LAUNCH:  # the hot path: no generic decode
                 result = self.launch(body)
             else:
-                result = self.handlers[hdr.op](hdr, *codec.REQUEST[hdr.op].decode(body))
+                result = self.serving[hdr.op](self, hdr, body)
         except (CudaError, ProtocolError) as exc:
             if self.reader.payload_left:
                 self.reader.skip_payload()
@@ -312,7 +310,7 @@ class Session:
         failure (a bad handle, the sticky error itself) changes nothing of that reply."""
         try:
             if self.device is not None:
-                self.handlers[hdr.op](hdr, *codec.REQUEST[hdr.op].decode(body))
+                self.serving[hdr.op](self, hdr, body)
         except (CudaError, ProtocolError) as exc:
             log.debug("%s: %s before a deferred error: %s", self.peer, P.op_name(hdr.op), exc)
 
@@ -527,7 +525,6 @@ class Session:
                     self.sock.close()
                 except OSError:
                     pass
-            self.handlers = {}  # its bound methods would keep this session for the cyclic GC
 
     def _release(self) -> None:
         if self.device is None:
@@ -644,77 +641,6 @@ class Session:
         return self.staging
 
     # -- ops (names follow protocol.OPS; each returns the reply's values) ----
-
-    def op_hello(self, hdr, *values):
-        raise CudaError(P.HV_HANDSHAKE, "HELLO was already done on this connection")
-
-    def op_ping(self, hdr):
-        return ()
-
-    def op_driver_get_version(self, hdr):
-        return (self.device.driver_version(),)
-
-    def op_device_get_count(self, hdr):
-        return (self.vgpus(),)
-
-    def _check_device(self, ordinal: int) -> None:
-        if ordinal != 0:
-            raise CudaError(P.CUDA_ERROR_INVALID_DEVICE,
-                            f"device {ordinal}: a connection serves one vGPU, its device 0 "
-                            "(each of a VM's vGPUs has its own connection)")
-
-    def op_device_get_attribute(self, hdr, attrib, ordinal):
-        self._check_device(ordinal)
-        return (self.device.attribute(attrib),)
-
-    def op_device_get_name(self, hdr, ordinal):
-        self._check_device(ordinal)
-        return (self.device.name(),)
-
-    def op_device_get_uuid(self, hdr, ordinal):
-        self._check_device(ordinal)
-        return (self.device.uuid(),)
-
-    def op_device_total_mem(self, hdr, ordinal):
-        self._check_device(ordinal)
-        if self.quota is not None:
-            return (self.quota.usage()[1],)  # the guest's device is its slice
-        return (self.device.total_mem(),)
-
-    def op_device_get_attributes(self, hdr, ordinal, count):
-        self._check_device(ordinal)
-        if not 0 < count <= 1024:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{count} attributes asked for")
-        values = []
-        for attrib in range(1, count + 1):
-            try:
-                values.append(self.device.attribute(attrib))
-            except CudaError:
-                values.append(0)  # unknown to this driver: as a device without the feature
-        return (b"".join(int(v).to_bytes(4, "little", signed=True) for v in values),)
-
-    def op_slice_info(self, hdr):
-        if self.quota is None:
-            return ("", self.device.total_mem(), 0, 0)
-        used, limit = self.quota.usage()
-        return (self.slice_name, limit, used, self.compute)
-
-    def op_vgpu_processes(self, hdr):
-        rows: dict[int, list] = {}  # pid -> [name, bytes]: one row per process
-        for session in self.neighbours():
-            if session.monitor or session.closed or session.version == 0:
-                continue
-            row = rows.setdefault(session.client_pid, [session.client_name, 0])
-            row[1] += max(0, session.charged)
-        listed = sorted(rows.items())[:P.MAX_PROCESSES]
-        return (len(listed), b"".join(pid.to_bytes(4, "little") for pid, _ in listed),
-                b"".join(used.to_bytes(8, "little") for _, (_, used) in listed),
-                "\0".join(name for _, (name, _) in listed))
-
-    def op_vgpu_utilization(self, hdr):
-        ask = getattr(self.quota, "utilization", None)  # None: the whole GPU, no slice
-        util = ask() if ask is not None else None
-        return (0, 0) if util is None else (1, util)
 
     def op_ctx_synchronize(self, hdr):
         self.device.synchronize()
@@ -1437,7 +1363,16 @@ class Session:
             self.device.memcpy_dtoh_async(dst, src, size, self._stream(stream))
         self.counts["d2h_bytes"] += size
 
-_ALREADY_REPLIED = object()
+def _legacy(code: int) -> Callable:
+    """An op not yet declared in ops.TABLE: served by its Session method."""
+    decode, method = codec.REQUEST[code].decode, "op_" + P.op_name(code).lower()
+    return lambda session, hdr, body: getattr(session, method)(hdr, *decode(body))
+
+
+_SERVING: dict[int, Callable] = {code: op.serve if op is not None else _legacy(code)
+                                 for code in P.OPS_BY_CODE
+                                 for op in (ops.TABLE.get(code),)}
+_ALREADY_REPLIED = ops.ALREADY_REPLIED
 # One per executor process: a module's cost is the driver's free memory before and
 # after its load, which another session's (or, through its lock file, another VM's
 # executor's) allocation or release must not change in between; every call that takes

@@ -1,0 +1,19 @@
+"""The data lane's ops as one table, keyed by protocol op code.
+
+Each family of ops is a module that declares, for each of its ops, its check,
+its charge and its action (``table.Family.declare``); :data:`TABLE` is all of
+them, each op once. The session serves every frame through it
+(``TABLE[op].serve(session, hdr, body)``).
+
+Must not import CUDA; the families drive the session's ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+from hvgpu.host.executor.ops import device
+from hvgpu.host.executor.ops.table import ALREADY_REPLIED, Op, build
+
+FAMILIES = (device.FAMILY,)
+TABLE: dict[int, Op] = build(*FAMILIES)
+
+__all__ = ["ALREADY_REPLIED", "FAMILIES", "Op", "TABLE"]
