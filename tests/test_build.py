@@ -1,4 +1,4 @@
-"""The C libraries that should build did build.
+"""The C libraries that should build did build, and the wheel carries every package.
 
 build_c.py marks every one optional, so that an install without a C compiler still
 succeeds (the shim is then reported missing, the launch loop falls back to
@@ -56,3 +56,15 @@ def test_a_c_library_that_should_build_did(name):
     built = library.stat().st_mtime
     stale = [str(s.relative_to(ROOT)) for s in sources if s.stat().st_mtime > built]
     assert not stale, f"the {name} ({library.name}) is older than {stale}: {rebuild}"
+
+
+def test_every_package_is_one_the_wheel_installs():
+    """pyproject.toml names its packages one by one: a package left out is in a
+    checkout and missing from an installed hvgpu."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts)
+             for init in (ROOT / "hvgpu").rglob("__init__.py")}
+    assert found - listed == set()
