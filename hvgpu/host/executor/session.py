@@ -38,11 +38,12 @@ from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
 from hvgpu.host.executor import admission, nvrtc_policy, ops
 from hvgpu.host.executor.compile_cache import CompileCache
-from hvgpu.host.executor.device_memory import DeviceMemoryLock
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
+from hvgpu.host.executor.ops import checks, memory
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Ledger
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.executor.tables import Allocations, Handles
@@ -130,7 +131,9 @@ class Session:
         self.closed = False
         self.heartbeat = heartbeat
         self.device = device
-        self.quota = quota  # reserve(n) / release(n) / usage(); None: the whole GPU
+        # The guest's share of the slice's quota (quota: reserve(n) / release(n) / usage();
+        # None: the whole GPU, nothing charged).
+        self.ledger = Ledger(quota, settle=lambda: self.pools.settle())
         # How many vGPUs the guest's VM has (each its own connection): its device count.
         self.vgpus = vgpus or (lambda: 1)
         # Called with the status of a kernel fault, which poisons the whole process.
@@ -149,8 +152,7 @@ class Session:
         self.uploads = uploads or admission.PROCESS_UPLOADS
         self.compile_slots = admission.compile_slots(self.cache.directory)
         self.allocs = Allocations()
-        self.charged = 0  # bytes of the slice's quota this guest holds
-        self.alloc_charges: dict[int, int] = {}  # allocation -> bytes charged for it
+        self.allocations: dict[int, memory.Allocation] = {}  # by address: cuMemAlloc's
         self.module_charges: dict[int, int] = {}  # module handle -> bytes its load took
         self.exec_charges: dict[int, int] = {}  # instantiated graph -> bytes it took
         self.upload_stream = None  # the executor's own, for uploads at instantiation
@@ -161,8 +163,10 @@ class Session:
         self.events = Handles("event")
         self.layouts: dict[int, list] = {}
         self.graphs = Graphs(device)  # captures, graphs, what a graph may still reach
-        self.vmm = VirtualMemory(device, self._charge, self._uncharge, DEVICE_MEMORY)
-        self.pools = Pools(device, self._charge, self._uncharge, DEVICE_MEMORY, self._stream,
+        self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,
+                                 DEVICE_MEMORY)
+        self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
+                           self._stream,
                            accounted=quota is not None)
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
@@ -179,6 +183,20 @@ class Session:
         self.by_op: dict[int, int] = {}  # op << 1 | one-way -> frames (see op_counts)
         self.errors: dict[int, int] = {}  # CUDA status -> the guest's calls that failed with it
         self.burst = self._launch_burst()
+
+    @property
+    def quota(self):
+        """What the slice's quota is charged through (None: the whole GPU)."""
+        return self.ledger.quota
+
+    @quota.setter
+    def quota(self, quota) -> None:
+        self.ledger.quota = quota
+
+    @property
+    def charged(self) -> int:
+        """Bytes of the slice's quota this guest holds."""
+        return self.ledger.charged
 
     def _launch_burst(self) -> LaunchBurst | None:
         """The C loop for runs of one-way frames, or None: every frame takes the Python
@@ -464,11 +482,13 @@ class Session:
     def _send(self, data) -> None:
         with self.send_lock:
             try:
-                self._sendall_locked(data)
+                self.send_locked(data)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionLost(f"guest went away while sending: {exc}") from None
 
-    def _sendall_locked(self, data) -> None:
+    def send_locked(self, data) -> None:
+        """Send ``data`` with the send lock held (the caller's), after the rest of a
+        progress frame if one was left half-sent."""
         if self.tail:  # the rest of a progress frame the heartbeat could not finish
             self.sock.sendall(self.tail)
             self.tail = b""
@@ -573,8 +593,8 @@ class Session:
             self.modules.objects.clear()
             for ptr in list(self.allocs.starts):
                 _quietly(self.device.mem_free, ptr)
-        self._uncharge(self.charged)
-        self.alloc_charges.clear()
+        self.ledger.uncharge(self.ledger.charged)
+        self.allocations.clear()
         self.module_charges.clear()
         self.allocs = Allocations()
         if self.burst is not None:
@@ -613,32 +633,13 @@ class Session:
     # -- helpers -------------------------------------------------------------
 
     def _stream(self, handle: int) -> Any:
-        if handle in (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD):
-            return self.device.stream(handle)
-        return self.streams.get(handle)
+        return checks.stream(self, handle)
 
     def _check_range(self, ptr: int, n: int, what: str) -> None:
-        """Inside an allocation of this guest (cuMemAlloc, pool or readable-writable
-        mapped memory), or a module variable it looked up."""
-        if self.graphs.origins:  # a capture under way may take this work in
-            self._graph_reaches(ptr)
-        if self.allocs.holds(ptr, n) or self.pools.allocs.holds(ptr, n) \
-                or self.vmm.covers(ptr, n):
-            return
-        for ranges in self.globals.values():
-            if ranges.holds(ptr, n):
-                return
-        why = self.vmm.why_not(ptr)
-        if why is not None:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{what}: {why}")
-        # Refused (check raises): said from the view of the allocation ptr falls in, if any.
-        (self.pools.allocs if self.pools.allocs.holds(ptr, 1) else self.allocs).check(
-            ptr, n, what)
+        checks.device_range(self, ptr, n, what)
 
     def _staging(self) -> StagingPool:
-        if self.staging is None:
-            self.staging = StagingPool(self.device)
-        return self.staging
+        return memory.staging(self)
 
     # -- ops (names follow protocol.OPS; each returns the reply's values) ----
 
@@ -649,71 +650,11 @@ class Session:
     def op_ctx_get_limit(self, hdr, limit):
         return (self.device.ctx_limit(limit),)
 
-    def op_mem_get_info(self, hdr):
-        self.pools.settle()
-        free, total = self.device.mem_info()
-        if self.quota is not None:
-            used, limit = self.quota.usage()
-            return (max(0, min(limit - used, free)), limit)
-        return (free, total)
-
-    def _charge(self, n: int) -> None:
-        """Charge ``n`` bytes to the slice; CUDA_ERROR_OUT_OF_MEMORY past its quota."""
-        if self.quota is not None and n:
-            try:
-                self.quota.reserve(n)
-            except CudaError as exc:
-                # Pools may have given memory back since they were last settled.
-                if exc.status != P.CUDA_ERROR_OUT_OF_MEMORY or not self.pools.settle():
-                    raise
-                self.quota.reserve(n)
-            self.charged += n
-
-    def _uncharge(self, n: int) -> None:
-        if self.quota is not None and n:
-            self.charged -= n
-            _quietly(self.quota.release, n)
-
-    def op_mem_alloc(self, hdr, size):
-        if size == 0:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "cannot allocate 0 bytes")
-        # Charged as the driver takes it (its granularity), not as asked, so that
-        # many small allocations cannot hold more than the quota.
-        charge = self.device.footprint(size)
-        self._charge(charge)
-        try:
-            with DEVICE_MEMORY:
-                ptr = self.device.mem_alloc(size)
-        except CudaError:
-            self._uncharge(charge)
-            raise
-        self.allocs.add(ptr, size)
-        self.alloc_charges[ptr] = charge
-        return (ptr,)
-
-    def op_mem_free(self, hdr, dptr):
-        self.allocs.remove(dptr)
-        if dptr in self.graphs.allocations and self.graphs.park(
-                f"allocation 0x{dptr:x}", lambda: self._free(dptr)):
-            return  # a graph may still write it: freed, and uncharged, when the last goes
-        self._free(dptr)
-
-    def _free(self, dptr: int) -> None:
-        with DEVICE_MEMORY:
-            self.device.mem_free(dptr)
-        self._uncharge(self.alloc_charges.pop(dptr, 0))
-
     def _graph_reaches(self, ptr: int) -> None:
-        base = self.allocs.base_of(ptr)
-        if base is not None:
-            self.graphs.allocations.add(base)
+        checks.graph_reaches(self, ptr)
 
     def _graph_reads_params(self, params) -> None:
-        """A kernel a graph runs: every aligned 8 bytes of its parameters that falls in
-        an allocation may be a pointer it writes through."""
-        words = memoryview(params)[:len(params) // 8 * 8].cast("B").cast("Q")
-        for value in words:
-            self._graph_reaches(value)
+        checks.graph_reads_params(self, params)
 
     def _load_module(self, image) -> int:
         """Load and charge what the load took of device memory (module variables:
@@ -725,7 +666,7 @@ class Session:
             module = self.device.module_load(image)
             taken = max(0, free_before - self.device.mem_info()[0])
         try:
-            self._charge(taken)
+            self.ledger.charge(taken)
         except CudaError as exc:
             with DEVICE_MEMORY:  # as every release: another session's load may be measuring
                 _quietly(self.device.module_unload, module)
@@ -734,56 +675,6 @@ class Session:
         handle = self.modules.add(module)
         self.module_charges[handle] = taken
         return handle
-
-    def op_memcpy_htod(self, hdr, dst, stream):
-        n = hdr.payload_len
-        self._check_range(dst, n, "destination")
-        s = self._stream(stream)
-        self.graphs.refuse_if_capturing(s, "a copy from pageable host memory")
-        self._staging().upload(self.reader.read_payload_into, dst, n, s)
-        self.counts["h2d_bytes"] += n
-
-    def op_memcpy_dtoh(self, hdr, src, size, stream):
-        self._check_range(src, size, "source")
-        s = self._stream(stream)
-        self.graphs.refuse_if_capturing(s, "a copy to pageable host memory")
-        lock = self.send_lock
-        started = False
-
-        def start():
-            nonlocal started
-            with lock:
-                self.streaming = started = True  # until the last byte: no progress frame cuts in
-            send(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size))
-
-        def send(view):
-            try:
-                with lock:
-                    self._sendall_locked(view)
-            except OSError as exc:
-                raise ConnectionLost(f"guest went away during a copy: {exc}") from None
-
-        try:
-            self._staging().download(src, size, s, start, send)
-        except CudaError as exc:
-            if started:  # the guest is owed bytes we cannot produce
-                raise ConnectionLost(f"copy failed after its reply began ({exc}); "
-                                     "closing the connection") from None
-            raise
-        self.counts["d2h_bytes"] += size
-        self.streaming = False
-        return _ALREADY_REPLIED
-
-    def op_memcpy_dtod(self, hdr, dst, src, size, stream):
-        self._check_range(dst, size, "destination")
-        self._check_range(src, size, "source")
-        self.device.memcpy_dtod_async(dst, src, size, self._stream(stream))
-
-    def op_memset(self, hdr, dst, count, value, width, stream):
-        if width not in (1, 2, 4):
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset width {width} is not 1, 2 or 4")
-        self._check_range(dst, count * width, "destination")
-        self.device.memset_async(dst, value, width, count, self._stream(stream))
 
     def op_module_load_data(self, hdr):
         with self.uploads.holding(hdr.payload_len, "module image"):
@@ -842,7 +733,7 @@ class Session:
         def unload():
             with DEVICE_MEMORY:
                 self.device.module_unload(obj)
-            self._uncharge(charge)
+            self.ledger.uncharge(charge)
 
         if not self.graphs.park(f"module {module}", unload):  # its code may be in a graph
             unload()
@@ -1083,7 +974,7 @@ class Session:
             taken = max(0, free_before - self.device.mem_info()[0])
         if failed is None:
             try:
-                self._charge(taken)
+                self.ledger.charge(taken)
             except CudaError as exc:
                 failed = CudaError(exc.status, f"the instantiated graph takes {taken} bytes of "
                                    f"device memory: {exc.detail}")
@@ -1194,7 +1085,7 @@ class Session:
     def op_graph_exec_destroy(self, hdr, exec_):
         with DEVICE_MEMORY:
             self.graphs.destroy_exec(exec_)
-        self._uncharge(self.exec_charges.pop(exec_, 0))
+        self.ledger.uncharge(self.exec_charges.pop(exec_, 0))
 
     # -- virtual memory management (vmm.VirtualMemory keeps the books) --------------
 
@@ -1373,12 +1264,6 @@ _SERVING: dict[int, Callable] = {code: op.serve if op is not None else _legacy(c
                                  for code in P.OPS_BY_CODE
                                  for op in (ops.TABLE.get(code),)}
 _ALREADY_REPLIED = ops.ALREADY_REPLIED
-# One per executor process: a module's cost is the driver's free memory before and
-# after its load, which another session's (or, through its lock file, another VM's
-# executor's) allocation or release must not change in between; every call that takes
-# or gives back device memory holds it shared, a measurement exclusive. Re-entrant: a
-# release can run what a graph held back (parked), which takes it again.
-DEVICE_MEMORY = DeviceMemoryLock()
 
 
 def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:

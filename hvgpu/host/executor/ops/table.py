@@ -1,12 +1,13 @@
 """How an op of the data lane is declared: its check, its charge and its action.
 
 Every protocol op the executor serves is one :class:`Op` in the table
-(``ops.TABLE``), declared by the module of its family with :func:`declare`:
+(``ops.TABLE``), declared by the module of its family with :meth:`Family.declare`:
 
 - ``check(session, hdr, *fields)`` refuses what the guest may not do (a handle it
   does not hold, a range outside its memory, a value CUDA would refuse) before
-  anything is held or the driver called, and returns the values ``act`` takes
-  (handles resolved to the objects they name);
+  anything is held or any work given to the driver (it may ask the driver, as
+  whether a stream is capturing), and returns the values ``act`` takes (handles
+  resolved to the objects they name);
 - ``charge`` says what the op does to the slice's quota (:class:`Charge`); where
   the charge can be made around the action (ahead of it, or a settling of the
   pools) the table makes it, so the action cannot forget it;
@@ -47,13 +48,19 @@ MEASURED = Charge("measured", "charged what the driver's free memory fell by whi
                               "undone when the quota refuses it")
 BOOKS = Charge("books", "charged by the books of its family (vmm.VirtualMemory, pools.Pools), "
                         "ahead of the driver taking the memory and given back as it returns")
-RELEASES = Charge("releases", "gives back the charge of what it destroys, once the driver "
-                              "has (parked while a graph may still reach it)")
+RELEASES = Charge("releases", "gives back what the object it destroys was charged (the "
+                              "quota, or the shared-memory budget) once the driver has it "
+                              "back; parked while a graph may still reach it, and given back "
+                              "with the last graph")
 SETTLES = Charge("settles", "a synchronisation point: after it, each pool is trimmed to its "
                             "release threshold and what it gave back is uncharged")
 SETTLES_FIRST = Charge("settles first", "before it answers, each pool is trimmed to its "
                                         "release threshold and what it gave back uncharged")
-KINDS = ("none", "ahead", "measured", "books", "releases", "settles", "settles first")
+SHARED_MEMORY = Charge("shared memory", "takes its size from the executor's shared-memory "
+                                        "budget (hvgpu attach --shm), not from the device "
+                                        "quota; given back when it is detached")
+KINDS = ("none", "ahead", "measured", "books", "releases", "settles", "settles first",
+         "shared memory")
 
 
 def ahead(size: Callable[..., int]) -> Charge:
@@ -64,7 +71,15 @@ def ahead(size: Callable[..., int]) -> Charge:
 
 
 def as_sent(session, hdr, *fields) -> tuple:
-    """The fields need no check beyond their decoding (their kinds and bounds)."""
+    """The fields need no check beyond their decoding (their kinds and bounds): they
+    name nothing the guest holds, and the driver refuses values it does not take."""
+    return fields
+
+
+def by_books(session, hdr, *fields) -> tuple:
+    """Each field names something the guest holds, which the family's books look up
+    as they change and refuse when it is not there (a reservation, a mapping, a
+    pool, a graph of this connection): nothing to check before."""
     return fields
 
 
@@ -120,7 +135,7 @@ def _compile(op: Op) -> Callable[..., Any]:
             checked = check(session, hdr, *decode(body))
             session.pools.settle()
             return act(session, hdr, *checked)
-    elif check is as_sent:
+    elif check is as_sent or check is by_books:
         def serve(session, hdr, body):
             return act(session, hdr, *decode(body))
     else:
