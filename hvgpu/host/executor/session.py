@@ -36,13 +36,14 @@ from typing import Any, Callable
 
 from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError, ProtocolError
-from hvgpu.host.executor import admission, nvrtc_policy, ops
+from hvgpu.host.executor import admission, ops
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.ops import checks, memory
+from hvgpu.host.executor.ops.modules import MAX_MODULE_IMAGE, MAX_SOURCE  # noqa: F401
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Ledger
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
@@ -58,14 +59,13 @@ from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 
 log = logging.getLogger(__name__)
 
-_HELLO, _PING, _LAUNCH = P.OP["HELLO"], P.OP["PING"], P.OP["LAUNCH_KERNEL"]
+_HELLO, _PING = P.OP["HELLO"], P.OP["PING"]
 _SHM_ATTACH = P.OP["SHM_ATTACH"]
 # The lane's bookkeeping, which the guest library does on its own (a region on the first
 # large copy, its rooms): a deferred CUDA error waits for the next CUDA call instead,
 # which must not lose it, nor leave a room or region held that the guest thinks it gave.
 _SHM_SETUP = frozenset(P.OP[name] for name in ("SHM_ATTACH", "SHM_DETACH", "SHM_ALLOC",
                                                "SHM_FREE"))
-_LAUNCH_FIXED = codec.REQUEST[_LAUNCH].fixed
 # Ending a capture is never skipped for an earlier one-way frame's error (which waits for
 # the next call): the capture would go on here while the guest believes it over.
 _END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
@@ -86,25 +86,14 @@ _DRIVER_CALL = {P.OP[op]: call for op, call in (
     ("EVENT_RECORD", "cuEventRecord"), ("STREAM_WAIT_EVENT", "cuStreamWaitEvent"),
     ("MEMSET", "cuMemsetAsync"), ("MEMCPY_DTOD", "cuMemcpyDtoDAsync"),
     ("MEMCPY_HTOD", "cuMemcpyHtoDAsync"))}
-_LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
-_MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
-_EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
-
-# Payloads a session holds whole before using them; larger ones are refused
-# (CUDA_ERROR_INVALID_VALUE) and skipped, so the session goes on.
-MAX_MODULE_IMAGE = 256 << 20  # MODULE_LOAD_DATA: a PTX, cubin or fatbin image
-MAX_SOURCE = nvrtc_policy.MAX_SOURCE  # MODULE_COMPILE(_HEADERS): source and its headers
-_PAYLOAD_LIMITS = {P.OP["MODULE_LOAD_DATA"]: (MAX_MODULE_IMAGE, "module image"),
-                   P.OP["MODULE_COMPILE"]: (MAX_SOURCE, "source"),
-                   P.OP["MODULE_COMPILE_HEADERS"]: (MAX_SOURCE, "source with its headers")}
+# Payloads a session holds whole before using them (ops/modules.py); larger ones are
+# refused (CUDA_ERROR_INVALID_VALUE) and skipped, so the session goes on.
+_PAYLOAD_LIMITS = {code: op.payload for code, op in ops.TABLE.items() if op.payload}
 _TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
 # A frame begun and then left unfinished holds memory here until it ends: past this
 # much silence in its middle the connection is closed (between frames a guest may be
 # idle as long as it likes).
 MID_FRAME_SILENCE = 60.0
-# How long a compilation waits for the VM's compiler slot before it is refused: two
-# compilations that each reach their limits (compiler.py: 60 CPU s, 150 s in all).
-COMPILE_WAIT = 300.0
 _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
 
 
@@ -153,7 +142,6 @@ class Session:
         self.compile_slots = admission.compile_slots(self.cache.directory)
         self.allocs = Allocations()
         self.allocations: dict[int, memory.Allocation] = {}  # by address: cuMemAlloc's
-        self.module_charges: dict[int, int] = {}  # module handle -> bytes its load took
         self.exec_charges: dict[int, int] = {}  # instantiated graph -> bytes it took
         self.upload_stream = None  # the executor's own, for uploads at instantiation
         self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
@@ -197,6 +185,11 @@ class Session:
     def charged(self) -> int:
         """Bytes of the slice's quota this guest holds."""
         return self.ledger.charged
+
+    @property
+    def module_charges(self) -> dict[int, int]:
+        """Module handle -> bytes of the quota its load was charged."""
+        return {handle: m.charge for handle, m in self.modules.objects.items()}
 
     def _launch_burst(self) -> LaunchBurst | None:
         """The C loop for runs of one-way frames, or None: every frame takes the Python
@@ -307,10 +300,7 @@ class Session:
                 raise self.device_error
             if oneway and self.graphs.origins:  # each a node the driver keeps
                 self.graphs.count_frame()
-            if hdr.op == _LAUNCH:  # the hot path: no generic decode
-                result = self.launch(body)
-            else:
-                result = self.serving[hdr.op](self, hdr, body)
+            result = self.serving[hdr.op](self, hdr, body)
         except (CudaError, ProtocolError) as exc:
             if self.reader.payload_left:
                 self.reader.skip_payload()
@@ -589,13 +579,12 @@ class Session:
         # session's load would otherwise be charged less than it took).
         with DEVICE_MEMORY:
             for module in self.modules.objects.values():
-                _quietly(self.device.module_unload, module)
+                _quietly(self.device.module_unload, module.obj)
             self.modules.objects.clear()
             for ptr in list(self.allocs.starts):
                 _quietly(self.device.mem_free, ptr)
         self.ledger.uncharge(self.ledger.charged)
         self.allocations.clear()
-        self.module_charges.clear()
         self.allocs = Allocations()
         if self.burst is not None:
             self.burst.close()
@@ -641,14 +630,8 @@ class Session:
     def _staging(self) -> StagingPool:
         return memory.staging(self)
 
-    # -- ops (names follow protocol.OPS; each returns the reply's values) ----
-
-    def op_ctx_synchronize(self, hdr):
-        self.device.synchronize()
-        self.pools.settle()
-
-    def op_ctx_get_limit(self, hdr, limit):
-        return (self.device.ctx_limit(limit),)
+    def _launch_params(self, function: int, params) -> Any:
+        return checks.launch_params(self, function, params)
 
     def _graph_reaches(self, ptr: int) -> None:
         checks.graph_reaches(self, ptr)
@@ -656,223 +639,11 @@ class Session:
     def _graph_reads_params(self, params) -> None:
         checks.graph_reads_params(self, params)
 
-    def _load_module(self, image) -> int:
-        """Load and charge what the load took of device memory (module variables:
-        a `__device__` array takes its size at load, with no cuMemAlloc)."""
-        if self.quota is None:
-            return self.modules.add(self.device.module_load(image))
-        with DEVICE_MEMORY.measuring():
-            free_before = self.device.mem_info()[0]
-            module = self.device.module_load(image)
-            taken = max(0, free_before - self.device.mem_info()[0])
-        try:
-            self.ledger.charge(taken)
-        except CudaError as exc:
-            with DEVICE_MEMORY:  # as every release: another session's load may be measuring
-                _quietly(self.device.module_unload, module)
-            raise CudaError(exc.status, f"the module's variables take {taken} bytes of device "
-                            f"memory: {exc.detail}") from None
-        handle = self.modules.add(module)
-        self.module_charges[handle] = taken
-        return handle
+    # -- ops (names follow protocol.OPS; each returns the reply's values) ----
 
-    def op_module_load_data(self, hdr):
-        with self.uploads.holding(hdr.payload_len, "module image"):
-            image = self.reader.read_payload()
-            if not image:
-                raise CudaError(P.CUDA_ERROR_INVALID_IMAGE, "empty module image")
-            return (self._load_module(image),)
-
-    def op_module_compile(self, hdr, name, options):
-        return self._compile(hdr, name, options, [], [hdr.payload_len])
-
-    def op_module_compile_headers(self, hdr, name, options, header_names, sizes):
-        names = [h for h in header_names.split("\0") if h]
-        if len(sizes) % 8 or len(sizes) // 8 != len(names) + 1:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"{len(names)} header names need {8 * (len(names) + 1)} bytes of "
-                            f"sizes, not {len(sizes)}")
-        counts = [int.from_bytes(sizes[i:i + 8], "little") for i in range(0, len(sizes), 8)]
-        if sum(counts) != hdr.payload_len:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"sizes add up to {sum(counts)} bytes, the payload is "
-                            f"{hdr.payload_len}")
-        return self._compile(hdr, name, options, names, counts)
-
-    def _compile(self, hdr, name, options, names: list[str], counts: list[int]):
-        """NVRTC through nvrtc_policy's checks, then the per-VM cache or a confined child."""
-        name = nvrtc_policy.check_program_name(name)
-        nvrtc_policy.check_header_names(names)
-        opts = nvrtc_policy.check_options([o for o in options.split("\0") if o], names)
-        with self.uploads.holding(hdr.payload_len, "source with its headers"):
-            return self._compile_held(name, names, counts, opts)
-
-    def _compile_held(self, name, names, counts, opts):
-        data = self.reader.read_payload()
-        parts, at = [], 0
-        for n in counts:
-            parts.append(data[at:at + n])
-            at += n
-        source, headers = parts[0], dict(zip(names, parts[1:]))
-        nvrtc_policy.check_includes(source, headers, name)
-        key = CompileCache.key(self.device.compiler_id(), name, opts, source, headers)
-        image, build_log, hit = self.cache.get_or_build(
-            key, lambda: self._build(source, name, opts, headers))
-        log.info("%s: compiled %s (%s)", self.peer, name, "cache hit" if hit else "NVRTC")
-        return (self._load_module(image), build_log[:P.MAX_MESSAGE])
-
-    def _build(self, source, name, opts, headers):
-        """A compilation in one of the VM's compiler slots (waiting for one if need be)."""
-        with self.compile_slots.slot(COMPILE_WAIT):
-            return self.device.compile(source, name, opts, headers)
-
-    def op_module_unload(self, hdr, module):
-        obj = self.modules.get(module)
-        charge = self.module_charges.get(module, 0)
-
-        def unload():
-            with DEVICE_MEMORY:
-                self.device.module_unload(obj)
-            self.ledger.uncharge(charge)
-
-        if not self.graphs.park(f"module {module}", unload):  # its code may be in a graph
-            unload()
-        self.modules.pop(module)
-        self.module_charges.pop(module, None)
-        ranges = self.globals.pop(module, None)
-        if ranges is not None:
-            ranges.clear()  # and so out of the C loop's table
-        for fid in [f for f, (m, _) in self.functions.objects.items() if m == module]:
-            self.functions.pop(fid)
-            self.layouts.pop(fid, None)
-            self.launchable.pop(fid, None)
-            if self.burst is not None:
-                self.burst.drop_function(fid)
-
-    def op_module_get_function(self, hdr, module, name):
-        fn = self.device.module_function(self.modules.get(module), name)
-        return (self.functions.add((module, fn)),)
-
-    def op_module_get_global(self, hdr, module, name):
-        dptr, size = self.device.module_global(self.modules.get(module), name)
-        ranges = self.globals.setdefault(module, Allocations(self.burst))
-        if dptr not in ranges.sizes and size:
-            ranges.add(dptr, size)
-        return (dptr, size)
-
-    def op_func_get_attribute(self, hdr, function, attrib):
-        return (self.device.func_attribute(self.functions.get(function)[1], attrib),)
-
-    def op_func_get_attributes(self, hdr, function, count):
-        if not 0 < count <= _MAX_FUNC_ATTRIBUTES:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"{count} function attributes asked for (1..{_MAX_FUNC_ATTRIBUTES})")
-        fn = self.functions.get(function)[1]
-        known, values = 0, []
-        for attrib in range(count):
-            try:
-                values.append(self.device.func_attribute(fn, attrib))
-                known |= 1 << attrib
-            except CudaError as exc:
-                if exc.status != P.CUDA_ERROR_INVALID_VALUE:
-                    raise
-                values.append(0)  # an attribute this driver does not have
-        return (known, struct.pack(f"<{count}i", *values))
-
-    def op_func_set_attribute(self, hdr, function, attrib, value):
-        self.device.func_set_attribute(self.functions.get(function)[1], attrib, value)
-
-    def op_func_set_cache_config(self, hdr, function, config):
-        self.device.func_set_cache_config(self.functions.get(function)[1], config)
-
-    def op_occupancy_max_blocks(self, hdr, function, block_size, shared_mem, flags):
-        fn = self.functions.get(function)[1]
-        return (self.device.occupancy_max_blocks(fn, block_size, shared_mem, flags),)
-
-    def op_occupancy_available_smem(self, hdr, function, blocks, block_size):
-        fn = self.functions.get(function)[1]
-        return (self.device.occupancy_available_smem(fn, blocks, block_size),)
-
-    def op_launch_kernel_ex(self, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params,
-                            attrs):
-        fn = self._launch_params(function, params)
-        if len(attrs) % _LAUNCH_ATTR_SIZE:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"{len(attrs)} bytes of launch attributes is not a whole number")
-        for i in range(0, len(attrs), _LAUNCH_ATTR_SIZE):
-            if int.from_bytes(attrs[i:i + 4], "little") in _EVENT_ATTRS:
-                raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "launch attributes naming events")
-        if self.graphs.origins:
-            self._graph_reads_params(params)
-        self.device.launch_ex(fn, (gx, gy, gz), (bx, by, bz), shared, self._stream(stream),
-                              params, attrs)
-        self.counts["launches"] += 1
-
-    def op_occupancy_clusters(self, hdr, which, function, gx, gy, gz, bx, by, bz, shared, attrs):
-        if which not in (0, 1) or len(attrs) % _LAUNCH_ATTR_SIZE:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "bad cluster occupancy query")
-        fn = self.functions.get(function)[1]
-        return (self.device.occupancy_clusters(which, fn, (gx, gy, gz), (bx, by, bz), shared,
-                                               attrs),)
-
-    def op_tensor_map_encode_tiled(self, hdr, dtype, rank, address, dims, strides, box,
-                                   element_strides, interleave, swizzle, l2, oob):
-        if not 1 <= rank <= 5 or len(dims) != 8 * rank or len(strides) != 8 * (rank - 1) \
-                or len(box) != 4 * rank or len(element_strides) != 4 * rank:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"tensor map arrays do not match rank {rank}")
-        return (self.device.tensor_map_encode_tiled(
-            dtype, rank, address, dims, strides, box, element_strides, interleave, swizzle, l2,
-            oob),)
-
-    def _launchable(self, function: int) -> tuple:
-        entry = self.launchable.get(function)
-        if entry is None:
-            layout = self._layout(function)
-            entry = self.launchable[function] = (
-                self.functions.get(function)[1], (layout[-1][0] + layout[-1][1]) if layout else 0)
-            if self.burst is not None:
-                self.burst.set_function(function, self.device.handle_value(entry[0]), entry[1])
-        return entry
-
-    def _launch_params(self, function: int, params) -> Any:
-        """The function to launch, once the parameter buffer has the kernel's size."""
-        entry = self.launchable.get(function)
-        fn, need = entry if entry is not None else self._launchable(function)
-        if len(params) != need:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"parameter buffer is {len(params)} bytes, the kernel takes {need}")
-        return fn
-
-    def _layout(self, function: int) -> list:
-        layout = self.layouts.get(function)
-        if layout is None:
-            layout = self.device.param_layout(self.functions.get(function)[1])
-            self.layouts[function] = layout
-        return layout
-
-    def op_func_get_param_info(self, hdr, function):
-        layout = self._layout(function)
-        self._launchable(function)  # the guest asks before its first launch: C takes that one
-        return (b"".join(o.to_bytes(4, "little") + s.to_bytes(4, "little") for o, s in layout),)
-
-    def launch(self, body) -> None:
-        """LAUNCH_KERNEL, decoded in place; the parameters go to the driver as a view."""
-        size = _LAUNCH_FIXED.size
-        if len(body) < size:
-            raise ProtocolError(f"body of {len(body)} bytes is shorter than the {size} "
-                                "its fields need", code="bad-frame")
-        function, gx, gy, gz, bx, by, bz, shared, stream, n = _LAUNCH_FIXED.unpack_from(body)
-        if len(body) != size + n:
-            raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
-        params = body[size:]
-        if self.graphs.origins:
-            self._graph_reads_params(params)
-        self.device.launch(self._launch_params(function, params), (gx, gy, gz), (bx, by, bz),
-                           shared, self._stream(stream), params)
-        self.counts["launches"] += 1
-
-    def op_launch_kernel(self, hdr, *values):
-        raise AssertionError("LAUNCH_KERNEL is served by Session.launch")
+    def op_ctx_synchronize(self, hdr):
+        self.device.synchronize()
+        self.pools.settle()
 
     def op_stream_create(self, hdr, flags):
         return (self._add_stream(self.device.stream_create(flags)),)
