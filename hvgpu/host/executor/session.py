@@ -565,15 +565,16 @@ class Session:
         if self.vmm.mappings:
             # Unmapping does not wait for the GPU (cuMemFree does): work still queued on
             # the guest's streams must not find its memory gone.
-            for stream in (*self.streams.objects.values(), self.device.stream(STREAM_LEGACY),
+            for stream in (*(s.obj for s in self.streams.objects.values()),
+                           self.device.stream(STREAM_LEGACY),
                            self.device.stream(STREAM_PER_THREAD)):
                 _quietly(self.device.stream_synchronize, stream)
         self.pools.release_all()  # pool memory first, on the streams it was allocated on
         self.vmm.release_all()
         for release, table in ((self.device.event_destroy, self.events.objects),
                                (self.device.stream_destroy, self.streams.objects)):
-            for obj in list(table.values()):
-                _quietly(release, obj)
+            for held in list(table.values()):
+                _quietly(release, held.obj)
             table.clear()
         # Device memory goes back under the lock a module load measures under (another
         # session's load would otherwise be charged less than it took).
@@ -640,79 +641,6 @@ class Session:
         checks.graph_reads_params(self, params)
 
     # -- ops (names follow protocol.OPS; each returns the reply's values) ----
-
-    def op_ctx_synchronize(self, hdr):
-        self.device.synchronize()
-        self.pools.settle()
-
-    def op_stream_create(self, hdr, flags):
-        return (self._add_stream(self.device.stream_create(flags)),)
-
-    def op_stream_create_priority(self, hdr, flags, priority):
-        return (self._add_stream(self.device.stream_create(flags, priority)),)
-
-    def _add_stream(self, stream) -> int:
-        handle = self.streams.add(stream)
-        if self.burst is not None:
-            self.burst.set_stream(handle, self.device.handle_value(stream))
-        return handle
-
-    def op_stream_priority_range(self, hdr):
-        return self.device.stream_priority_range()
-
-    def op_stream_destroy(self, hdr, stream):
-        obj = self.streams.get(stream)
-        if stream in self.graphs.origins:  # as the driver does: its capture ends, failed
-            try:
-                with DEVICE_MEMORY:
-                    self.graphs.destroy(self.graphs.end(stream, obj))
-            except CudaError:
-                pass
-        self.device.stream_destroy(obj)
-        self.streams.pop(stream)
-        if self.burst is not None:
-            self.burst.drop_stream(stream)
-
-    def op_stream_synchronize(self, hdr, stream):
-        self.device.stream_synchronize(self._stream(stream))
-        self.pools.settle()
-
-    def op_stream_query(self, hdr, stream):
-        if not self.device.stream_query(self._stream(stream)):
-            raise CudaError(P.CUDA_ERROR_NOT_READY)
-
-    def op_stream_wait_event(self, hdr, stream, event, flags):
-        self.graphs.event_used(event)
-        self.device.stream_wait_event(self._stream(stream), self.events.get(event), flags)
-
-    def op_event_create(self, hdr, flags):
-        event = self.device.event_create(flags)
-        handle = self.events.add(event)
-        if self.burst is not None:
-            self.burst.set_event(handle, self.device.handle_value(event))
-        return (handle,)
-
-    def op_event_destroy(self, hdr, event):
-        obj = self.events.get(event)
-        if event not in self.graphs.events or \
-                not self.graphs.park(f"event {event}", lambda: self.device.event_destroy(obj)):
-            self.device.event_destroy(obj)
-        self.graphs.events.discard(event)
-        self.events.pop(event)
-        if self.burst is not None:
-            self.burst.drop_event(event)
-
-    def op_event_record(self, hdr, event, stream):
-        self.graphs.event_used(event)
-        self.device.event_record(self.events.get(event), self._stream(stream))
-
-    def op_event_query(self, hdr, event):
-        if not self.device.event_query(self.events.get(event)):
-            raise CudaError(P.CUDA_ERROR_NOT_READY)
-
-    def op_event_synchronize(self, hdr, event):
-        self.device.event_synchronize(self.events.get(event))
-        self.pools.settle()
 
     # -- stream capture and graphs (graphs.Graphs keeps the books) ----------------------
 
@@ -820,7 +748,7 @@ class Session:
         return (self.graphs.add_node(graph, deps, self.device.graph_add_empty),)
 
     def op_graph_add_event_node(self, hdr, graph, wait, reserved, event, deps):
-        obj = self.events.get(event)
+        obj = checks.event(self, event)
         if wait not in (0, 1):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"event node kind {wait}")
         self.graphs.events.add(event)
@@ -922,10 +850,6 @@ class Session:
 
     def op_mem_pool_trim_to(self, hdr, pool, keep):
         self.pools.trim(pool, keep)
-
-    def op_event_elapsed_time(self, hdr, start, end):
-        return (self.device.event_elapsed(self.events.get(start), self.events.get(end)),)
-
 
     # -- the shared-memory lane (executor/regions.py) ------------------------
 

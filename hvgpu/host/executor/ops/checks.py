@@ -23,11 +23,11 @@ def stream(session, handle: int) -> Any:
     """The device's stream a guest's stream number names."""
     if handle in _SPECIAL_STREAMS:
         return session.device.stream(handle)
-    return session.streams.get(handle)
+    return session.streams.get(handle).obj
 
 
 def event(session, handle: int) -> Any:
-    return session.events.get(handle)
+    return session.events.get(handle).obj
 
 
 def device_ordinal(ordinal: int) -> None:
