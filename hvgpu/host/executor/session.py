@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 from typing import Any, Callable
@@ -43,6 +42,7 @@ from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PE
 from hvgpu.host.executor.graphs import Graphs
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.ops import checks, memory
+from hvgpu.host.executor.ops import regions as regions_ops
 from hvgpu.host.executor.ops.modules import MAX_MODULE_IMAGE, MAX_SOURCE  # noqa: F401
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Ledger
 from hvgpu.host.executor.progress import Heartbeat
@@ -54,7 +54,6 @@ from hvgpu.host.executor.vmm import VirtualMemory
 from hvgpu.host.logs import clip
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
-from hvgpu.virtio import region as region_layout
 from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 
 log = logging.getLogger(__name__)
@@ -362,7 +361,7 @@ class Session:
             if done.status:
                 self._burst_failed(done.status, done.op, done.seq)
             elif done.want_ring:
-                burst.set_ring(self._staging().copy_ring())  # None: Python copies them
+                burst.set_ring(memory.staging(self).copy_ring())  # None: Python copies them
             elif done.need and done.need <= len(reader.buf):
                 self.busy = None
                 reader.fill(done.need)
@@ -557,7 +556,7 @@ class Session:
             _quietly(self.device.stream_destroy, self.upload_stream)
             self.upload_stream = None
         for attached in self.regions.values():
-            _quietly(self._drop_region, attached)
+            _quietly(regions_ops.drop, self, attached)
         self.regions.clear()
         if self.staging is not None and self.owns_staging:
             self.staging.close()
@@ -625,122 +624,9 @@ class Session:
     def _stream(self, handle: int) -> Any:
         return checks.stream(self, handle)
 
-    def _check_range(self, ptr: int, n: int, what: str) -> None:
-        checks.device_range(self, ptr, n, what)
-
-    def _staging(self) -> StagingPool:
-        return memory.staging(self)
 
 
-    # -- ops (names follow protocol.OPS; each returns the reply's values) ----
-
-    # -- the shared-memory lane (executor/regions.py) ------------------------
-
-    def op_shm_attach(self, hdr, kind, flags, size):
-        fd, self.frame_fd = self.frame_fd, None
-        try:
-            if flags:
-                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"SHM_ATTACH flags {flags:#x}")
-            if len(self.regions) >= regions.MAX_REGIONS:
-                raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "a connection attaches at most "
-                                f"{regions.MAX_REGIONS} shared-memory regions")
-            if kind == region_layout.KIND_MEMFD:
-                if fd is None:
-                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                                    "SHM_ATTACH of a memfd came without its descriptor")
-                regions.check_memfd(fd, size)
-                self.shared.budget.take(size, "a memfd region")
-                owned, fd = fd, None  # the Region's from here: it closes it, even failing
-                try:
-                    got = regions.Region(owned, size, self.device, kind=region_layout.KIND_MEMFD)
-                except BaseException:
-                    self.shared.budget.give(size)
-                    raise
-                attached = regions.Attached(got, owned=True)
-            elif kind == region_layout.KIND_DEVICE:
-                if fd is not None:
-                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                                    "SHM_ATTACH of the device region takes no descriptor")
-                if any(not a.owned for a in self.regions.values()):
-                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                                    "the device region is already attached on this connection")
-                attached = regions.Attached(self.shared.attach_device(self.device), owned=False)
-                if size not in (0, attached.region.size):
-                    raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                                    f"the VM's region is {attached.region.size} bytes, not "
-                                    f"{size} (0 takes it whole)")
-            else:
-                raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"no region kind {kind}")
-        finally:
-            if fd is not None:
-                os.close(fd)
-        self.region_ids += 1
-        self.regions[self.region_ids] = attached
-        log.info("%s: attached a %s region of %d bytes as %d", self.peer,
-                 "memfd" if attached.owned else "device", attached.region.size, self.region_ids)
-        device = 0 if attached.owned else self.shared.vgpu
-        return self.region_ids, device, attached.region.size, attached.region.token
-
-    def _region(self, region: int) -> regions.Attached:
-        attached = self.regions.get(region)
-        if attached is None:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"region {region} is not attached on this connection")
-        return attached
-
-    def _drop_region(self, attached: regions.Attached) -> None:
-        """After the GPU is done with it: no DMA may outlive the mapping or the room."""
-        self.device.synchronize()
-        attached.give_all()
-        if attached.owned:
-            attached.region.close()
-            self.shared.budget.give(attached.region.size)
-
-    def op_shm_detach(self, hdr, region):
-        attached = self._region(region)
-        # A graph may copy from or to it: unmapped only once no graph is left.
-        if region not in self.graphs.regions or \
-                not self.graphs.park(f"region {region}", lambda: self._drop_region(attached)):
-            self._drop_region(attached)
-        self.graphs.regions.discard(region)
-        del self.regions[region]
-
-    def op_shm_alloc(self, hdr, region, reserved, size):
-        return (self._region(region).take(size),)
-
-    def op_shm_free(self, hdr, region, reserved, offset):
-        attached = self._region(region)
-        if offset not in attached.rooms:
-            raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            f"offset {offset} is not an allocation of this connection")
-        self.device.synchronize()  # cuMemFreeHost waits for the device, too
-        attached.give(offset)
-
-    def op_memcpy_htod_shm(self, hdr, dst, region, reserved, offset, size, stream):
-        self.graphs.region_used(region)
-        src = self._region(region).address(offset, size, "source")
-        self._check_range(dst, size, "destination")
-        if size:
-            self.device.memcpy_htod_async(dst, src, size, self._stream(stream))
-        self.counts["h2d_bytes"] += size
-
-    def op_memcpy_dtoh_shm(self, hdr, region, reserved, offset, src, size, stream):
-        self.graphs.region_used(region)
-        dst = self._region(region).address(offset, size, "destination")
-        self._check_range(src, size, "source")
-        if size:
-            self.device.memcpy_dtoh_async(dst, src, size, self._stream(stream))
-        self.counts["d2h_bytes"] += size
-
-def _legacy(code: int) -> Callable:
-    """An op not yet declared in ops.TABLE: served by its Session method."""
-    decode, method = codec.REQUEST[code].decode, "op_" + P.op_name(code).lower()
-    return lambda session, hdr, body: getattr(session, method)(hdr, *decode(body))
-
-
-_SERVING: dict[int, Callable] = {code: op.serve if op is not None else _legacy(code)
-                                 for code in P.OPS_BY_CODE
-                                 for op in (ops.TABLE.get(code),)}
+_SERVING: dict[int, Callable] = {code: op.serve for code, op in ops.TABLE.items()}
 _ALREADY_REPLIED = ops.ALREADY_REPLIED
 
 

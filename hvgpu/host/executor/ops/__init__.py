@@ -10,11 +10,11 @@ Must not import CUDA; the families drive the session's ``GpuDevice``.
 
 from __future__ import annotations
 
-from hvgpu.host.executor.ops import device, graphs, memory, modules, streams, vmm
+from hvgpu.host.executor.ops import device, graphs, memory, modules, regions, streams, vmm
 from hvgpu.host.executor.ops.table import ALREADY_REPLIED, Op, build
 
 FAMILIES = (device.FAMILY, memory.FAMILY, modules.FAMILY, streams.FAMILY, graphs.FAMILY,
-            vmm.FAMILY)
+            vmm.FAMILY, regions.FAMILY)
 TABLE: dict[int, Op] = build(*FAMILIES)
 
 __all__ = ["ALREADY_REPLIED", "FAMILIES", "Op", "TABLE"]
