@@ -1,27 +1,33 @@
-"""One guest connection's data lane: handshake, op dispatch, validation.
+"""One guest connection's data lane: the loop, the handshake, deferred errors, progress.
 
-The session reads frames from the guest's socket, checks every handle and
-device address against what this guest owns, and drives a ``GpuDevice``.
+The session reads frames from the guest's socket and serves each through the
+ops table (``ops``): every op's check (is this handle, this device range the
+guest's?), its charge on the slice's quota and its action on the
+``GpuDevice``. The session holds what the guest holds (handle tables, device
+ranges, its ledger); ``ops.release`` gives it all back when the guest goes.
+
 One-way ops are never answered; their first error is kept and reported by
 the next synchronising op instead of running it (CUDA's asynchronous-error
 model); STREAM_END_CAPTURE is run all the same, and a failed one-way frame
-invalidates the capture its stream is in. Runs of them are served by a C loop (``launch_burst``) that makes the
-same checks against tables the session keeps in step with its own (handles,
-device ranges); a frame the loop does not serve comes to the Python path. A malformed frame whose length is known gets an error and the
-session goes on; a frame that breaks the framing (bad magic, oversize)
-ends the connection after saying why. Anything unexpected ends the session
-alone: the guest gets HV_INTERNAL where a reply can still be framed, then the
-connection closes; the error is logged once, and everything the guest held,
-its socket included, is released at once.
+invalidates the capture its stream is in. Runs of them are served by a C loop
+(``launch_burst``) that makes the same checks against tables the session keeps
+in step with its own (handles, device ranges); a frame the loop does not serve
+comes to the Python path. A malformed frame whose length is known gets an
+error and the session goes on; a frame that breaks the framing (bad magic,
+oversize) ends the connection after saying why. Anything unexpected ends the
+session alone: the guest gets HV_INTERNAL where a reply can still be framed,
+then the connection closes; the error is logged once, and everything the guest
+held, its socket included, is released at once.
 
 What a guest can make the session hold is bounded: payloads are kept as
-their bytes arrive (``framing``), payloads kept whole are capped
-(:data:`MAX_MODULE_IMAGE`, :data:`MAX_SOURCE`), and copies go through the
-executor's one staging pool. Every send on the guest's socket holds the
-session's send lock, so a progress frame (``progress``) never lands inside
-a reply.
+their bytes arrive (``framing``), payloads kept whole are capped (each op's
+``payload`` in the table: :data:`MAX_MODULE_IMAGE`, :data:`MAX_SOURCE`), and
+copies go through the executor's one staging pool. Every send on the guest's
+socket holds the session's send lock, so a progress frame (``progress``) never
+lands inside a reply.
 
-Must not import CUDA (``cuda_device`` does) and must not touch other guests.
+Must not import CUDA (``cuda_device`` does), serve an op outside the table, or
+touch other guests.
 """
 
 from __future__ import annotations
@@ -42,9 +48,8 @@ from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PE
 from hvgpu.host.executor.graphs import Graphs
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.ops import checks, memory
-from hvgpu.host.executor.ops import regions as regions_ops
 from hvgpu.host.executor.ops.modules import MAX_MODULE_IMAGE, MAX_SOURCE  # noqa: F401
-from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Ledger
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Ledger, quietly
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.executor.tables import Allocations, Handles
@@ -131,7 +136,6 @@ class Session:
         self.neighbours = neighbours or (lambda: [self])
         self.client_pid, self.client_name = 0, ""  # the process the guest says it is
         self.monitor = False  # the guest only looks (CAP_MONITOR): it is no process here
-        self.owns_device = owns_device
         self.device_error = device_error or CudaError(P.HV_NO_GPU, "no device")
         self.peer = peer
         self.cache = cache or CompileCache(None)
@@ -153,7 +157,7 @@ class Session:
         self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,
                                  DEVICE_MEMORY)
         self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
-                           self._stream,
+                           self.stream,
                            accounted=quota is not None)
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
@@ -309,7 +313,7 @@ class Session:
             return
         if self.reader.payload_left:
             self.reader.skip_payload()
-        if not oneway and result is not _ALREADY_REPLIED:
+        if not oneway and result is not ops.ALREADY_REPLIED:
             self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[hdr.op].encode(result or ())))
 
     def _wait_before_telling(self, hdr, body) -> None:
@@ -378,7 +382,7 @@ class Session:
         if fixed is None or len(body) < fixed.size:
             return  # not work on a stream; or malformed, which no capture holds either
         try:
-            stream = self._stream(fixed.unpack_from(body)[at])
+            stream = self.stream(fixed.unpack_from(body)[at])
         except CudaError:
             return  # no stream of this guest: not in any capture
         self.graphs.invalidate(stream)
@@ -548,49 +552,12 @@ class Session:
                  len(self.streams.objects), len(self.events.objects))
         if self.by_op:
             log.info("%s: frames by op: %s", self.peer, self.op_counts())
-        # Captures end and graphs go first: what they held back is released with them.
-        with DEVICE_MEMORY:
-            self.graphs.release_all(self._stream)
-        self.exec_charges.clear()  # with the rest of the charge, below
-        if self.upload_stream is not None:
-            _quietly(self.device.stream_destroy, self.upload_stream)
-            self.upload_stream = None
-        for attached in self.regions.values():
-            _quietly(regions_ops.drop, self, attached)
-        self.regions.clear()
-        if self.staging is not None and self.owns_staging:
-            self.staging.close()
-        self.staging = None
-        if self.vmm.mappings:
-            # Unmapping does not wait for the GPU (cuMemFree does): work still queued on
-            # the guest's streams must not find its memory gone.
-            for stream in (*(s.obj for s in self.streams.objects.values()),
-                           self.device.stream(STREAM_LEGACY),
-                           self.device.stream(STREAM_PER_THREAD)):
-                _quietly(self.device.stream_synchronize, stream)
-        self.pools.release_all()  # pool memory first, on the streams it was allocated on
-        self.vmm.release_all()
-        for release, table in ((self.device.event_destroy, self.events.objects),
-                               (self.device.stream_destroy, self.streams.objects)):
-            for held in list(table.values()):
-                _quietly(release, held.obj)
-            table.clear()
-        # Device memory goes back under the lock a module load measures under (another
-        # session's load would otherwise be charged less than it took).
-        with DEVICE_MEMORY:
-            for module in self.modules.objects.values():
-                _quietly(self.device.module_unload, module.obj)
-            self.modules.objects.clear()
-            for ptr in list(self.allocs.starts):
-                _quietly(self.device.mem_free, ptr)
-        self.ledger.uncharge(self.ledger.charged)
-        self.allocations.clear()
-        self.allocs = Allocations()
+        ops.release(self)
         if self.burst is not None:
             self.burst.close()
             self.burst = None
         if self.owns_device:
-            _quietly(self.device.close)
+            quietly(self.device.close)
         self.device = None
 
     def stats(self) -> dict:
@@ -619,24 +586,14 @@ class Session:
             parts.append(f"{sum(sum(c) for _, c in rest)} more in {len(rest)} other ops")
         return ", ".join(parts)
 
-    # -- helpers -------------------------------------------------------------
-
-    def _stream(self, handle: int) -> Any:
+    def stream(self, handle: int) -> Any:
+        """The device's stream a guest's stream number names (CudaError if none)."""
         return checks.stream(self, handle)
 
 
-
+# op -> serve(session, hdr, body): decode, check, charge, act (ops/table.py)
 _SERVING: dict[int, Callable] = {code: op.serve for code, op in ops.TABLE.items()}
-_ALREADY_REPLIED = ops.ALREADY_REPLIED
 
 
 def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:
     return pack_header(op, P.FLAG_REPLY, seq, status, len(body)) + body
-
-
-def _quietly(fn, *args) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:  # releasing at exit: report, never stop releasing
-        log.debug("release failed: %s", exc)
-

@@ -241,3 +241,14 @@ def _kernel_params(session, hdr, exec_, node, function, gx, gy, gz, bx, by, bz, 
 @declare("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", check=_kernel_params)
 def graph_exec_kernel_node_set_params(session, hdr, ex, node, kernel):
     session.device.graph_exec_kernel_set(ex, node, *kernel)
+
+
+def release_all(session) -> None:
+    """At the end: captures end and graphs go first, and what they held back (parked)
+    is released with them; the instantiations' charges go with the guest's whole."""
+    with DEVICE_MEMORY:
+        session.graphs.release_all(session.stream)
+    session.exec_charges.clear()
+    if session.upload_stream is not None:
+        quietly(session.device.stream_destroy, session.upload_stream)
+        session.upload_stream = None

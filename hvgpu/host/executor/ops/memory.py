@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from hvgpu.errors import ConnectionLost, CudaError
 from hvgpu.host.executor.ops import checks
-from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import ALREADY_REPLIED, SETTLES_FIRST, Family, RELEASES, ahead
 from hvgpu.host.executor.staging import StagingPool
+from hvgpu.host.executor.tables import Allocations
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.framing import pack_header
 
@@ -158,3 +159,20 @@ def mem_get_info(session, hdr):
         used, limit = session.quota.usage()
         return (max(0, min(limit - used, free)), limit)
     return (free, total)
+
+
+def release_staging(session) -> None:
+    if session.staging is not None and session.owns_staging:
+        session.staging.close()
+    session.staging = None
+
+
+def release_all(session) -> None:
+    """At the end: every allocation, under the lock a module load measures under
+    (another session's load would otherwise be charged less than it took); their
+    charges go with the guest's whole."""
+    with DEVICE_MEMORY:
+        for ptr in list(session.allocs.starts):
+            quietly(session.device.mem_free, ptr)
+    session.allocations.clear()
+    session.allocs = Allocations()

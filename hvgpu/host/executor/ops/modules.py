@@ -21,7 +21,7 @@ from hvgpu.errors import CudaError, ProtocolError
 from hvgpu.host.executor import nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.ops import checks
-from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import MEASURED, RELEASES, Family
 from hvgpu.host.executor.tables import Allocations
 from hvgpu.virtio import codec
@@ -307,3 +307,12 @@ def _launch_ex(session, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, p
 def launch_kernel_ex(session, hdr, fn, grid, block, shared, s, params, attrs):
     session.device.launch_ex(fn, grid, block, shared, s, params, attrs)
     session.counts["launches"] += 1
+
+
+def release_all(session) -> None:
+    """At the end, under the lock a module load measures under; their charges go with
+    the guest's whole."""
+    with DEVICE_MEMORY:
+        for held in session.modules.objects.values():
+            quietly(session.device.module_unload, held.obj)
+        session.modules.objects.clear()

@@ -19,6 +19,7 @@ import os
 from hvgpu.errors import CudaError
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import quietly
 from hvgpu.host.executor.ops.table import RELEASES, SHARED_MEMORY, Family
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as region_layout
@@ -154,3 +155,9 @@ def memcpy_dtoh_shm(session, hdr, dst, src, size, s):
     if size:
         session.device.memcpy_dtoh_async(dst, src, size, s)
     session.counts["d2h_bytes"] += size
+
+
+def release_all(session) -> None:
+    for attached in session.regions.values():
+        quietly(drop, session, attached)
+    session.regions.clear()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.ops import checks
-from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import RELEASES, SETTLES, Family
 from hvgpu.virtio import protocol as P
 
@@ -183,3 +183,12 @@ def _two_events(session, hdr, start, end) -> tuple:
 @declare("EVENT_ELAPSED_TIME", check=_two_events)
 def event_elapsed_time(session, hdr, start, end):
     return (session.device.event_elapsed(start, end),)
+
+
+def release_all(session) -> None:
+    """At the end (after what was allocated on them): events, then streams."""
+    for release, table in ((session.device.event_destroy, session.events.objects),
+                           (session.device.stream_destroy, session.streams.objects)):
+        for held in list(table.values()):
+            quietly(release, held.obj)
+        table.clear()

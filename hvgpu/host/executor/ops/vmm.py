@@ -13,7 +13,9 @@ Must not import CUDA; every driver call goes through the session's ``GpuDevice``
 from __future__ import annotations
 
 from hvgpu.host.executor import pools, vmm
+from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
 from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import quietly
 from hvgpu.host.executor.ops.table import BOOKS, RELEASES, Family, by_books
 
 FAMILY = Family("virtual memory and pools")
@@ -162,3 +164,17 @@ def mem_pool_get_attribute(session, hdr, pool, attrib):
 @declare("MEM_POOL_TRIM_TO", check=by_books, charge=RELEASES)
 def mem_pool_trim_to(session, hdr, pool, keep):
     session.pools.trim(pool, keep)
+
+
+def release_all(session) -> None:
+    """At the end: pool memory first, freed on the streams it was allocated on, then
+    mappings, physical memory and reservations."""
+    device = session.device
+    if session.vmm.mappings:
+        # Unmapping does not wait for the GPU (cuMemFree does): work still queued on
+        # the guest's streams must not find its memory gone.
+        for stream in (*(s.obj for s in session.streams.objects.values()),
+                       device.stream(STREAM_LEGACY), device.stream(STREAM_PER_THREAD)):
+            quietly(device.stream_synchronize, stream)
+    session.pools.release_all()
+    session.vmm.release_all()
