@@ -1,4 +1,4 @@
-"""The C libraries that should build did build.
+"""The C libraries that should build did build, and the wheel carries every package.
 
 build_c.py marks every one optional, so that an install without a C compiler still
 succeeds (the shim is then reported missing, the launch loop falls back to
@@ -79,3 +79,15 @@ def test_build_c_as_a_script_builds_every_library_without_reading_pyproject(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     for library, _ in LIBRARIES.values():
         assert (tmp_path / library.relative_to(ROOT)).exists(), library.name
+
+
+def test_every_package_is_one_the_wheel_installs():
+    """pyproject.toml names its packages one by one: a package left out is in a
+    checkout and missing from an installed hvgpu."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())
+                 ["tool"]["setuptools"]["packages"])
+    found = {".".join(init.parent.relative_to(ROOT).parts)
+             for init in (ROOT / "hvgpu").rglob("__init__.py")}
+    assert found - listed == set()

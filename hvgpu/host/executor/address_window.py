@@ -7,7 +7,7 @@ N >= 1 allocates inside the range ``window_hint(N)`` names. This module is the
 bookkeeping of that range: first-fit allocations and aligned reservations, in
 whole granules so that every hole left stays aligned for a mapping.
 
-Pure arithmetic: it must not call CUDA. ``cuda_device`` (the one module that
+Pure arithmetic: it must not call CUDA. ``cuda_device`` (the one package that
 owns the driver) reserves the range and maps memory into what this hands out.
 """
 

@@ -1,6 +1,7 @@
 """A guest's stream-ordered memory pools, as its session keeps them.
 
-The session hands the pool ops to :class:`Pools`. Pool and allocation numbers
+The pool ops (``ops/vmm.py``) check their arguments with the ``check_*``
+functions here and hand the rest to :class:`Pools`. Pool and allocation numbers
 are per connection, each connection gets a default pool of its own (never the
 executor's device default pool, which other connections share), and when the
 guest leaves every allocation is freed on its stream before the pools are
@@ -52,6 +53,24 @@ _KEEP_ALL = (1 << 64) - 1  # the driver's release threshold of a charged pool
 # What one guest may make its session hold.
 MAX_POOLS = 256
 MAX_POOL_ALLOCATIONS = 1 << 20
+
+
+def check_create(type_: int, handle_types: int, loc_type: int, loc_id: int,
+                 usage: int) -> None:
+    """Pools of pinned, non-exportable memory of this device only."""
+    if type_ != _PINNED:
+        raise CudaError(_NOT_SUPPORTED, f"pools of allocation type {type_} are not served")
+    if handle_types:
+        raise CudaError(_NOT_SUPPORTED, f"pools of exportable memory (handle types "
+                                        f"0x{handle_types:x}) are not served")
+    check_location(loc_type, loc_id, "a pool")
+    if usage:
+        raise CudaError(_NOT_SUPPORTED, f"pool usage flags 0x{usage:x} are not served")
+
+
+def check_size(size: int) -> None:
+    if not size:
+        raise CudaError(_INVALID, "cannot allocate 0 bytes")
 
 
 class _Pool:
@@ -108,16 +127,8 @@ class Pools:
             self.default_handle = self._add(0, True)
         return self.default_handle
 
-    def create(self, type_: int, handle_types: int, loc_type: int, loc_id: int, max_size: int,
-               usage: int) -> int:
-        if type_ != _PINNED:
-            raise CudaError(_NOT_SUPPORTED, f"pools of allocation type {type_} are not served")
-        if handle_types:
-            raise CudaError(_NOT_SUPPORTED, f"pools of exportable memory (handle types "
-                                            f"0x{handle_types:x}) are not served")
-        check_location(loc_type, loc_id, "a pool")
-        if usage:
-            raise CudaError(_NOT_SUPPORTED, f"pool usage flags 0x{usage:x} are not served")
+    def create(self, max_size: int) -> int:
+        """cuMemPoolCreate (``check_create`` checked the pool's properties)."""
         return self._add(max_size, False)
 
     def _pool(self, handle: int) -> _Pool:
@@ -183,8 +194,7 @@ class Pools:
     # -- allocations ------------------------------------------------------------------
 
     def alloc(self, size: int, handle: int, stream: int) -> int:
-        if not size:
-            raise CudaError(_INVALID, "cannot allocate 0 bytes")
+        """cuMemAllocAsync of ``size`` bytes (``check_size`` refused 0)."""
         if len(self.allocs) >= MAX_POOL_ALLOCATIONS:
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
                             f"this guest has {MAX_POOL_ALLOCATIONS} pool allocations, as many "

@@ -1,6 +1,7 @@
 """A guest's virtual memory management (VMM), as its session keeps it.
 
-The session hands the VMM ops to :class:`VirtualMemory`. It checks that a
+The VMM ops (``ops/vmm.py``) check their arguments with the ``check_*``
+functions here and hand the rest to :class:`VirtualMemory`. It checks that a
 guest maps, frees and copies only what it created itself (handle numbers and
 address ranges are per connection), charges the slice's quota for
 ``cuMemCreate`` before the driver takes the memory, and when the guest
@@ -54,6 +55,68 @@ def check_location(loc_type: int, loc_id: int, what: str) -> None:
         raise CudaError(P.CUDA_ERROR_INVALID_DEVICE, f"{what} on device {loc_id}: this connection's device is 0")
 
 
+def check_granularity(option: int) -> None:
+    if option not in (0, 1):
+        raise CudaError(_INVALID, f"granularity option {option} is not 0 or 1")
+
+
+def aligned(device, value: int, what: str) -> None:
+    g = device.mem_granularity(0)
+    if value % g:
+        raise CudaError(_INVALID, f"{what} 0x{value:x} is not a multiple of the allocation "
+                                  f"granularity ({g} bytes)")
+
+
+def check_reserve(size: int, alignment: int, addr: int, flags: int) -> None:
+    """What cuMemAddressReserve refuses whatever the guest holds."""
+    if flags:
+        raise CudaError(_INVALID, f"cuMemAddressReserve flags must be 0, not {flags}")
+    if not size or size % _PAGE or addr % _PAGE:
+        raise CudaError(_INVALID, f"0x{addr:x}+{size}: a reservation's size is a non-zero "
+                                  f"multiple of {_PAGE} bytes, its address hint a multiple")
+    if alignment & (alignment - 1) or alignment > MAX_RESERVED:
+        raise CudaError(_INVALID, f"alignment {alignment} is not a power of two")
+
+
+def check_create(device, size: int, type_: int, handle_types: int, loc_type: int,
+                 loc_id: int, alloc_flags: int) -> None:
+    """Only pinned, non-exportable memory of this device, in whole granules."""
+    if type_ != _PINNED:
+        raise CudaError(_NOT_SUPPORTED, f"allocation type {type_} is not served; only "
+                                        "CU_MEM_ALLOCATION_TYPE_PINNED is")
+    if handle_types:
+        raise CudaError(_NOT_SUPPORTED, f"exportable memory (handle types 0x{handle_types:x}) "
+                                        "is not served: it would be shared outside the "
+                                        "executor")
+    check_location(loc_type, loc_id, "memory")
+    if alloc_flags:
+        raise CudaError(_NOT_SUPPORTED, "compressible, GPUDirect RDMA or usage-flagged "
+                                        "memory is not served")
+    if not size:
+        raise CudaError(_INVALID, "cannot create 0 bytes")
+    aligned(device, size, "size")
+
+
+def check_map(flags: int) -> None:
+    if flags:
+        raise CudaError(_INVALID, f"cuMemMap flags must be 0, not {flags}")
+
+
+def check_access(descs: bytes) -> int:
+    """The access flags of 1 to 64 CUmemAccessDesc, each for this device (the last
+    descriptor's flags are the ones set)."""
+    if not descs or len(descs) % _ACCESS_DESC.size \
+            or len(descs) > _MAX_ACCESS_DESCS * _ACCESS_DESC.size:
+        raise CudaError(_INVALID, f"{len(descs)} bytes is not 1 to {_MAX_ACCESS_DESCS} "
+                                  "access descriptors")
+    flags = 0
+    for loc_type, loc_id, flags in _ACCESS_DESC.iter_unpack(descs):
+        check_location(loc_type, loc_id, "access")
+        if flags not in _ACCESS_FLAGS:
+            raise CudaError(_INVALID, f"access flags {flags} are not 0, 1 or 3")
+    return flags
+
+
 def quietly(fn, *args) -> None:
     try:
         fn(*args)
@@ -89,15 +152,11 @@ class VirtualMemory:
         return len(self.reserved) + len(self.physical) + len(self.mappings)
 
     def granularity(self, option: int) -> int:
-        if option not in (0, 1):
-            raise CudaError(_INVALID, f"granularity option {option} is not 0 or 1")
+        """cuMemGetAllocationGranularity (``check_granularity`` checked the option)."""
         return self.device.mem_granularity(option)
 
     def _aligned(self, value: int, what: str) -> None:
-        g = self.device.mem_granularity(0)
-        if value % g:
-            raise CudaError(_INVALID, f"{what} 0x{value:x} is not a multiple of the allocation "
-                                      f"granularity ({g} bytes)")
+        aligned(self.device, value, what)
 
     def _room(self) -> None:
         if len(self) >= MAX_OBJECTS:
@@ -107,14 +166,8 @@ class VirtualMemory:
 
     # -- addresses --------------------------------------------------------------
 
-    def reserve(self, size: int, alignment: int, addr: int, flags: int) -> int:
-        if flags:
-            raise CudaError(_INVALID, f"cuMemAddressReserve flags must be 0, not {flags}")
-        if not size or size % _PAGE or addr % _PAGE:
-            raise CudaError(_INVALID, f"0x{addr:x}+{size}: a reservation's size is a non-zero "
-                                      f"multiple of {_PAGE} bytes, its address hint a multiple")
-        if alignment & (alignment - 1) or alignment > MAX_RESERVED:
-            raise CudaError(_INVALID, f"alignment {alignment} is not a power of two")
+    def reserve(self, size: int, alignment: int, addr: int) -> int:
+        """cuMemAddressReserve (``check_reserve`` checked the arguments)."""
         if self.reserved_bytes + size > MAX_RESERVED:
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
                             f"this guest has {self.reserved_bytes} bytes of addresses reserved; "
@@ -144,22 +197,8 @@ class VirtualMemory:
 
     # -- physical memory ------------------------------------------------------------
 
-    def create(self, size: int, type_: int, handle_types: int, loc_type: int, loc_id: int,
-               alloc_flags: int) -> int:
-        if type_ != _PINNED:
-            raise CudaError(_NOT_SUPPORTED, f"allocation type {type_} is not served; only "
-                                            "CU_MEM_ALLOCATION_TYPE_PINNED is")
-        if handle_types:
-            raise CudaError(_NOT_SUPPORTED, f"exportable memory (handle types 0x{handle_types:x}) "
-                                            "is not served: it would be shared outside the "
-                                            "executor")
-        check_location(loc_type, loc_id, "memory")
-        if alloc_flags:
-            raise CudaError(_NOT_SUPPORTED, "compressible, GPUDirect RDMA or usage-flagged "
-                                            "memory is not served")
-        if not size:
-            raise CudaError(_INVALID, "cannot create 0 bytes")
-        self._aligned(size, "size")
+    def create(self, size: int) -> int:
+        """cuMemCreate of device memory (``check_create`` checked the arguments)."""
         self._room()
         self.charge(size)  # a multiple of the granularity: what the driver takes
         try:
@@ -231,9 +270,8 @@ class VirtualMemory:
             raise CudaError(_INVALID, f"{what} 0x{ptr:x}+{size}: the range ends inside a mapping")
         return starts
 
-    def map(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> None:
-        if flags:
-            raise CudaError(_INVALID, f"cuMemMap flags must be 0, not {flags}")
+    def map(self, ptr: int, size: int, offset: int, handle: int) -> None:
+        """cuMemMap (``check_map`` checked its flags)."""
         p = self._handle(handle)
         if not size:
             raise CudaError(_INVALID, "cannot map 0 bytes")
@@ -266,16 +304,9 @@ class VirtualMemory:
             p.maps -= 1
             self._maybe_free(handle, p)
 
-    def set_access(self, ptr: int, size: int, descs: bytes) -> None:
-        if not descs or len(descs) % _ACCESS_DESC.size \
-                or len(descs) > _MAX_ACCESS_DESCS * _ACCESS_DESC.size:
-            raise CudaError(_INVALID, f"{len(descs)} bytes is not 1 to {_MAX_ACCESS_DESCS} "
-                                      "access descriptors")
-        flags = 0
-        for loc_type, loc_id, flags in _ACCESS_DESC.iter_unpack(descs):
-            check_location(loc_type, loc_id, "access")
-            if flags not in _ACCESS_FLAGS:
-                raise CudaError(_INVALID, f"access flags {flags} are not 0, 1 or 3")
+    def set_access(self, ptr: int, size: int, flags: int) -> None:
+        """cuMemSetAccess for this device (``check_access`` read the flags from the
+        guest's descriptors)."""
         self._whole_mappings(ptr, size, "setting access to")
         self.device.mem_set_access(ptr, size, flags)
         if flags == _READWRITE:

@@ -1,0 +1,158 @@
+"""Stream capture and graph calls of ``CudaDevice``.
+
+Nodes are added through libcuda directly, their parameters as the C structures
+of ``driver``. :class:`GraphCalls` is a part of ``CudaDevice`` and uses what its
+``__init__`` sets: ``ctx``, the context memset and memcpy nodes name.
+
+Must not validate guest input beyond what the driver does: the session has.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from hvgpu.host.executor.cuda_device.driver import (DEVICE, HOST, KernelNodeParams,
+                                                    Memcpy3D, MemsetNodeParams,
+                                                    UpdateResultInfo, cu, driver_library,
+                                                    fail, ok, result_code)
+
+
+class GraphCalls:
+    """``GpuDevice``'s capture and graph methods over the driver."""
+
+    # -- stream capture and graphs ---------------------------------------------------
+
+    def stream_begin_capture(self, stream, mode: int) -> None:
+        ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode(mode)),
+            "cuStreamBeginCapture")
+
+    def stream_end_capture(self, stream):
+        return ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+
+    def stream_capture_info(self, stream) -> tuple[int, int, object, list]:
+        # cuda-bindings 12 answers (err, status, id, graph, deps, n); 13 adds edge data
+        # before n. Only the first four outputs are read.
+        result = cu.cuStreamGetCaptureInfo(stream)
+        if result_code(result[0]) != 0:
+            fail(result[0], "cuStreamGetCaptureInfo")
+        status, cid, graph, deps = result[1], result[2], result[3], result[4]
+        n = int(result[-1])
+        return int(status), int(cid), graph, list(deps or [])[:n]
+
+    def graph_node_count(self, graph) -> int:
+        return int(ok(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")[1])
+
+    def graph_nodes(self, graph) -> list:
+        _, count = ok(cu.cuGraphGetNodes(graph, 0), "cuGraphGetNodes")
+        if not count:
+            return []
+        nodes, count = ok(cu.cuGraphGetNodes(graph, int(count)), "cuGraphGetNodes")
+        return list(nodes)[:int(count)]
+
+    def _nodes(self, nodes: list):
+        return (ctypes.c_void_p * max(len(nodes), 1))(*[int(n) for n in nodes])
+
+    def _add(self, what: str, fn, graph, deps: list, *rest) -> int:
+        node = ctypes.c_void_p()
+        err = fn(ctypes.byref(node), ctypes.c_void_p(int(graph)), self._nodes(deps),
+                 ctypes.c_size_t(len(deps)), *rest)
+        if err:
+            fail(err, what)
+        return node.value or 0
+
+    def _kernel_params(self, function, grid, block, shared_mem, params: bytes):
+        buf = ctypes.create_string_buffer(bytes(params), max(len(params), 1))
+        size = ctypes.c_size_t(len(params))
+        extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(buf), 2, ctypes.addressof(size), 0)
+        p = KernelNodeParams(int(function), (ctypes.c_uint * 3)(*grid),
+                              (ctypes.c_uint * 3)(*block), shared_mem, None,
+                              ctypes.addressof(extra), None, None)
+        return p, (buf, size, extra)  # the driver copies them; kept alive over the call
+
+    def graph_create(self):
+        graph = ctypes.c_void_p()
+        err = driver_library().cuGraphCreate(ctypes.byref(graph), 0)
+        if err:
+            fail(err, "cuGraphCreate")
+        return cu.CUgraph(graph.value)
+
+    def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
+        p, keep = self._kernel_params(function, grid, block, shared_mem, params)
+        return cu.CUgraphNode(self._add("cuGraphAddKernelNode", driver_library().cuGraphAddKernelNode_v2,
+                                        graph, deps, ctypes.byref(p)))
+
+    def graph_add_memset(self, graph, deps, dst, pitch, value, element_size, width, height):
+        p = MemsetNodeParams(dst, pitch if height > 1 else width * element_size, value,
+                              element_size, width, height)
+        return cu.CUgraphNode(self._add("cuGraphAddMemsetNode", driver_library().cuGraphAddMemsetNode,
+                                        graph, deps, ctypes.byref(p),
+                                        ctypes.c_void_p(int(self.ctx))))
+
+    def graph_add_memcpy(self, graph, deps, kind, dst, src, size):
+        p = Memcpy3D()
+        p.src_memory_type = HOST if kind == 1 else DEVICE
+        p.dst_memory_type = HOST if kind == 2 else DEVICE
+        if kind == 1:
+            p.src_host = src
+        else:
+            p.src_device = src
+        if kind == 2:
+            p.dst_host = dst
+        else:
+            p.dst_device = dst
+        p.width_bytes, p.height, p.depth = size, 1, 1
+        return cu.CUgraphNode(self._add("cuGraphAddMemcpyNode", driver_library().cuGraphAddMemcpyNode,
+                                        graph, deps, ctypes.byref(p),
+                                        ctypes.c_void_p(int(self.ctx))))
+
+    def graph_add_empty(self, graph, deps):
+        return cu.CUgraphNode(self._add("cuGraphAddEmptyNode", driver_library().cuGraphAddEmptyNode,
+                                        graph, deps))
+
+    def graph_add_event(self, graph, deps, wait, event):
+        lib = driver_library()
+        fn, what = ((lib.cuGraphAddEventWaitNode, "cuGraphAddEventWaitNode") if wait else
+                    (lib.cuGraphAddEventRecordNode, "cuGraphAddEventRecordNode"))
+        return cu.CUgraphNode(self._add(what, fn, graph, deps, ctypes.c_void_p(int(event))))
+
+    def graph_add_dependencies(self, graph, sources, targets) -> None:
+        err = driver_library().cuGraphAddDependencies_v2(
+            ctypes.c_void_p(int(graph)), self._nodes(sources), self._nodes(targets), None,
+            ctypes.c_size_t(len(sources)))
+        if err:
+            fail(err, "cuGraphAddDependencies")
+
+    def graph_exec_kernel_set(self, exec_, node, function, grid, block, shared_mem, params):
+        p, keep = self._kernel_params(function, grid, block, shared_mem, params)
+        err = driver_library().cuGraphExecKernelNodeSetParams_v2(
+            ctypes.c_void_p(int(exec_)), ctypes.c_void_p(int(node)), ctypes.byref(p))
+        if err:
+            fail(err, "cuGraphExecKernelNodeSetParams")
+
+    def graph_exec_update(self, exec_, graph):
+        info = UpdateResultInfo()
+        err = driver_library().cuGraphExecUpdate_v2(ctypes.c_void_p(int(exec_)),
+                                                     ctypes.c_void_p(int(graph)),
+                                                     ctypes.byref(info))
+        node = cu.CUgraphNode(info.error_node) if info.error_node else None
+        if err and not info.result:
+            fail(err, "cuGraphExecUpdate")
+        return int(info.result), node
+
+    def graph_instantiate(self, graph, flags: int):
+        return ok(cu.cuGraphInstantiate(graph, flags), "cuGraphInstantiate")
+
+    def graph_launch(self, exec_, stream) -> None:
+        err = driver_library().cuGraphLaunch(ctypes.c_void_p(int(exec_)),
+                                              ctypes.c_void_p(int(stream)))
+        if err:
+            fail(err, "cuGraphLaunch")
+
+    def graph_upload(self, exec_, stream) -> None:
+        ok(cu.cuGraphUpload(exec_, stream), "cuGraphUpload")
+
+    def graph_destroy(self, graph) -> None:
+        ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+    def graph_exec_destroy(self, exec_) -> None:
+        ok(cu.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")

@@ -1,0 +1,71 @@
+"""Stream and event calls of ``CudaDevice``.
+
+:class:`StreamCalls` is a part of ``CudaDevice`` and uses what its ``__init__``
+sets: ``_specials``, the handles of CUDA's special streams.
+
+Must not validate guest input beyond what the driver does: the session has.
+"""
+
+from __future__ import annotations
+
+from hvgpu.host.executor.cuda_device.driver import cu, fail, ok, result_code
+from hvgpu.virtio import protocol as P
+
+
+class StreamCalls:
+    """``GpuDevice``'s stream and event methods over the driver."""
+
+    def stream(self, special: int):
+        return self._specials[special]
+
+    # -- streams and events ---------------------------------------------------
+
+    def stream_create(self, flags: int, priority: int = 0):
+        if priority:
+            return ok(cu.cuStreamCreateWithPriority(flags, priority), "cuStreamCreateWithPriority")
+        return ok(cu.cuStreamCreate(flags), "cuStreamCreate")
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = ok(cu.cuCtxGetStreamPriorityRange(), "cuCtxGetStreamPriorityRange")
+        return int(least), int(greatest)
+
+    def stream_destroy(self, stream) -> None:
+        ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")
+
+    def stream_synchronize(self, stream) -> None:
+        ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+
+    def stream_query(self, stream) -> bool:
+        err, = cu.cuStreamQuery(stream)
+        if result_code(err) == P.CUDA_ERROR_NOT_READY:
+            return False
+        if result_code(err) != 0:
+            fail(err, "cuStreamQuery")
+        return True
+
+    def stream_wait_event(self, stream, event, flags) -> None:
+        ok(cu.cuStreamWaitEvent(stream, event, flags), "cuStreamWaitEvent")
+
+    def event_create(self, flags: int):
+        return ok(cu.cuEventCreate(flags), "cuEventCreate")
+
+    def event_destroy(self, event) -> None:
+        ok(cu.cuEventDestroy(event), "cuEventDestroy")
+
+    def event_record(self, event, stream) -> None:
+        ok(cu.cuEventRecord(event, stream), "cuEventRecord")
+
+    def event_query(self, event) -> bool:
+        err, = cu.cuEventQuery(event)
+        if result_code(err) == P.CUDA_ERROR_NOT_READY:
+            return False
+        if result_code(err) != 0:
+            fail(err, "cuEventQuery")
+        return True
+
+    def event_synchronize(self, event) -> None:
+        ok(cu.cuEventSynchronize(event), "cuEventSynchronize")
+
+    def event_elapsed(self, start, end) -> float:
+        fn = getattr(cu, "cuEventElapsedTime", None) or cu.cuEventElapsedTime_v2
+        return float(ok(fn(start, end), "cuEventElapsedTime"))

@@ -1,0 +1,254 @@
+"""Stream capture and CUDA graphs: captures, graphs built node by node, instantiations.
+
+``graphs.Graphs`` keeps the books (handles, what a graph may still reach, what is
+parked until no graph is left); this module checks what each op names and
+drives it. An instantiation is uploaded at once on a stream of the executor's
+own and charged what that took of device memory (its own memory, which no
+cuMemAlloc shows), measured as a module load is.
+
+Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+from hvgpu.errors import CudaError
+from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, quietly
+from hvgpu.host.executor.ops.table import MEASURED, RELEASES, Family, by_books
+from hvgpu.virtio import protocol as P
+
+FAMILY = Family("graphs")
+declare = FAMILY.declare
+
+
+def _stream(session, hdr, handle, *fields) -> tuple:
+    return (handle, checks.stream(session, handle), *fields)
+
+
+# -- capture -------------------------------------------------------------------------
+
+@declare("STREAM_BEGIN_CAPTURE", check=_stream)
+def stream_begin_capture(session, hdr, handle, s, mode):
+    return session.graphs.begin(handle, s, mode)
+
+
+# A capture that fails to end is destroyed by the driver, and with it what it parked.
+@declare("STREAM_END_CAPTURE", check=_stream, charge=RELEASES)
+def stream_end_capture(session, hdr, handle, s):
+    return (session.graphs.end(handle, s),)
+
+
+def _capture_info(session, hdr, stream, nodes) -> tuple:
+    if nodes not in (0, 1):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"STREAM_CAPTURE_INFO nodes {nodes}")
+    return checks.stream(session, stream), nodes
+
+
+@declare("STREAM_CAPTURE_INFO", check=_capture_info)
+def stream_capture_info(session, hdr, s, nodes):
+    return session.graphs.info(s, nodes=bool(nodes))
+
+
+# -- graphs and instantiations ----------------------------------------------------------
+
+def upload_stream(session):
+    """A stream of the executor's own for uploads: no capture or wait of the guest's
+    is on it."""
+    if session.upload_stream is None:
+        session.upload_stream = session.device.stream_create(1)  # CU_STREAM_NON_BLOCKING
+    return session.upload_stream
+
+
+@declare("GRAPH_INSTANTIATE", charge=MEASURED, check=by_books)
+def graph_instantiate(session, hdr, graph, flags):
+    """Instantiated and uploaded at once, and charged what that took of device memory."""
+    graphs, device = session.graphs, session.device
+    if session.quota is None:
+        return (graphs.instantiate(graph, flags),)
+
+    def make() -> int:
+        handle = graphs.instantiate(graph, flags)
+        try:
+            stream = upload_stream(session)
+            device.graph_upload(graphs.execs.get(handle), stream)
+            device.stream_synchronize(stream)
+        except CudaError:
+            with DEVICE_MEMORY:
+                quietly(graphs.destroy_exec, handle)
+            raise
+        return handle
+
+    handle, taken = session.ledger.measure(device, make, graphs.destroy_exec,
+                                           "the instantiated graph takes")
+    session.exec_charges[handle] = taken
+    return (handle,)
+
+
+@declare("GRAPH_GET_NODES", check=by_books)
+def graph_get_nodes(session, hdr, graph, most):
+    return session.graphs.list_nodes(graph, most)
+
+
+def _create(session, hdr, flags) -> tuple:
+    if flags:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"cuGraphCreate flags {flags:#x}")
+    return ()
+
+
+@declare("GRAPH_CREATE", check=_create)
+def graph_create(session, hdr):
+    return (session.graphs.create(),)
+
+
+@declare("GRAPH_EXEC_UPDATE", check=by_books)
+def graph_exec_update(session, hdr, exec_, graph):
+    return session.graphs.update(exec_, graph)
+
+
+def _launch(session, hdr, exec_, stream) -> tuple:
+    s = checks.stream(session, stream)
+    if session.graphs.capturing(s):  # a graph in a graph: copies of it, without bound
+        raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "a graph launched on a "
+                        "capturing stream (a child graph node) is not built by hvgpu")
+    return exec_, s
+
+
+@declare("GRAPH_LAUNCH", check=_launch)
+def graph_launch(session, hdr, exec_, s):
+    session.graphs.launch(exec_, s)
+
+
+def _upload(session, hdr, exec_, stream) -> tuple:
+    return exec_, checks.stream(session, stream)
+
+
+@declare("GRAPH_UPLOAD", check=_upload)
+def graph_upload(session, hdr, exec_, s):
+    session.graphs.upload(exec_, s)
+
+
+# The last graph gone releases what was parked for it.
+@declare("GRAPH_DESTROY", charge=RELEASES, check=by_books)
+def graph_destroy(session, hdr, graph):
+    with DEVICE_MEMORY:  # it may hold device memory, and what it parked
+        session.graphs.destroy(graph)
+
+
+@declare("GRAPH_EXEC_DESTROY", charge=RELEASES, check=by_books)
+def graph_exec_destroy(session, hdr, exec_):
+    with DEVICE_MEMORY:
+        session.graphs.destroy_exec(exec_)
+    session.ledger.uncharge(session.exec_charges.pop(exec_, 0))
+
+
+# -- nodes ---------------------------------------------------------------------------------
+
+def _kernel(session, function, gx, gy, gz, bx, by, bz, shared_mem, params) -> tuple:
+    """A kernel node's launch: the guest's function, with the kernel's parameter size."""
+    fn = checks.launch_params(session, function, params)
+    checks.graph_reads_params(session, params)
+    return fn, (gx, gy, gz), (bx, by, bz), shared_mem, bytes(params)
+
+
+def _kernel_node(session, hdr, graph, function, gx, gy, gz, bx, by, bz, smem, deps,
+                 params) -> tuple:
+    return graph, deps, _kernel(session, function, gx, gy, gz, bx, by, bz, smem, params)
+
+
+@declare("GRAPH_ADD_KERNEL_NODE", check=_kernel_node)
+def graph_add_kernel_node(session, hdr, graph, deps, kernel):
+    return (session.graphs.add_node(graph, deps, lambda g, d: session.device.graph_add_kernel(
+        g, d, *kernel)),)
+
+
+def _memset_node(session, hdr, graph, dst, pitch, value, width_bytes, width, height,
+                 deps) -> tuple:
+    if width_bytes not in (1, 2, 4) or not width or not height:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset node of {height} rows of "
+                        f"{width} elements of {width_bytes} bytes")
+    row = width * width_bytes
+    if height > 1 and pitch < row:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"pitch {pitch} under a row of {row}")
+    checks.device_range(session, dst, (height - 1) * pitch + row, "destination")
+    checks.graph_reaches(session, dst)
+    return graph, dst, pitch, value, width_bytes, width, height, deps
+
+
+@declare("GRAPH_ADD_MEMSET_NODE", check=_memset_node)
+def graph_add_memset_node(session, hdr, graph, dst, pitch, value, width_bytes, width, height,
+                          deps):
+    return (session.graphs.add_node(graph, deps, lambda g, d: session.device.graph_add_memset(
+        g, d, dst, pitch, value, width_bytes, width, height)),)
+
+
+def _memcpy_node(session, hdr, graph, kind, region, dst, src, size, deps) -> tuple:
+    if kind == 0:
+        checks.device_range(session, dst, size, "destination")
+        checks.device_range(session, src, size, "source")
+    elif kind == 1:
+        src = checks.region(session, region).address(src, size, "source")
+        checks.device_range(session, dst, size, "destination")
+    elif kind == 2:
+        dst = checks.region(session, region).address(dst, size, "destination")
+        checks.device_range(session, src, size, "source")
+    else:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
+    if not size:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
+    for ptr in ((dst, src) if kind == 0 else (dst,) if kind == 1 else (src,)):
+        checks.graph_reaches(session, ptr)
+    return graph, kind, region, dst, src, size, deps
+
+
+@declare("GRAPH_ADD_MEMCPY_NODE", check=_memcpy_node)
+def graph_add_memcpy_node(session, hdr, graph, kind, region, dst, src, size, deps):
+    if kind:  # detaching the region is parked while a graph may copy to or from it
+        session.graphs.regions.add(region)
+    return (session.graphs.add_node(graph, deps, lambda g, d: session.device.graph_add_memcpy(
+        g, d, kind, dst, src, size)),)
+
+
+@declare("GRAPH_ADD_EMPTY_NODE", check=by_books)
+def graph_add_empty_node(session, hdr, graph, deps):
+    return (session.graphs.add_node(graph, deps, session.device.graph_add_empty),)
+
+
+def _event_node(session, hdr, graph, wait, reserved, event, deps) -> tuple:
+    obj = checks.event(session, event)
+    if wait not in (0, 1):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"event node kind {wait}")
+    return graph, wait, event, obj, deps
+
+
+@declare("GRAPH_ADD_EVENT_NODE", check=_event_node)
+def graph_add_event_node(session, hdr, graph, wait, event, obj, deps):
+    session.graphs.events.add(event)  # destroying it is parked while a graph may use it
+    return (session.graphs.add_node(graph, deps, lambda g, d: session.device.graph_add_event(
+        g, d, wait, obj)),)
+
+
+@declare("GRAPH_ADD_DEPENDENCIES", check=by_books)
+def graph_add_dependencies(session, hdr, graph, sources, targets):
+    session.graphs.add_dependencies(graph, sources, targets)
+
+
+def _kernel_params(session, hdr, exec_, node, function, gx, gy, gz, bx, by, bz, smem,
+                   params) -> tuple:
+    kernel = _kernel(session, function, gx, gy, gz, bx, by, bz, smem, params)
+    return (*session.graphs.exec_node(exec_, node), kernel)
+
+
+@declare("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", check=_kernel_params)
+def graph_exec_kernel_node_set_params(session, hdr, ex, node, kernel):
+    session.device.graph_exec_kernel_set(ex, node, *kernel)
+
+
+def release_all(session) -> None:
+    """At the end: captures end and graphs go first, and what they held back (parked)
+    is released with them; the instantiations' charges go with the guest's whole."""
+    with DEVICE_MEMORY:
+        session.graphs.release_all(session.stream)
+    session.exec_charges.clear()
+    if session.upload_stream is not None:
+        quietly(session.device.stream_destroy, session.upload_stream)
+        session.upload_stream = None

@@ -1,0 +1,178 @@
+"""Device memory ops: allocations (cuMemAlloc), copies and memsets, free memory.
+
+An :class:`Allocation` is charged as the driver takes it (its granularity, not
+the size asked), ahead of the driver call, and owns that charge until it is
+freed. A copy or memset touches only ranges the guest owns
+(``checks.device_range``). Copies through the socket are staged in the
+executor's pinned pool and are refused on a capturing stream (a graph would
+replay them from a staging buffer reused since).
+
+Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+from hvgpu.errors import ConnectionLost, CudaError
+from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
+from hvgpu.host.executor.ops.table import ALREADY_REPLIED, SETTLES_FIRST, Family, RELEASES, ahead
+from hvgpu.host.executor.staging import StagingPool
+from hvgpu.host.executor.tables import Allocations
+from hvgpu.virtio import protocol as P
+from hvgpu.virtio.framing import pack_header
+
+FAMILY = Family("memory")
+declare = FAMILY.declare
+
+
+class Allocation(Resource):
+    """One cuMemAlloc of the guest: its address is its handle."""
+
+    __slots__ = ()
+
+    def release(self, session) -> None:
+        with DEVICE_MEMORY:
+            session.device.mem_free(self.handle)
+        session.ledger.uncharge(self.charge)
+
+
+def staging(session) -> StagingPool:
+    """The executor's staging pool, or one of the session's own made on first use."""
+    if session.staging is None:
+        session.staging = StagingPool(session.device)
+    return session.staging
+
+
+def _size(session, hdr, size) -> tuple:
+    if size == 0:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "cannot allocate 0 bytes")
+    return (size,)
+
+
+# Charged as the driver takes it (its granularity), not as asked, so that many small
+# allocations cannot hold more than the quota.
+@declare("MEM_ALLOC", check=_size, charge=ahead(lambda session, size:
+                                                 session.device.footprint(size)))
+def mem_alloc(session, hdr, size, *, charged):
+    with DEVICE_MEMORY:
+        ptr = session.device.mem_alloc(size)
+    session.allocs.add(ptr, size)
+    session.allocations[ptr] = Allocation(ptr, charged)
+    return (ptr,)
+
+
+def _allocation(session, hdr, dptr) -> tuple:
+    if dptr not in session.allocs:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"0x{dptr:x} is not an allocation of this guest")
+    return (dptr,)
+
+
+@declare("MEM_FREE", check=_allocation, charge=RELEASES)
+def mem_free(session, hdr, dptr):
+    session.allocs.remove(dptr)
+    allocation = session.allocations.pop(dptr)
+    if dptr in session.graphs.allocations and session.graphs.park(
+            f"allocation 0x{dptr:x}", lambda: allocation.release(session)):
+        return  # a graph may still write it: freed, and uncharged, when the last goes
+    allocation.release(session)
+
+
+def _upload(session, hdr, dst, stream) -> tuple:
+    checks.device_range(session, dst, hdr.payload_len, "destination")
+    s = checks.stream(session, stream)
+    session.graphs.refuse_if_capturing(s, "a copy from pageable host memory")
+    return dst, s
+
+
+@declare("MEMCPY_HTOD", check=_upload)
+def memcpy_htod(session, hdr, dst, s):
+    n = hdr.payload_len
+    staging(session).upload(session.reader.read_payload_into, dst, n, s)
+    session.counts["h2d_bytes"] += n
+
+
+def _download(session, hdr, src, size, stream) -> tuple:
+    checks.device_range(session, src, size, "source")
+    s = checks.stream(session, stream)
+    session.graphs.refuse_if_capturing(s, "a copy to pageable host memory")
+    return src, size, s
+
+
+@declare("MEMCPY_DTOH", check=_download)
+def memcpy_dtoh(session, hdr, src, size, s):
+    lock = session.send_lock
+    started = False
+
+    def start():
+        nonlocal started
+        with lock:
+            session.streaming = started = True  # until the last byte: no progress frame cuts in
+        send(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size))
+
+    def send(view):
+        try:
+            with lock:
+                session.send_locked(view)
+        except OSError as exc:
+            raise ConnectionLost(f"guest went away during a copy: {exc}") from None
+
+    try:
+        staging(session).download(src, size, s, start, send)
+    except CudaError as exc:
+        if started:  # the guest is owed bytes we cannot produce
+            raise ConnectionLost(f"copy failed after its reply began ({exc}); "
+                                 "closing the connection") from None
+        raise
+    session.counts["d2h_bytes"] += size
+    session.streaming = False
+    return ALREADY_REPLIED
+
+
+def _device_copy(session, hdr, dst, src, size, stream) -> tuple:
+    checks.device_range(session, dst, size, "destination")
+    checks.device_range(session, src, size, "source")
+    return dst, src, size, checks.stream(session, stream)
+
+
+@declare("MEMCPY_DTOD", check=_device_copy)
+def memcpy_dtod(session, hdr, dst, src, size, s):
+    session.device.memcpy_dtod_async(dst, src, size, s)
+
+
+def _memset(session, hdr, dst, count, value, width, stream) -> tuple:
+    if width not in (1, 2, 4):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset width {width} is not 1, 2 or 4")
+    checks.device_range(session, dst, count * width, "destination")
+    return dst, count, value, width, checks.stream(session, stream)
+
+
+@declare("MEMSET", check=_memset)
+def memset(session, hdr, dst, count, value, width, s):
+    session.device.memset_async(dst, value, width, count, s)
+
+
+@declare("MEM_GET_INFO", charge=SETTLES_FIRST)
+def mem_get_info(session, hdr):
+    free, total = session.device.mem_info()
+    if session.quota is not None:
+        used, limit = session.quota.usage()
+        return (max(0, min(limit - used, free)), limit)
+    return (free, total)
+
+
+def release_staging(session) -> None:
+    if session.staging is not None and session.owns_staging:
+        session.staging.close()
+    session.staging = None
+
+
+def release_all(session) -> None:
+    """At the end: every allocation, under the lock a module load measures under
+    (another session's load would otherwise be charged less than it took); their
+    charges go with the guest's whole."""
+    with DEVICE_MEMORY:
+        for ptr in list(session.allocs.starts):
+            quietly(session.device.mem_free, ptr)
+    session.allocations.clear()
+    session.allocs = Allocations()

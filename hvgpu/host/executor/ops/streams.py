@@ -1,0 +1,194 @@
+"""Streams, events and the synchronisations of the context, a stream or an event.
+
+A :class:`Stream` or :class:`Event` is the driver's object under a handle of
+this connection, known to the session's C loop from its creation to its
+release. Destroying a stream that is capturing ends its capture, failed, as
+the driver does; destroying an event a graph may record or wait for is parked
+until no graph is left. A synchronisation is where the guest's frees have
+been reached: each pool is settled there (``table.SETTLES``).
+
+Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+from hvgpu.errors import CudaError
+from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
+from hvgpu.host.executor.ops.table import RELEASES, SETTLES, Family
+from hvgpu.virtio import protocol as P
+
+FAMILY = Family("streams and events")
+declare = FAMILY.declare
+
+
+class Stream(Resource):
+    """A stream the guest created."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        super().__init__(0)
+        self.obj = obj
+
+    def release(self, session) -> None:
+        session.device.stream_destroy(self.obj)
+        session.streams.pop(self.handle)
+        if session.burst is not None:
+            session.burst.drop_stream(self.handle)
+
+
+class Event(Resource):
+    """An event the guest created."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        super().__init__(0)
+        self.obj = obj
+
+    def release(self, session) -> None:
+        """Destroyed at once, or once no graph is left where a graph may use it."""
+        handle, obj = self.handle, self.obj
+        if handle not in session.graphs.events or not session.graphs.park(
+                f"event {handle}", lambda: session.device.event_destroy(obj)):
+            session.device.event_destroy(obj)
+        session.graphs.events.discard(handle)
+        session.events.pop(handle)
+        if session.burst is not None:
+            session.burst.drop_event(handle)
+
+
+def _add_stream(session, obj) -> int:
+    stream = Stream(obj)
+    stream.handle = session.streams.add(stream)
+    if session.burst is not None:
+        session.burst.set_stream(stream.handle, session.device.handle_value(obj))
+    return stream.handle
+
+
+def _stream(session, hdr, stream, *fields) -> tuple:
+    return (checks.stream(session, stream), *fields)
+
+
+def _event(session, hdr, event, *fields) -> tuple:
+    return (checks.event(session, event), *fields)
+
+
+@declare("CTX_SYNCHRONIZE", charge=SETTLES)
+def ctx_synchronize(session, hdr):
+    session.device.synchronize()
+
+
+# -- streams ----------------------------------------------------------------------------
+
+@declare("STREAM_CREATE")
+def stream_create(session, hdr, flags):
+    return (_add_stream(session, session.device.stream_create(flags)),)
+
+
+@declare("STREAM_CREATE_PRIORITY")
+def stream_create_priority(session, hdr, flags, priority):
+    return (_add_stream(session, session.device.stream_create(flags, priority)),)
+
+
+@declare("STREAM_PRIORITY_RANGE")
+def stream_priority_range(session, hdr):
+    return session.device.stream_priority_range()
+
+
+def _own_stream(session, hdr, handle) -> tuple:
+    return (session.streams.get(handle),)
+
+
+# A capturing stream's capture ends with it, and what the capture parked may go with it.
+@declare("STREAM_DESTROY", check=_own_stream, charge=RELEASES)
+def stream_destroy(session, hdr, stream):
+    if stream.handle in session.graphs.origins:  # as the driver does: its capture ends, failed
+        try:
+            with DEVICE_MEMORY:
+                session.graphs.destroy(session.graphs.end(stream.handle, stream.obj))
+        except CudaError:
+            pass
+    stream.release(session)
+
+
+@declare("STREAM_SYNCHRONIZE", check=_stream, charge=SETTLES)
+def stream_synchronize(session, hdr, s):
+    session.device.stream_synchronize(s)
+
+
+@declare("STREAM_QUERY", check=_stream)
+def stream_query(session, hdr, s):
+    if not session.device.stream_query(s):
+        raise CudaError(P.CUDA_ERROR_NOT_READY)
+
+
+def _wait_event(session, hdr, stream, event, flags) -> tuple:
+    session.graphs.event_used(event)  # a capture under way may take the wait in
+    return checks.stream(session, stream), checks.event(session, event), flags
+
+
+@declare("STREAM_WAIT_EVENT", check=_wait_event)
+def stream_wait_event(session, hdr, s, e, flags):
+    session.device.stream_wait_event(s, e, flags)
+
+
+# -- events -------------------------------------------------------------------------------
+
+@declare("EVENT_CREATE")
+def event_create(session, hdr, flags):
+    obj = session.device.event_create(flags)
+    event = Event(obj)
+    event.handle = session.events.add(event)
+    if session.burst is not None:
+        session.burst.set_event(event.handle, session.device.handle_value(obj))
+    return (event.handle,)
+
+
+def _own_event(session, hdr, handle) -> tuple:
+    return (session.events.get(handle),)
+
+
+@declare("EVENT_DESTROY", check=_own_event)
+def event_destroy(session, hdr, event):
+    event.release(session)
+
+
+def _record(session, hdr, event, stream) -> tuple:
+    session.graphs.event_used(event)  # a capture under way may take the record in
+    return checks.event(session, event), checks.stream(session, stream)
+
+
+@declare("EVENT_RECORD", check=_record)
+def event_record(session, hdr, e, s):
+    session.device.event_record(e, s)
+
+
+@declare("EVENT_QUERY", check=_event)
+def event_query(session, hdr, e):
+    if not session.device.event_query(e):
+        raise CudaError(P.CUDA_ERROR_NOT_READY)
+
+
+@declare("EVENT_SYNCHRONIZE", check=_event, charge=SETTLES)
+def event_synchronize(session, hdr, e):
+    session.device.event_synchronize(e)
+
+
+def _two_events(session, hdr, start, end) -> tuple:
+    return checks.event(session, start), checks.event(session, end)
+
+
+@declare("EVENT_ELAPSED_TIME", check=_two_events)
+def event_elapsed_time(session, hdr, start, end):
+    return (session.device.event_elapsed(start, end),)
+
+
+def release_all(session) -> None:
+    """At the end (after what was allocated on them): events, then streams."""
+    for release, table in ((session.device.event_destroy, session.events.objects),
+                           (session.device.stream_destroy, session.streams.objects)):
+        for held in list(table.values()):
+            quietly(release, held.obj)
+        table.clear()

@@ -1,0 +1,178 @@
+"""How an op of the data lane is declared: its check, its charge and its action.
+
+Every protocol op the executor serves is one :class:`Op` in the table
+(``ops.TABLE``), declared by the module of its family with :meth:`Family.declare`:
+
+- ``check(session, hdr, *fields)`` refuses what the guest may not do (a handle it
+  does not hold, a range outside its memory, a value CUDA would refuse) before
+  anything is held or any work given to the driver (it may ask the driver, as
+  whether a stream is capturing), and returns the values ``act`` takes (handles
+  resolved to the objects they name);
+- ``charge`` says what the op does to the slice's quota (:class:`Charge`); where
+  the charge can be made around the action (ahead of it, or a settling of the
+  pools) the table makes it, so the action cannot forget it;
+- ``act(session, hdr, *checked)`` does the work and returns the reply's values
+  (or :data:`ALREADY_REPLIED` when it sent its reply itself).
+
+Each op is compiled once into ``serve(session, hdr, body)``: decode, check,
+charge, act, with no more calls than the work needs (the session's hot path).
+
+Must not import CUDA, do I/O or keep state of its own: the session owns the
+state, the families' modules the work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hvgpu.errors import CudaError
+from hvgpu.virtio import codec
+from hvgpu.virtio import protocol as P
+
+ALREADY_REPLIED = object()  # an action that sent its own reply (a payload streamed back)
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What an op does to the slice's quota."""
+
+    kind: str
+    doc: str
+    size: Callable[..., int] | None = None  # AHEAD: (session, *checked) -> bytes
+
+
+NONE = Charge("none", "takes nothing from the slice's quota")
+MEASURED = Charge("measured", "charged what the driver's free memory fell by while it ran "
+                              "(ledger.measure, under the device-memory lock held exclusive); "
+                              "undone when the quota refuses it")
+BOOKS = Charge("books", "charged by the books of its family (vmm.VirtualMemory, pools.Pools), "
+                        "ahead of the driver taking the memory and given back as it returns")
+RELEASES = Charge("releases", "gives back what the object it destroys was charged (the "
+                              "quota, or the shared-memory budget) once the driver has it "
+                              "back; parked while a graph may still reach it, and given back "
+                              "with the last graph")
+SETTLES = Charge("settles", "a synchronisation point: after it, each pool is trimmed to its "
+                            "release threshold and what it gave back is uncharged")
+SETTLES_FIRST = Charge("settles first", "before it answers, each pool is trimmed to its "
+                                        "release threshold and what it gave back uncharged")
+SHARED_MEMORY = Charge("shared memory", "takes its size from the executor's shared-memory "
+                                        "budget (hvgpu attach --shm), not from the device "
+                                        "quota; given back when it is detached")
+KINDS = ("none", "ahead", "measured", "books", "releases", "settles", "settles first",
+         "shared memory")
+
+
+def ahead(size: Callable[..., int]) -> Charge:
+    """Charged ``size(session, *checked)`` bytes before the action, given back if the
+    action fails; the action gets the amount (``charged=``) for what it makes to own."""
+    return Charge("ahead", "charged before the driver is called, as much as the driver "
+                           "will take; given back if the call fails", size)
+
+
+def as_sent(session, hdr, *fields) -> tuple:
+    """The fields need no check beyond their decoding (their kinds and bounds): they
+    name nothing the guest holds, and the driver refuses values it does not take."""
+    return fields
+
+
+def by_books(session, hdr, *fields) -> tuple:
+    """Each field names something the guest holds, which the family's books look up
+    as they change and refuse when it is not there (a reservation, a mapping, a
+    pool, a graph of this connection): nothing to check before."""
+    return fields
+
+
+@dataclass(frozen=True)
+class Op:
+    code: int
+    check: Callable[..., tuple]
+    charge: Charge
+    act: Callable[..., Any]
+    family: str
+    raw: bool = False  # check takes the frame's body undecoded (the hot launch path)
+    payload: tuple[int, str] | None = None  # the most payload bytes it takes whole, and what
+    serve: Callable[..., Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "serve", _compile(self))
+
+    @property
+    def name(self) -> str:
+        return P.op_name(self.code)
+
+
+def _compile(op: Op) -> Callable[..., Any]:
+    """decode, check, charge and act as one function of (session, hdr, body)."""
+    check, act, charge = op.check, op.act, op.charge
+    if op.raw:
+        if charge.kind != "none":
+            raise ValueError(f"{op.name}: an op that takes its body undecoded charges nothing")
+
+        def serve(session, hdr, body):
+            return act(session, hdr, *check(session, hdr, body))
+        return serve
+    decode = codec.REQUEST[op.code].decode
+    if charge.kind == "ahead":
+        size = charge.size
+
+        def serve(session, hdr, body):
+            checked = check(session, hdr, *decode(body))
+            n = size(session, *checked)
+            session.ledger.charge(n)
+            try:
+                return act(session, hdr, *checked, charged=n)
+            except CudaError:
+                session.ledger.uncharge(n)
+                raise
+    elif charge.kind == "settles":
+        def serve(session, hdr, body):
+            result = act(session, hdr, *check(session, hdr, *decode(body)))
+            session.pools.settle()
+            return result
+    elif charge.kind == "settles first":
+        def serve(session, hdr, body):
+            checked = check(session, hdr, *decode(body))
+            session.pools.settle()
+            return act(session, hdr, *checked)
+    elif check is as_sent or check is by_books:
+        def serve(session, hdr, body):
+            return act(session, hdr, *decode(body))
+    else:
+        def serve(session, hdr, body):
+            return act(session, hdr, *check(session, hdr, *decode(body)))
+    return serve
+
+
+class Family:
+    """The ops of one family, as its module declares them."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.ops: list[Op] = []
+
+    def declare(self, name: str, *, check: Callable[..., tuple] = as_sent,
+                charge: Charge = NONE, raw: bool = False,
+                payload: tuple[int, str] | None = None) -> Callable:
+        """``@family.declare("MEM_ALLOC", check=..., charge=...)`` on the action."""
+        code = P.OP[name]  # KeyError: not a protocol op
+
+        def register(act: Callable) -> Callable:
+            if charge.kind not in KINDS:
+                raise ValueError(f"{name}: no charge kind {charge.kind!r}")
+            self.ops.append(Op(code, check, charge, act, self.name, raw, payload))
+            return act
+
+        return register
+
+
+def build(*families: Family) -> dict[int, Op]:
+    """The one table: each op of the families, each once."""
+    table: dict[int, Op] = {}
+    for family in families:
+        for op in family.ops:
+            if op.code in table:
+                raise ValueError(f"{op.name} is declared by {table[op.code].family} and "
+                                 f"{op.family}")
+            table[op.code] = op
+    return table

@@ -1,0 +1,180 @@
+"""Virtual memory management and stream-ordered pools.
+
+``vmm.VirtualMemory`` and ``pools.Pools`` keep the books of what the guest
+reserved, created, mapped and allocated from its pools, and charge the slice
+as the driver takes memory (``table.BOOKS``); the ops here check their
+arguments (``vmm.check_*``, ``pools.check_*``) and hand the rest to them. A
+pool allocation or free on a capturing stream is refused: it would be a graph
+memory node, which hvgpu does not build.
+
+Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
+"""
+
+from __future__ import annotations
+
+from hvgpu.host.executor import pools, vmm
+from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
+from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops.ledger import quietly
+from hvgpu.host.executor.ops.table import BOOKS, RELEASES, Family, by_books
+
+FAMILY = Family("virtual memory and pools")
+declare = FAMILY.declare
+
+
+# -- virtual memory management ---------------------------------------------------------
+
+def _reserve(session, hdr, size, alignment, addr, flags) -> tuple:
+    vmm.check_reserve(size, alignment, addr, flags)
+    return size, alignment, addr
+
+
+@declare("MEM_ADDRESS_RESERVE", check=_reserve)
+def mem_address_reserve(session, hdr, size, alignment, addr):
+    return (session.vmm.reserve(size, alignment, addr),)
+
+
+@declare("MEM_ADDRESS_FREE", check=by_books)
+def mem_address_free(session, hdr, dptr, size):
+    session.vmm.free_addresses(dptr, size)
+
+
+def _create(session, hdr, size, type_, handle_types, loc_type, loc_id, alloc_flags) -> tuple:
+    vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id, alloc_flags)
+    return (size,)
+
+
+@declare("MEM_CREATE", check=_create, charge=BOOKS)
+def mem_create(session, hdr, size):
+    return (session.vmm.create(size),)
+
+
+@declare("MEM_RELEASE", check=by_books, charge=RELEASES)
+def mem_release(session, hdr, handle):
+    session.vmm.release(handle)
+
+
+def _map(session, hdr, dptr, size, offset, handle, flags) -> tuple:
+    vmm.check_map(flags)
+    return dptr, size, offset, handle
+
+
+@declare("MEM_MAP", check=_map)
+def mem_map(session, hdr, dptr, size, offset, handle):
+    session.vmm.map(dptr, size, offset, handle)
+
+
+# The last mapping of memory the guest released gives it back.
+@declare("MEM_UNMAP", check=by_books, charge=RELEASES)
+def mem_unmap(session, hdr, dptr, size):
+    session.vmm.unmap(dptr, size)
+
+
+def _access(session, hdr, dptr, size, descs) -> tuple:
+    return dptr, size, vmm.check_access(descs)
+
+
+@declare("MEM_SET_ACCESS", check=_access)
+def mem_set_access(session, hdr, dptr, size, flags):
+    session.vmm.set_access(dptr, size, flags)
+
+
+@declare("MEM_GET_ACCESS", check=by_books)
+def mem_get_access(session, hdr, dptr):
+    return (session.vmm.get_access(dptr),)
+
+
+def _granularity(session, hdr, option) -> tuple:
+    vmm.check_granularity(option)
+    return (option,)
+
+
+@declare("MEM_GET_GRANULARITY", check=_granularity)
+def mem_get_granularity(session, hdr, option):
+    return (session.vmm.granularity(option),)
+
+
+@declare("MEM_RETAIN_HANDLE", check=by_books)
+def mem_retain_handle(session, hdr, dptr):
+    return (session.vmm.retain(dptr),)
+
+
+@declare("MEM_HANDLE_INFO", check=by_books)
+def mem_handle_info(session, hdr, handle):
+    return (session.vmm.handle_size(handle),)
+
+
+# -- stream-ordered allocation -----------------------------------------------------------
+
+def _pool(session, hdr, type_, handle_types, loc_type, loc_id, max_size, usage) -> tuple:
+    pools.check_create(type_, handle_types, loc_type, loc_id, usage)
+    return (max_size,)
+
+
+# A pool is charged what it holds, as it grows (mem_alloc_async), not when it is made.
+@declare("MEM_POOL_CREATE", check=_pool)
+def mem_pool_create(session, hdr, max_size):
+    return (session.pools.create(max_size),)
+
+
+@declare("MEM_POOL_DESTROY", check=by_books, charge=RELEASES)
+def mem_pool_destroy(session, hdr, pool):
+    session.pools.destroy(pool)
+
+
+@declare("MEM_POOL_DEFAULT")
+def mem_pool_default(session, hdr):
+    return (session.pools.default(),)
+
+
+def _alloc_async(session, hdr, size, pool, stream) -> tuple:
+    session.graphs.refuse_if_capturing(checks.stream(session, stream), "cuMemAllocAsync (a "
+                                       "graph memory node, which hvgpu does not build)")
+    pools.check_size(size)
+    return size, pool, stream
+
+
+@declare("MEM_ALLOC_ASYNC", check=_alloc_async, charge=BOOKS)
+def mem_alloc_async(session, hdr, size, pool, stream):
+    return (session.pools.alloc(size, pool, stream),)
+
+
+def _free_async(session, hdr, dptr, stream) -> tuple:
+    session.graphs.refuse_if_capturing(checks.stream(session, stream), "cuMemFreeAsync (a "
+                                       "graph memory node, which hvgpu does not build)")
+    return dptr, stream
+
+
+# Freed on its stream; a pool the guest destroyed goes with its last allocation.
+@declare("MEM_FREE_ASYNC", check=_free_async, charge=RELEASES)
+def mem_free_async(session, hdr, dptr, stream):
+    session.pools.free(dptr, stream)
+
+
+@declare("MEM_POOL_SET_ATTRIBUTE", check=by_books)
+def mem_pool_set_attribute(session, hdr, pool, attrib, value):
+    session.pools.set_attribute(pool, attrib, value)
+
+
+@declare("MEM_POOL_GET_ATTRIBUTE", check=by_books)
+def mem_pool_get_attribute(session, hdr, pool, attrib):
+    return (session.pools.get_attribute(pool, attrib),)
+
+
+@declare("MEM_POOL_TRIM_TO", check=by_books, charge=RELEASES)
+def mem_pool_trim_to(session, hdr, pool, keep):
+    session.pools.trim(pool, keep)
+
+
+def release_all(session) -> None:
+    """At the end: pool memory first, freed on the streams it was allocated on, then
+    mappings, physical memory and reservations."""
+    device = session.device
+    if session.vmm.mappings:
+        # Unmapping does not wait for the GPU (cuMemFree does): work still queued on
+        # the guest's streams must not find its memory gone.
+        for stream in (*(s.obj for s in session.streams.objects.values()),
+                       device.stream(STREAM_LEGACY), device.stream(STREAM_PER_THREAD)):
+            quietly(device.stream_synchronize, stream)
+    session.pools.release_all()
+    session.vmm.release_all()

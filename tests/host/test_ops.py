@@ -1,0 +1,58 @@
+"""The executor's ops table (hvgpu/host/executor/ops): every protocol op is declared
+once, with a check, a charge and an action, and the session serves frames through it."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvgpu.host.executor import ops, session
+from hvgpu.host.executor.ops import table
+from hvgpu.virtio import protocol as P
+
+
+def test_every_protocol_op_is_declared_once_with_a_check_a_charge_and_an_action():
+    declared = [op for family in ops.FAMILIES for op in family.ops]
+    names = [op.name for op in declared]
+    assert len(names) == len(set(names)), "an op declared twice"
+    # The session had one op_* handler for each op of protocol.OPS: the table has them all.
+    assert {op.code for op in declared} == set(ops.TABLE) == set(P.OPS_BY_CODE)
+    for op in declared:
+        assert ops.TABLE[op.code] is op
+        assert callable(op.check) and callable(op.act) and callable(op.serve), op.name
+        assert op.charge.kind in table.KINDS and op.charge.doc, op.name
+        assert (op.charge.size is not None) == (op.charge.kind == "ahead"), op.name
+
+
+def test_the_session_serves_every_op_through_the_table():
+    assert set(session._SERVING) == set(P.OPS_BY_CODE)
+    for code, op in ops.TABLE.items():
+        assert session._SERVING[code] is op.serve
+
+
+def test_what_takes_device_memory_says_how_it_is_charged():
+    kinds = {op.name: op.charge.kind for op in ops.TABLE.values()}
+    assert kinds["MEM_ALLOC"] == "ahead"
+    assert {kinds[n] for n in ("MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS",
+                               "GRAPH_INSTANTIATE")} == {"measured"}
+    assert kinds["MEM_CREATE"] == kinds["MEM_ALLOC_ASYNC"] == "books"
+    assert {kinds[n] for n in ("MEM_FREE", "MODULE_UNLOAD", "GRAPH_EXEC_DESTROY",
+                               "MEM_RELEASE", "MEM_POOL_DESTROY", "SHM_DETACH")} == {"releases"}
+
+
+def test_only_the_ops_that_take_a_payload_whole_declare_its_limit():
+    limited = {op.name for op in ops.TABLE.values() if op.payload}
+    assert limited == {"MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS"}
+    assert all(P.OPS_BY_NAME[name].request_payload for name in limited)
+
+
+def test_an_op_declared_by_two_families_is_refused():
+    a, b = table.Family("a"), table.Family("b")
+    a.declare("PING")(lambda s, hdr: ())
+    b.declare("PING")(lambda s, hdr: ())
+    with pytest.raises(ValueError, match="PING is declared by a and b"):
+        table.build(a, b)
+
+
+def test_an_op_the_protocol_does_not_have_cannot_be_declared():
+    with pytest.raises(KeyError):
+        table.Family("a").declare("NO_SUCH_OP")
