@@ -230,3 +230,26 @@ def test_every_generated_header_is_checked_in_as_cgen_renders_it():
     assert cgen.stale() == [], "regenerate: python -m hvgpu.virtio.cgen"
     assert cgen.main(["--check"]) == 0
 
+
+def test_the_c_sources_define_none_of_the_shared_names_themselves():
+    """A shared number lives in its Python module alone: a C source that gives it a
+    value again (under the Python name, with or without HVGPU_, or a name C had for it
+    before it was generated) holds a copy that can drift."""
+    names = {name for module in (P, R, T) for name, _ in module.C_CONSTANTS}
+    names |= {"REGION_" + name for name, _ in R.C_CONSTANTS}
+    names |= {"MAX_SEGMENTS", "MAX_NODES", "BATCH_CAP", "ATTR_SIZE", "MAX_ATTRS", "MAX_DESCS",
+              "FUNC_ATTRS", "PCOPY_MIN", "PCOPY_ALIGN", "PCOPY_MAX_THREADS",
+              "PCOPY_DEFAULT_THREADS", "HV_MAX_PARAMS", "HV_MAX_LAUNCH_ATTRS", "IVSHMEM_VENDOR",
+              "IVSHMEM_DEVICE"}
+    root = Path(cgen.__file__).parents[1]
+    sources = [*(root / "guest" / "shim").glob("*.[ch]"), *(root / "guest" / "nvml").glob("*.[ch]"),
+               root / "host" / "executor" / "launch_burst.c"]
+    # "#define NAME <number or string>" or "NAME = <number>" (an enum's); a name defined
+    # as the generated one (#define FUNC_ATTRS HVGPU_MAX_FUNC_ATTRIBUTES) is no copy
+    defined = re.compile(r'^\s*#\s*define\s+(?:HVGPU_)?(\w+)\s+\(?\s*(?:-?\d|")'
+                         r"|\b(?:HVGPU_)?(\w+)\s*=\s*-?\d", re.M)
+    copies = sorted(f"{path.name}: {m.group(1) or m.group(2)}" for path in sources
+                    for m in defined.finditer(path.read_text())
+                    if (m.group(1) or m.group(2)) in names)
+    assert copies == []
+
