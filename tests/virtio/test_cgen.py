@@ -253,3 +253,18 @@ def test_the_c_sources_define_none_of_the_shared_names_themselves():
                     if (m.group(1) or m.group(2)) in names)
     assert copies == []
 
+
+def test_the_python_modules_define_none_of_the_shared_names_but_their_owner():
+    """The Python side imports the shared numbers from the module that defines them (and
+    the header is generated from): another module that assigns one a value again holds a
+    copy that can drift from the C."""
+    owners = {Path(m.__file__).resolve() for m in (P, R, T, B)}
+    names = {name for module in (P, R, T) for name, _ in module.C_CONSTANTS}
+    names |= {"MAX_SEGMENTS", "ENTRIES", "SERVED", "MAX_NODES", "EVENT_ATTRS", "SHARED_MIN",
+              "PARALLEL_MIN", "DEFAULT_THREADS", "ENV_SYSFS", "ENV_ADDRESS"}
+    assigned = re.compile(r"^\s*_?(\w+)\s*=\s*(?:-?\d|[({\"']|b[\"'])", re.M)
+    root = Path(cgen.__file__).parents[1]
+    copies = sorted(f"{path.relative_to(root)}: {m.group(1)}" for path in root.rglob("*.py")
+                    if path.resolve() not in owners
+                    for m in assigned.finditer(path.read_text()) if m.group(1) in names)
+    assert copies == []

@@ -36,7 +36,6 @@ else:
 
 log = logging.getLogger(__name__)
 
-_MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
 _CU_STREAM_NON_BLOCKING = 1
 _MPS_SERVER_NOT_READY = P.CUDA_ERROR_MPS_SERVER_NOT_READY
 _MPS_NOT_READY_WAIT = 30.0
@@ -276,7 +275,7 @@ class CudaDevice:
             "cuThreadExchangeStreamCaptureMode")
         tls = self._tls
         if not hasattr(tls, "extra_addr"):
-            tls.params = ctypes.create_string_buffer(_MAX_PARAMS)
+            tls.params = ctypes.create_string_buffer(P.MAX_PARAMS)
             tls.view = memoryview(tls.params).cast("B")
             tls.size = ctypes.c_size_t(0)
             tls.extra = (ctypes.c_void_p * 5)(1, ctypes.addressof(tls.params), 2,
@@ -300,7 +299,7 @@ class CudaDevice:
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
 
     def uuid(self) -> bytes:
-        return bytes(_ok(cu.cuDeviceGetUuid(self.dev), "cuDeviceGetUuid").bytes)[:16]
+        return bytes(_ok(cu.cuDeviceGetUuid(self.dev), "cuDeviceGetUuid").bytes)[:P.UUID_SIZE]
 
     def total_mem(self) -> int:
         return _ok(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")
@@ -493,7 +492,7 @@ class CudaDevice:
 
     def param_layout(self, function) -> list[tuple[int, int]]:
         layout = []
-        for index in range(_MAX_PARAMS // 4):
+        for index in range(P.MAX_PARAMS // 4):
             err, offset, size = cu.cuFuncGetParamInfo(function, index)
             if _status(err) == P.CUDA_ERROR_INVALID_VALUE:
                 break  # past the last parameter
@@ -508,7 +507,7 @@ class CudaDevice:
         n = len(params)
         if not n:
             return None
-        if n > _MAX_PARAMS:
+        if n > P.MAX_PARAMS:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{n} bytes of kernel parameters")
         tls = self._tls
         tls.view[:n] = params
@@ -543,7 +542,8 @@ class CudaDevice:
         extra = self._extra(params)
         raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
         cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                            int(stream), ctypes.addressof(raw), len(attrs) // 72)
+                            int(stream), ctypes.addressof(raw),
+                            len(attrs) // P.LAUNCH_ATTR_SIZE)
         err = _driver_library().cuLaunchKernelEx(ctypes.byref(cfg), int(function), None, extra)
         if err:
             _raise(err, "cuLaunchKernelEx")
@@ -551,7 +551,7 @@ class CudaDevice:
     def occupancy_clusters(self, which, function, grid, block, shared_mem, attrs) -> int:
         raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
         cfg = _LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                            None, ctypes.addressof(raw), len(attrs) // 72)
+                            None, ctypes.addressof(raw), len(attrs) // P.LAUNCH_ATTR_SIZE)
         name = ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize")[which]
         value = ctypes.c_int()
         err = getattr(_driver_library(), name)(ctypes.byref(value), int(function),
@@ -566,14 +566,15 @@ class CudaDevice:
 
     def tensor_map_encode_tiled(self, dtype, rank, address, dims, strides, box, element_strides,
                                 interleave, swizzle, l2, oob) -> bytes:
-        buf = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is 64-byte aligned
+        # CUtensorMap is 64-byte aligned
+        buf = ctypes.create_string_buffer(P.TENSOR_MAP_SIZE + 64)
         at = (ctypes.addressof(buf) + 63) & ~63
         err = _driver_library().cuTensorMapEncodeTiled(
             at, dtype, rank, address, bytes(dims), bytes(strides) or None, bytes(box),
             bytes(element_strides), interleave, swizzle, l2, oob)
         if err:
             _raise(err, "cuTensorMapEncodeTiled")
-        return ctypes.string_at(at, 128)
+        return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
 
     def compiler_id(self) -> str:
         return f"nvrtc-{compiler.nvrtc_version() or 'none'}-{self.arch}"

@@ -85,9 +85,9 @@ _DRIVER_CALL = {P.OP[op]: call for op, call in (
     ("EVENT_RECORD", "cuEventRecord"), ("STREAM_WAIT_EVENT", "cuStreamWaitEvent"),
     ("MEMSET", "cuMemsetAsync"), ("MEMCPY_DTOD", "cuMemcpyDtoDAsync"),
     ("MEMCPY_HTOD", "cuMemcpyHtoDAsync"))}
-_LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
-_MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
-_EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
+_LAUNCH_ATTR_SIZE = P.LAUNCH_ATTR_SIZE  # sizeof(CUlaunchAttribute)
+_MAX_FUNC_ATTRIBUTES = P.MAX_FUNC_ATTRIBUTES  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
+_EVENT_ATTRS = P.LAUNCH_EVENT_ATTRS  # they hold guest handles
 
 # Payloads a session holds whole before using them; larger ones are refused
 # (CUDA_ERROR_INVALID_VALUE) and skipped, so the session goes on.
@@ -683,7 +683,7 @@ class Session:
 
     def op_device_get_attributes(self, hdr, ordinal, count):
         self._check_device(ordinal)
-        if not 0 < count <= 1024:
+        if not 0 < count <= P.MAX_DEVICE_ATTRIBUTES:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"{count} attributes asked for")
         values = []
         for attrib in range(1, count + 1):
