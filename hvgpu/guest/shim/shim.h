@@ -32,6 +32,7 @@ typedef void *CUstream;
 typedef void *CUevent;
 
 #define HV_MAX_DEVICES 16
+_Static_assert(HV_MAX_DEVICES >= HVGPU_MAX_VGPUS, "a VM's every vGPU has a place");
 #define HV_ATTR_COUNT 160 /* device attributes fetched at init: 1..HV_ATTR_COUNT */
 _Static_assert(HV_ATTR_COUNT <= HVGPU_MAX_DEVICE_ATTRIBUTES, "the agent answers so many");
 
@@ -277,8 +278,8 @@ static inline CUresult hv_call_handle(int device, uint16_t op, uint64_t handle) 
 }
 
 /* Streams, events and modules handed to the program carry their vGPU in bits 48+
-   (device 0's are the executor's handles unchanged); handles below 16 are CUDA's
-   special streams, which mean the current context's. */
+   (device 0's are the executor's handles unchanged); handles below HVGPU_FIRST_HANDLE
+   are CUDA's special streams, which mean the current context's. */
 #define HV_TAG_SHIFT 48
 static inline void *hv_tag(int device, uint64_t handle) {
     return (void *)(uintptr_t)(handle | ((uint64_t)device << HV_TAG_SHIFT));
@@ -286,7 +287,9 @@ static inline void *hv_tag(int device, uint64_t handle) {
 static inline uint64_t hv_untag(const void *v) {
     return (uint64_t)(uintptr_t)v & ((1ull << HV_TAG_SHIFT) - 1);
 }
-static inline int hv_created(const void *v) { return hv_untag(v) >= 16; } /* not special */
+static inline int hv_created(const void *v) { /* not special */
+    return hv_untag(v) >= HVGPU_FIRST_HANDLE;
+}
 static inline int hv_tag_device(const void *v) {
     return hv_created(v) ? (int)((uint64_t)(uintptr_t)v >> HV_TAG_SHIFT) : hv_routed_device();
 }

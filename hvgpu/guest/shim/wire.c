@@ -623,7 +623,7 @@ static CUresult handshake_locked(struct wire *w) {
         fclose(f);
     }
     char client[64 + sizeof argv0];
-    int clen = snprintf(client, sizeof client, "%s; pid %d; %s", hv_client_software,
+    int clen = snprintf(client, sizeof client, HVGPU_CLIENT_FORMAT, hv_client_software,
                         (int)getpid(), argv0[0] ? argv0 : "?");
     if (clen < 0) clen = 0;
     if ((size_t)clen >= sizeof client) clen = (int)sizeof client - 1;

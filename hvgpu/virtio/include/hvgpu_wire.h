@@ -1182,9 +1182,12 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_ACCESS_DESCS 64
 #define HVGPU_MAX_QUERY_NODES 4096
 #define HVGPU_MAX_GRAPH_NODES 65536
+#define HVGPU_FIRST_HANDLE 16
 #define HVGPU_MEMCPY_NODE_DEVICE 0
 #define HVGPU_MEMCPY_NODE_FROM_REGION 1
 #define HVGPU_MEMCPY_NODE_TO_REGION 2
+#define HVGPU_MAX_VGPUS 8
+#define HVGPU_CLIENT_FORMAT "%s; pid %d; %s"
 
 /* -- replies with variable-length fields -------------------------------------------- */
 
