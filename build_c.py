@@ -83,9 +83,11 @@ NVML = PlainC(
     link_args=["-Wl,-soname,libnvidia-ml.so.1"],
     without="NVML tools in the VM (nvidia-ml-py, nvitop, gpustat) will see no GPU")
 
+EXECUTOR_DIR = os.path.join("hvgpu", "host", "executor")
 BURST = PlainC(
     "hvgpu.host.executor.liblaunch_burst", "liblaunch_burst.so",
-    [os.path.join("hvgpu", "host", "executor", "launch_burst.c")],
+    [os.path.join(EXECUTOR_DIR, "launch_burst.c")],
+    depends=[os.path.join(EXECUTOR_DIR, "launch_burst.h")],  # generated, as the wire header
     without="the executor will serve every frame through its slower Python path")
 
 # Everything a VM needs: both distributions build these.

@@ -28,7 +28,8 @@ LIBRARIES = {
                      sorted((ROOT / "hvgpu" / "guest" / "nvml").glob("*.[ch]"))
                      + [ROOT / "hvgpu" / "guest" / "nvml" / "nvml_api.def", SHIM / "wire.c",
                         SHIM / "shim.h", WIRE_HEADER]),
-    "launch loop": (EXECUTOR / "liblaunch_burst.so", [EXECUTOR / "launch_burst.c", WIRE_HEADER]),
+    "launch loop": (EXECUTOR / "liblaunch_burst.so", [EXECUTOR / "launch_burst.c",
+                                                      EXECUTOR / "launch_burst.h", WIRE_HEADER]),
 }
 
 

@@ -45,16 +45,14 @@ from hvgpu.virtio.address import Address, parse_address
 from hvgpu.virtio.framing import (FrameReader, PeerSilent, pack_header, send_all, send_frame,
                                   set_silence_timeout)
 from hvgpu.virtio.transport import connect, send_with_fds
+# As the libcuda shim behaves: one definition for both (tuning.py).
+from hvgpu.virtio.tuning import BATCH_BYTES, DEFAULT_TIMEOUT, MIN_TIMEOUT, STAGE_MIN
+from hvgpu.virtio.tuning import ENV_AGENT as ENV_ADDRESS
+from hvgpu.virtio.tuning import ENV_TIMEOUT
 
-ENV_ADDRESS = "HVGPU_AGENT"
-ENV_TIMEOUT = "HVGPU_TIMEOUT"
-DEFAULT_TIMEOUT = 60.0  # seconds of silence from the agent before giving up
-MIN_TIMEOUT = 2.0  # the agent's progress frames come every second
 CHUNK = 8 << 20  # host-to-device copies travel as frames of this size
-BATCH_BYTES = 64 << 10  # coalesced one-way frames leave once this much gathered
 SMALL_COPY = 16 << 10  # host-to-device copies up to this size are coalesced too
 FLUSH_DELAY = 100e-6  # the longest a coalesced frame waits for company
-SHARED_MIN = 1 << 20  # pageable copies from this size are staged through a shared region
 
 _HDR = P.HEADER
 _LAUNCH_OP = P.OP["LAUNCH_KERNEL"]
@@ -336,7 +334,7 @@ class Connection:
         memory exists."""
         if not n or not self.caps & (P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE):
             return False
-        return n >= SHARED_MIN or (self.shared is not None and bool(self.shared.pinned))
+        return n >= STAGE_MIN or (self.shared is not None and bool(self.shared.pinned))
 
     def _shared_lane(self):
         if self.shared is None:

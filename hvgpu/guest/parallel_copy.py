@@ -19,9 +19,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-PARALLEL_MIN = 2 << 20
-ALIGN = 4096
-DEFAULT_THREADS = 4
+# Its numbers are the libcuda shim's pcopy.c's: one definition for both.
+from hvgpu.virtio import tuning as T
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -30,13 +29,13 @@ _busy = threading.Lock()  # one copy on the pool at a time; another copies alone
 
 def threads() -> int:
     """Threads that share one large copy, the caller included."""
-    raw = os.environ.get("HVGPU_COPY_THREADS", "")
+    raw = os.environ.get(T.ENV_COPY_THREADS, "")
     if raw.strip():
         try:
-            return max(1, min(16, int(raw)))
+            return max(1, min(T.PARALLEL_COPY_MAX_THREADS, int(raw)))
         except ValueError:
             pass
-    return max(1, min(DEFAULT_THREADS, os.cpu_count() or 1))
+    return max(1, min(T.PARALLEL_COPY_THREADS, os.cpu_count() or 1))
 
 
 def _get_pool(n: int) -> ThreadPoolExecutor:
@@ -58,12 +57,12 @@ os.register_at_fork(after_in_child=_forget_pool)
 def copy(dst: int, src: int, n: int) -> None:
     """memcpy(dst, src, n) between two addresses, on several threads when n is large."""
     k = threads()
-    if n < PARALLEL_MIN or k == 1 or not _busy.acquire(blocking=False):
+    if n < T.PARALLEL_COPY_MIN or k == 1 or not _busy.acquire(blocking=False):
         ctypes.memmove(dst, src, n)
         return
     try:
         each = -(-n // k)
-        each = -(-each // ALIGN) * ALIGN
+        each = -(-each // T.PARALLEL_COPY_ALIGN) * T.PARALLEL_COPY_ALIGN
         pool = _get_pool(k - 1)
         futures = [pool.submit(ctypes.memmove, dst + off, src + off, min(each, n - off))
                    for off in range(each, n, each)]

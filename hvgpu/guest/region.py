@@ -27,8 +27,8 @@ from pathlib import Path
 
 from hvgpu.errors import HvgpuError
 from hvgpu.virtio import region as layout
+from hvgpu.virtio import tuning as T
 
-ENV_SYSFS = "HVGPU_SYSFS_ROOT"
 GROUP = "hvgpu"  # the group the packaged udev rule gives the device to
 RULE = "/etc/udev/rules.d/70-hvgpu-shm.rules"  # where `hvgpu-guest install` puts it
 
@@ -40,7 +40,7 @@ class RegionError(HvgpuError):
 
 
 def sysfs_root(sysfs: str | os.PathLike | None = None) -> Path:
-    return Path(sysfs if sysfs is not None else os.environ.get(ENV_SYSFS) or "/sys")
+    return Path(sysfs if sysfs is not None else os.environ.get(T.ENV_SYSFS_ROOT) or "/sys")
 
 
 @dataclasses.dataclass(frozen=True)

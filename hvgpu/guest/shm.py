@@ -36,12 +36,11 @@ from hvgpu.guest import region as guest_region
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
+# Staged as the libcuda shim stages: one definition for both (tuning.py).
+from hvgpu.virtio.tuning import STAGE_CHUNK, STAGE_MIN, STAGE_SLOTS
 
 log = logging.getLogger(__name__)
 
-STAGE_CHUNK = 8 << 20  # a staged copy moves this much per slot
-STAGE_SLOTS = 2
-STAGE_MIN = 1 << 20  # below this a pageable copy goes on the socket (one-way up, no fence)
 _SYNC = P.OP["STREAM_SYNCHRONIZE"]
 
 

@@ -28,8 +28,9 @@ import unicodedata
 from typing import NamedTuple
 
 from hvgpu.errors import HvgpuError
+from hvgpu.virtio import protocol as P
 
-MAX_VGPUS = 8  # per VM: the guest reaches vGPU N at the data lane's port + N
+MAX_VGPUS = P.MAX_VGPUS  # per VM: the guest reaches vGPU N at the data lane's port + N
 MAX_NAME_BYTES = 255  # libvirt keeps a domain name in a path component
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "hvgpu-"

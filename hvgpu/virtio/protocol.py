@@ -25,6 +25,7 @@ MIN_VERSION = 1
 MAGIC = 0x4748  # "HG" little-endian on the wire: 0x48 0x47
 
 DEFAULT_PORT = 5170  # vsock/tcp port the agent listens on unless told otherwise
+MAX_VGPUS = 8  # per VM: the guest reaches vGPU N at the agent's port + N
 HOST_CID = 2  # VMADDR_CID_HOST: where a guest finds the agent over vsock
 
 MAX_BODY = 1 << 20  # bodies are small; anything larger is a broken peer
@@ -39,6 +40,7 @@ FLAG_REPLY = 0x02  # this frame answers the request with the same seq
 # a while, only to guests that set CAP_PROGRESS in HELLO. A guest restarts its silence
 # timer and reads on; the real reply still follows.
 FLAG_PROGRESS = 0x04
+PROGRESS_EVERY = 1.0  # seconds between progress frames while the executor is busy
 
 # Capability bits exchanged in HELLO.
 CAP_NVRTC = 1 << 0  # the agent compiles CUDA C++ source (MODULE_COMPILE)
@@ -55,11 +57,12 @@ CAP_MONITOR = 1 << 5
 # argv[0]): what VGPU_PROCESSES lists. It is the guest's word, shown to its own VM only.
 MAX_PROCESS_NAME = 64  # characters of a process's name kept
 MAX_PROCESSES = 64  # VGPU_PROCESSES lists at most this many
+CLIENT_FORMAT = "%s; pid %d; %s"  # software, pid, name (printf's and Python's % alike)
 
 
 def client_text(software: str, pid: int, name: str) -> str:
     """HELLO's client for ``software`` speaking for process ``pid`` called ``name``."""
-    return f"{software}; pid {pid}; {name}"
+    return CLIENT_FORMAT % (software, pid, name)
 
 
 def parse_client(text: str) -> tuple[int, str]:
@@ -372,6 +375,47 @@ OPS: tuple[Op, ...] = (
 
 # Body of every reply whose status is not success.
 ERROR_FIELDS = _f("u16 op, u16 reserved, u32 seq, str message")
+
+# Limits and layouts inside the ops' fields, which every guest and the executor keep
+# alike.
+MAX_PARAMS = 32764  # bytes of kernel parameters one launch carries (CUDA 12.1+'s limit)
+LAUNCH_ATTR_SIZE = 72  # one CUlaunchAttribute in a launch's or a cluster query's attrs
+MAX_LAUNCH_ATTRS = 32  # attributes a guest sends with one launch (the executor's C loop
+                       # serves this many; more go through its Python path)
+# CUlaunchAttributeID's attributes that name events: a guest does not send them (an
+# event is the executor's), and the executor refuses them.
+LAUNCH_ATTR_PROGRAMMATIC_EVENT = 7
+LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT = 12
+LAUNCH_EVENT_ATTRS = frozenset({LAUNCH_ATTR_PROGRAMMATIC_EVENT,
+                                LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT})
+MAX_DEVICE_ATTRIBUTES = 1024  # DEVICE_GET_ATTRIBUTES's count at most
+MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES's count at most: its reply's known is 32 bits
+UUID_SIZE = 16  # DEVICE_GET_UUID's uuid (a CUuuid)
+TENSOR_MAP_SIZE = 128  # TENSOR_MAP_ENCODE_TILED's map (a CUtensorMap)
+ACCESS_DESC_SIZE = 12  # one CUmemAccessDesc in MEM_SET_ACCESS's descs
+MAX_ACCESS_DESCS = 64  # descriptors one MEM_SET_ACCESS carries at most
+MAX_QUERY_NODES = 4096  # dependency nodes one STREAM_CAPTURE_INFO answers at most
+MAX_GRAPH_NODES = 65536  # node handles a connection is given at most
+# Handles the executor gives (streams, events, modules, functions, graphs, ...) start
+# here: below are CUDA's special stream values (0, 1, 2), which a guest sends as they are.
+FIRST_HANDLE = 16
+# GRAPH_ADD_MEMCPY_NODE's kind
+MEMCPY_NODE_DEVICE = 0  # device to device
+MEMCPY_NODE_FROM_REGION = 1  # src is an offset in the region
+MEMCPY_NODE_TO_REGION = 2  # dst is an offset in the region
+
+# name -> C type of what the C header carries besides the op table (cgen), as
+# HVGPU_<name> ("i32": a plain int literal, as C writes small counts).
+C_CONSTANTS = (
+    ("MAX_PARAMS", "i32"), ("LAUNCH_ATTR_SIZE", "i32"),
+    ("MAX_LAUNCH_ATTRS", "i32"), ("LAUNCH_ATTR_PROGRAMMATIC_EVENT", "i32"),
+    ("LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT", "i32"), ("MAX_DEVICE_ATTRIBUTES", "i32"),
+    ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
+    ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
+    ("MAX_GRAPH_NODES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
+    ("MEMCPY_NODE_FROM_REGION", "i32"), ("MEMCPY_NODE_TO_REGION", "i32"),
+    ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
+)
 
 OPS_BY_CODE = {op.code: op for op in OPS}
 OPS_BY_NAME = {op.name: op for op in OPS}

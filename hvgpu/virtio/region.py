@@ -12,6 +12,7 @@ token the executor handed back in SHM_ATTACH's reply. The header is advisory: th
 guest can overwrite it, and the executor never reads anything back from a region
 but the bytes of a copy. Data starts at :data:`DATA_OFFSET`.
 
+The C side (the guest's shim) takes all of this from the header cgen generates.
 Pure data: must not map, open or allocate anything.
 """
 
@@ -19,14 +20,20 @@ from __future__ import annotations
 
 import struct
 
+from hvgpu.virtio import protocol as P
+
 MAGIC = b"HVGPUSHM"
 VERSION = 1
 DATA_OFFSET = 4096  # the header's page; allocations start after it
 TOKEN_SIZE = 16
 ALIGN = 4096  # allocations in a region start on page boundaries
 
-# magic, version, data offset, region size, token, vGPU device number
-HEADER = struct.Struct(f"<8sIIQ{TOKEN_SIZE}sI")
+# The header, in order: (field, type, count); a count above 1 is an array of bytes.
+HEADER_FIELDS = (("magic", "u8", len(MAGIC)), ("version", "u32", 1),
+                 ("data_offset", "u32", 1), ("size", "u64", 1),  # the region's size
+                 ("token", "u8", TOKEN_SIZE), ("device", "u32", 1))  # vGPU device number
+HEADER = struct.Struct("<" + "".join(f"{count}s" if count > 1 else P.SCALARS[typ]
+                                     for _, typ, count in HEADER_FIELDS))
 
 # SHM_ATTACH kinds
 KIND_MEMFD = 1  # a sealed memfd the guest passes with the frame (unix sockets only)
@@ -35,6 +42,14 @@ KIND_DEVICE = 2  # the VM's ivshmem region, which the agent opens on the host
 PCI_VENDOR = 0x1AF4  # Red Hat, Inc. (QEMU's ivshmem)
 PCI_DEVICE = 0x1110  # Inter-VM shared memory
 PCI_BAR = 2  # ivshmem-plain's shared memory BAR
+
+# name -> C type of what the C header carries (cgen), as HVGPU_REGION_<name>; the
+# header itself is hvgpu_region_header_t there.
+C_CONSTANTS = (
+    ("MAGIC", "str"), ("VERSION", "i32"), ("DATA_OFFSET", "u64"), ("TOKEN_SIZE", "i32"),
+    ("ALIGN", "u64"), ("KIND_MEMFD", "i32"), ("KIND_DEVICE", "i32"), ("PCI_VENDOR", "i32"),
+    ("PCI_DEVICE", "i32"), ("PCI_BAR", "i32"),
+)
 
 
 def pack_header(size: int, token: bytes, device: int) -> bytes:

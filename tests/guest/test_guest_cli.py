@@ -15,7 +15,7 @@ import pytest
 from hvgpu import __version__
 from hvgpu.guest.cli import main, shm_text
 from hvgpu.guest.client import Connection
-from hvgpu.guest.region import ENV_SYSFS
+from hvgpu.virtio.tuning import ENV_SYSFS_ROOT
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 from tests.guest.fake_sysfs import MiB, add_device
 from tests.wheels import CannotMake, guest_dependency_wheels
@@ -41,7 +41,7 @@ def test_info_lists_the_vgpu_as_the_slice(agent, capsys):
 
 def test_info_says_whether_a_shared_memory_device_is_there_and_mappable(agent, tmp_path,
                                                                       monkeypatch, capsys):
-    monkeypatch.setenv(ENV_SYSFS, str(tmp_path))
+    monkeypatch.setenv(ENV_SYSFS_ROOT, str(tmp_path))
     assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
     assert "shared memory: no device in this VM" in capsys.readouterr().out
     bar = add_device(tmp_path, "0000:00:03.0", size=16 * MiB)

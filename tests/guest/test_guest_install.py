@@ -15,8 +15,9 @@ import pytest
 
 from hvgpu.guest import install as guest_install
 from hvgpu.guest.cli import main
-from hvgpu.guest.region import ENV_SYSFS, GROUP, RULE
+from hvgpu.guest.region import GROUP, RULE
 from hvgpu.virtio import region as layout
+from hvgpu.virtio.tuning import ENV_SYSFS_ROOT
 from tests.guest.fake_sysfs import MiB, add_device, as_user
 
 PACKAGED = Path(guest_install.__file__).parent / "data" / "70-hvgpu-shm.rules"
@@ -78,7 +79,7 @@ def test_grant_gives_the_group_every_ivshmem_device_and_no_other(tmp_path):
 def test_install_on_the_running_system_says_what_it_did(tmp_path, monkeypatch):
     sysfs = tmp_path / "sys"
     bar = add_device(sysfs, "0000:00:03.0", size=16 * MiB)
-    monkeypatch.setenv(ENV_SYSFS, str(sysfs))
+    monkeypatch.setenv(ENV_SYSFS_ROOT, str(sysfs))
     write_rule = guest_install.write_rule
     monkeypatch.setattr(guest_install, "write_rule", lambda root: write_rule(tmp_path / "root"))
     monkeypatch.setattr(guest_install, "ensure_group", lambda: (4242, True))

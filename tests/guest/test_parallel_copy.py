@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from hvgpu.guest import parallel_copy
+from hvgpu.virtio import tuning as T
 
 MiB = 1 << 20
 
@@ -70,4 +71,4 @@ def test_the_thread_count_follows_the_setting(monkeypatch):
     monkeypatch.setenv("HVGPU_COPY_THREADS", "0")
     assert parallel_copy.threads() == 1
     monkeypatch.setenv("HVGPU_COPY_THREADS", "many")
-    assert 1 <= parallel_copy.threads() <= parallel_copy.DEFAULT_THREADS
+    assert 1 <= parallel_copy.threads() <= T.PARALLEL_COPY_THREADS

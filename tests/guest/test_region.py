@@ -12,6 +12,7 @@ import pytest
 from hvgpu.guest import region
 from hvgpu.guest.region import RegionError, find_device_region
 from hvgpu.virtio import region as layout
+from hvgpu.virtio import tuning as T
 from tests.guest import fake_sysfs
 from tests.guest.fake_sysfs import MiB, add_device, region_header
 
@@ -75,7 +76,7 @@ def test_no_device_carrying_the_token_is_none(tmp_path):
 
 def test_the_sysfs_root_comes_from_the_environment(tmp_path, monkeypatch):
     add_device(tmp_path, "0000:00:03.0", header=region_header(TOKEN))
-    monkeypatch.setenv(region.ENV_SYSFS, str(tmp_path))
+    monkeypatch.setenv(T.ENV_SYSFS_ROOT, str(tmp_path))
     with find_device_region(TOKEN, 0) as r:
         assert r.device.address == "0000:00:03.0"
 

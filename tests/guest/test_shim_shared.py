@@ -15,7 +15,6 @@ preloaded test double of the shim's finder, cuda/region_finder.c), or not at all
 from __future__ import annotations
 
 import os
-import re
 import socket
 import subprocess
 import threading
@@ -24,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from bench import toolkit
-from hvgpu.guest import shm as python_lane
 from hvgpu.guest.shim import library
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.session import Session
@@ -36,7 +34,6 @@ from tests.guest.test_shim_cache import shim_stats
 from tests.guest.test_shim_vmm import cuda_include
 
 HERE = Path(__file__).parent
-SHIM = HERE.parents[1] / "hvgpu/guest/shim"
 NVCC = toolkit.nvcc()
 MiB = 1 << 20
 
@@ -58,18 +55,6 @@ PINNED = {
     # size, less the 2D pair at 1000 B), and the staged chunks fence (8)
     "STREAM_SYNCHRONIZE": (24, 0),
 }
-
-
-def test_the_shim_uses_the_region_layout_and_staging_of_the_python_lane():
-    text = (SHIM / "shared.c").read_text()
-    defined = dict(re.findall(r"^#define (\w+) \(?([0-9a-fx]+)", text, re.M))
-    assert int(defined["KIND_MEMFD"]) == R.KIND_MEMFD
-    assert int(defined["KIND_DEVICE"]) == R.KIND_DEVICE
-    assert int(defined["TOKEN_SIZE"]) == R.TOKEN_SIZE
-    assert int(defined["ALIGN"]) == R.ALIGN
-    assert int(defined["STAGE_SLOTS"]) == python_lane.STAGE_SLOTS
-    assert "STAGE_CHUNK (8ull << 20)" in text and python_lane.STAGE_CHUNK == 8 * MiB
-    assert "STAGE_MIN (1ull << 20)" in text and python_lane.STAGE_MIN == MiB
 
 
 @pytest.fixture(scope="module")

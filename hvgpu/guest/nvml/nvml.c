@@ -114,13 +114,10 @@ static CUresult on(int d, uint16_t op, const void *body, uint32_t body_len, void
     return r;
 }
 
-/* The variable field that follows a reply's fixed part, NUL-terminated into out. */
-static void text_of(const unsigned char *rep, uint32_t n, size_t fixed, uint32_t len, char *out,
-                    size_t outlen) {
-    if (fixed > n) fixed = n;
-    if (len > n - fixed) len = n - (uint32_t)fixed;
-    if (len > outlen - 1) len = (uint32_t)outlen - 1;
-    memcpy(out, rep + fixed, len);
+/* A reply's variable field, NUL-terminated into out (a long one is cut). */
+static void text_of(hvgpu_span_t field, char *out, size_t outlen) {
+    size_t len = field.len < outlen - 1 ? field.len : outlen - 1;
+    memcpy(out, field.data, len);
     out[len] = 0;
 }
 
@@ -132,20 +129,20 @@ static nvmlReturn_t learn(struct nvml_dev *dev) {
     if (__atomic_load_n(&dev->known, __ATOMIC_ACQUIRE)) return NVML_SUCCESS;
     int d = dev->index;
     struct nvml_dev got = { 0 };
-    unsigned char rep[4 + 4 * ATTRS + 256];
-    uint32_t n = 0, len;
+    unsigned char rep[sizeof(hvgpu_device_get_attributes_rep_t) + 4 * ATTRS + 256];
+    uint32_t n = 0;
     hvgpu_device_get_name_req_t nq = { 0 };
     CUresult r = on(d, HVGPU_OP_DEVICE_GET_NAME, &nq, sizeof nq, rep, sizeof rep, &n);
     if (r) return from_cuda(r);
-    if (n < 4) return NVML_ERROR_UNKNOWN;
-    memcpy(&len, rep, 4);
-    text_of(rep, n, 4, len, got.name, sizeof got.name);
+    hvgpu_device_get_name_rep_view_t name;
+    if (hvgpu_device_get_name_rep_decode(rep, n, &name) < 0) return NVML_ERROR_UNKNOWN;
+    text_of(name.name, got.name, sizeof got.name);
     hvgpu_device_get_uuid_req_t uq = { 0 };
     if ((r = on(d, HVGPU_OP_DEVICE_GET_UUID, &uq, sizeof uq, rep, sizeof rep, &n))) return from_cuda(r);
-    if (n < 4 + 16) return NVML_ERROR_UNKNOWN;
-    memcpy(&len, rep, 4);
-    if (len < 16) return NVML_ERROR_UNKNOWN;
-    const unsigned char *u = rep + 4;
+    hvgpu_device_get_uuid_rep_view_t id;
+    if (hvgpu_device_get_uuid_rep_decode(rep, n, &id) < 0 || id.uuid.len < HVGPU_UUID_SIZE)
+        return NVML_ERROR_UNKNOWN;
+    const unsigned char *u = id.uuid.data;
     snprintf(got.uuid, sizeof got.uuid,
              "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
              u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
@@ -153,11 +150,9 @@ static nvmlReturn_t learn(struct nvml_dev *dev) {
     hvgpu_device_get_attributes_req_t aq = { 0, ATTRS };
     if ((r = on(d, HVGPU_OP_DEVICE_GET_ATTRIBUTES, &aq, sizeof aq, rep, sizeof rep, &n)))
         return from_cuda(r);
-    if (n < 4) return NVML_ERROR_UNKNOWN;
-    memcpy(&len, rep, 4);
-    if (len > n - 4) len = n - 4;
-    if (len > 4 * ATTRS) len = 4 * ATTRS;
-    memcpy(got.attrs + 1, rep + 4, len);
+    hvgpu_device_get_attributes_rep_view_t a;
+    if (hvgpu_device_get_attributes_rep_decode(rep, n, &a) < 0) return NVML_ERROR_UNKNOWN;
+    memcpy(got.attrs + 1, a.values.data, a.values.len < 4 * ATTRS ? a.values.len : 4 * ATTRS);
     pthread_mutex_lock(&lock);
     if (!dev->known) {
         memcpy(dev->name, got.name, sizeof dev->name);
@@ -425,11 +420,10 @@ static nvmlReturn_t slice_memory(struct nvml_dev *dev, unsigned long long *total
     uint32_t n = 0;
     CUresult r = on(dev->index, HVGPU_OP_SLICE_INFO, NULL, 0, rep, sizeof rep, &n);
     if (r) return from_cuda(r);
-    if (n < sizeof(hvgpu_slice_info_rep_t)) return NVML_ERROR_UNKNOWN;
-    hvgpu_slice_info_rep_t s;
-    memcpy(&s, rep, sizeof s);
-    *total = s.mem;
-    *used = s.mem_used < s.mem ? s.mem_used : s.mem;
+    hvgpu_slice_info_rep_view_t s; /* the VM's name is not needed: it may be cut */
+    if (hvgpu_slice_info_rep_decode(rep, n, &s) < 0) return NVML_ERROR_UNKNOWN;
+    *total = s.fixed.mem;
+    *used = s.fixed.mem_used < s.fixed.mem ? s.fixed.mem_used : s.fixed.mem;
     return NVML_SUCCESS;
 }
 
@@ -484,20 +478,18 @@ static nvmlReturn_t processes(struct nvml_dev *dev, struct process *out, unsigne
     uint32_t len = 0;
     CUresult r = on(dev->index, HVGPU_OP_VGPU_PROCESSES, NULL, 0, rep, sizeof rep, &len);
     if (r) return r == CUDA_ERROR_NOT_SUPPORTED ? NVML_ERROR_NOT_SUPPORTED : from_cuda(r);
-    hvgpu_vgpu_processes_rep_t p;
-    if (len < sizeof p) return NVML_ERROR_UNKNOWN;
-    memcpy(&p, rep, sizeof p);
-    size_t at = sizeof p;
-    unsigned rows = p.count;
+    hvgpu_vgpu_processes_rep_view_t p;
+    if (hvgpu_vgpu_processes_rep_decode(rep, len, &p) < 0) return NVML_ERROR_UNKNOWN;
+    unsigned rows = p.fixed.count;
     if (rows > HVGPU_MAX_PROCESSES) rows = HVGPU_MAX_PROCESSES;
-    if (p.pids_len < 4ull * rows || p.used_len < 8ull * rows ||
-        at + (uint64_t)p.pids_len + p.used_len > len)
+    if (p.fixed.pids_len < 4ull * rows || p.fixed.used_len < 8ull * rows ||
+        p.pids.len != p.fixed.pids_len || p.used.len != p.fixed.used_len) /* both whole */
         return NVML_ERROR_UNKNOWN;
     for (unsigned i = 0; i < rows; i++) {
         uint32_t pid;
         uint64_t used;
-        memcpy(&pid, rep + at + 4 * i, 4);
-        memcpy(&used, rep + at + p.pids_len + 8 * i, 8);
+        memcpy(&pid, p.pids.data + 4 * i, 4);
+        memcpy(&used, p.used.data + 8 * i, 8);
         out[i].pid = pid;
         out[i].used = used;
     }

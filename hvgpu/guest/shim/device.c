@@ -61,7 +61,7 @@ static void initialise(void) {
     hv_device_count = c.count < HV_MAX_DEVICES ? c.count : HV_MAX_DEVICES;
     for (int d = 0; d < hv_device_count; d++) {
         hvgpu_device_get_attributes_req_t q = { 0, HV_ATTR_COUNT };
-        unsigned char rep[4 + 4 * HV_ATTR_COUNT];
+        unsigned char rep[sizeof(hvgpu_device_get_attributes_rep_t) + 4 * HV_ATTR_COUNT];
         uint32_t n = 0;
         r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep,
                              sizeof rep, &n, NULL, 0));
@@ -72,18 +72,21 @@ static void initialise(void) {
             break;
         }
         if (r) { init_result = r; return; }
-        uint32_t len;
-        memcpy(&len, rep, 4);
-        if (len > n - 4) len = n - 4;
-        memcpy(&hv_attrs[d][1], rep + 4, len);
+        hvgpu_device_get_attributes_rep_view_t a; /* what there is of the values; 0: none */
+        hvgpu_device_get_attributes_rep_decode(rep, n, &a);
+        memcpy(&hv_attrs[d][1], a.values.data, a.values.len);
         for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
             hv_attrs[d][NOT_CARRIED[i]] = 0;
         hvgpu_device_get_uuid_req_t u = { 0 };
-        unsigned char urep[4 + 16];
+        unsigned char urep[sizeof(hvgpu_device_get_uuid_rep_t) + HVGPU_UUID_SIZE];
         r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep,
                              &n, NULL, 0));
         if (r) { init_result = r; return; }
-        memcpy(hv_uuids[d], urep + 4, 16);
+        hvgpu_device_get_uuid_rep_view_t id; /* a short one is padded with zeros */
+        hvgpu_device_get_uuid_rep_decode(urep, n, &id);
+        memset(hv_uuids[d], 0, HVGPU_UUID_SIZE);
+        memcpy(hv_uuids[d], id.uuid.data, id.uuid.len < HVGPU_UUID_SIZE ? id.uuid.len
+                                                                        : HVGPU_UUID_SIZE);
     }
     init_result = hv_device_count ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
 }
@@ -152,16 +155,15 @@ HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     CUresult r = hv_check_device(dev);
     if (r) return r;
     hvgpu_device_get_name_req_t q = { 0 };
-    char rep[4 + 256];
+    unsigned char rep[sizeof(hvgpu_device_get_name_rep_t) + 256];
     uint32_t n = 0;
     r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_GET_NAME, &q, sizeof q, NULL, 0, rep, sizeof rep - 1,
                            &n, NULL, 0));
     if (r) return r;
-    uint32_t sl;
-    memcpy(&sl, rep, 4);
-    if (sl > n - 4) sl = n - 4;
-    if (sl > (uint32_t)len - 1) sl = (uint32_t)len - 1;
-    memcpy(name, rep + 4, sl);
+    hvgpu_device_get_name_rep_view_t v; /* a long name is cut */
+    hvgpu_device_get_name_rep_decode(rep, n, &v);
+    uint32_t sl = v.name.len < (uint32_t)len - 1 ? v.name.len : (uint32_t)len - 1;
+    memcpy(name, v.name.data, sl);
     name[sl] = 0;
     return CUDA_SUCCESS;
 }
@@ -169,7 +171,7 @@ HV_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 HV_EXPORT CUresult cuDeviceGetUuid(unsigned char *uuid, CUdevice dev) {
     if (!uuid) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = hv_check_device(dev);
-    if (!r) memcpy(uuid, hv_uuids[dev], 16);
+    if (!r) memcpy(uuid, hv_uuids[dev], HVGPU_UUID_SIZE);
     return r;
 }
 

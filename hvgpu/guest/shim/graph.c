@@ -40,8 +40,6 @@
 #define MODE_RELAXED 2
 #define STATUS_NONE 0
 #define MAX_CAPTURES 256
-#define MAX_QUERY_NODES 4096 /* as the executor's graphs.MAX_QUERY_NODES */
-#define MAX_GRAPH_NODES 65536 /* graphs.MAX_NODES: node handles a connection is given */
 
 static struct capture {
     CUstream stream; /* 0: free slot */
@@ -280,7 +278,7 @@ int hv_capture_host(CUstream stream, void (*fn)(void *), void (*cb)(CUstream, CU
    (tagged) into a thread's array. The executor gives each node it names a handle that
    lasts as long as the graph, so they are asked for only where the program wants them
    (the frameworks' allocators ask on every allocation during a capture, without). */
-static __thread void *query_nodes[MAX_QUERY_NODES];
+static __thread void *query_nodes[HVGPU_MAX_QUERY_NODES];
 
 static CUresult query(CUstream stream, int nodes, int *status, unsigned long long *id,
                       void **graph, size_t *ndeps) {
@@ -291,24 +289,24 @@ static CUresult query(CUstream stream, int nodes, int *status, unsigned long lon
     if (!hv_capture_active()) return CUDA_SUCCESS;
     int device = device_of(stream);
     hvgpu_stream_capture_info_req_t q = { hv_untag(stream), nodes ? 1u : 0u };
-    static __thread unsigned char rep[sizeof(hvgpu_stream_capture_info_rep_t) + 8 * MAX_QUERY_NODES];
+    static __thread unsigned char rep[sizeof(hvgpu_stream_capture_info_rep_t) +
+                                      8 * HVGPU_MAX_QUERY_NODES];
     uint32_t n = 0;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_CAPTURE_INFO, &q, sizeof q, NULL, 0, rep,
                                        sizeof rep, &n, NULL, 0));
     if (r) return r;
-    hvgpu_stream_capture_info_rep_t v;
-    if (n < sizeof v) return CUDA_ERROR_INVALID_VALUE;
-    memcpy(&v, rep, sizeof v);
-    size_t count = v.nodes_len / 8;
-    if (count > (n - sizeof v) / 8 || count > MAX_QUERY_NODES) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_stream_capture_info_rep_view_t v;
+    if (hvgpu_stream_capture_info_rep_decode(rep, n, &v) < 0) return CUDA_ERROR_INVALID_VALUE;
+    size_t count = v.fixed.nodes_len / 8;
+    if (count > v.nodes.len / 8 || count > HVGPU_MAX_QUERY_NODES) return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; i < count; i++) {
         uint64_t h;
-        memcpy(&h, rep + sizeof v + 8 * i, 8);
+        memcpy(&h, v.nodes.data + 8 * i, 8);
         query_nodes[i] = hv_tag(device, h);
     }
-    *status = (int)v.status;
-    *id = v.id;
-    *graph = v.graph ? hv_tag(device, v.graph) : NULL;
+    *status = (int)v.fixed.status;
+    *id = v.fixed.id;
+    *graph = v.fixed.graph ? hv_tag(device, v.fixed.graph) : NULL;
     *ndeps = count;
     return CUDA_SUCCESS;
 }
@@ -510,7 +508,7 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
     }
     int device = hv_tag_device(graph);
     size_t want = nodes ? *count : 0;
-    if (want > MAX_GRAPH_NODES) return CUDA_ERROR_INVALID_VALUE;
+    if (want > HVGPU_MAX_GRAPH_NODES) return CUDA_ERROR_INVALID_VALUE;
     size_t cap = sizeof(hvgpu_graph_get_nodes_rep_t) + 8 * want;
     unsigned char *rep = malloc(cap);
     if (!rep) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -518,23 +516,22 @@ HV_EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *count) {
     uint32_t n = 0;
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_GET_NODES, &q, sizeof q, NULL, 0, rep,
                                        (uint32_t)cap, &n, NULL, 0));
-    hvgpu_graph_get_nodes_rep_t v;
-    if (!r && n < sizeof v) r = CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_get_nodes_rep_view_t v;
+    if (!r && hvgpu_graph_get_nodes_rep_decode(rep, n, &v) < 0) r = CUDA_ERROR_INVALID_VALUE;
     if (!r) {
-        memcpy(&v, rep, sizeof v);
-        size_t got = v.nodes_len / 8;
-        if (got > want || got > (n - sizeof v) / 8) {
+        size_t got = v.fixed.nodes_len / 8;
+        if (got > want || got > v.nodes.len / 8) {
             r = CUDA_ERROR_INVALID_VALUE;
         } else if (nodes) {
             for (size_t i = 0; i < *count; i++) {
                 uint64_t h = 0;
-                if (i < got) memcpy(&h, rep + sizeof v + 8 * i, 8);
+                if (i < got) memcpy(&h, v.nodes.data + 8 * i, 8);
                 nodes[i] = h ? hv_tag(device, h) : NULL;
             }
             /* as CUDA: with room to spare, how many there are; else how many were asked */
-            if (v.count < *count) *count = v.count;
+            if (v.fixed.count < *count) *count = v.fixed.count;
         } else {
-            *count = v.count + (size_t)(hosts > 0 ? hosts : 0);
+            *count = v.fixed.count + (size_t)(hosts > 0 ? hosts : 0);
         }
     }
     free(rep);
@@ -609,7 +606,7 @@ static int put_nodes(unsigned char *buf, void *const *nodes, size_t n, int devic
 static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, size_t fixed_len,
                          size_t deps_len_at, void *const *deps, size_t ndeps, const void *tail,
                          size_t tail_len) {
-    if (!node || !hv_created(graph) || (ndeps && !deps) || ndeps > MAX_QUERY_NODES)
+    if (!node || !hv_created(graph) || (ndeps && !deps) || ndeps > HVGPU_MAX_QUERY_NODES)
         return CUDA_ERROR_INVALID_VALUE;
     int parts = 0;
     if (hv_graph_recorded(graph, 0, &parts) && parts > 1)
@@ -665,7 +662,7 @@ static CUresult kernel_node(void **node, void *graph, void *const *deps, size_t 
                             const kernel_node_params *p, int v2) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
-    static __thread unsigned char params[HV_MAX_PARAMS];
+    static __thread unsigned char params[HVGPU_MAX_PARAMS];
     uint32_t n = 0;
     int device;
     uint64_t handle;
@@ -695,7 +692,7 @@ static CUresult exec_kernel_set(void *exec, void *node, const kernel_node_params
         return split_refused(exec, 1, "cuGraphExecKernelNodeSetParams");
     struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
     static __thread unsigned char body[sizeof(hvgpu_graph_exec_kernel_node_set_params_req_t) +
-                                       HV_MAX_PARAMS];
+                                       HVGPU_MAX_PARAMS];
     hvgpu_graph_exec_kernel_node_set_params_req_t q;
     uint32_t n = 0;
     int device;
@@ -783,8 +780,11 @@ HV_EXPORT CUresult cuGraphAddMemcpyNode(void **node, void *graph, void *const *d
     uint32_t sregion = 0, dregion = 0;
     int s = p->height <= 1 && p->depth <= 1 ? side(&p->src, n, device, &src, &sregion) : 0;
     int d = s ? side(&p->dst, n, device, &dst, &dregion) : 0;
-    uint32_t kind = s == 1 && d == 1 ? 0 : s == 2 && d == 1 ? 1 : s == 1 && d == 2 ? 2 : 9;
-    if (kind == 9) {
+    int kind = s == 1 && d == 1   ? HVGPU_MEMCPY_NODE_DEVICE
+               : s == 2 && d == 1 ? HVGPU_MEMCPY_NODE_FROM_REGION
+               : s == 1 && d == 2 ? HVGPU_MEMCPY_NODE_TO_REGION
+                                  : -1;
+    if (kind < 0) {
         static int once;
         if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
             hv_log("cuGraphAddMemcpyNode: hvgpu builds copy nodes of one row between device "
@@ -792,8 +792,9 @@ HV_EXPORT CUresult cuGraphAddMemcpyNode(void **node, void *graph, void *const *d
                    "with CUDA_ERROR_NOT_SUPPORTED (pageable memory, arrays, 2D or 3D)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
-    hvgpu_graph_add_memcpy_node_req_t q = { hv_untag(graph), kind, kind == 1 ? sregion : dregion,
-                                            dst, src, n, 0 };
+    hvgpu_graph_add_memcpy_node_req_t q = {
+        hv_untag(graph), (uint32_t)kind, kind == HVGPU_MEMCPY_NODE_FROM_REGION ? sregion : dregion,
+        dst, src, n, 0 };
     return add_node(node, graph, HVGPU_OP_GRAPH_ADD_MEMCPY_NODE, &q, sizeof q,
                     FIELD_AT(hvgpu_graph_add_memcpy_node_req_t, deps_len), deps, ndeps, NULL, 0);
 }
@@ -825,7 +826,7 @@ HV_EXPORT CUresult cuGraphAddEventWaitNode(void **node, void *graph, void *const
 
 HV_EXPORT CUresult cuGraphAddDependencies_v2(void *graph, void *const *from, void *const *to,
                                              const unsigned char *edges, size_t n) {
-    if (!hv_created(graph) || (n && (!from || !to)) || n > MAX_QUERY_NODES)
+    if (!hv_created(graph) || (n && (!from || !to)) || n > HVGPU_MAX_QUERY_NODES)
         return CUDA_ERROR_INVALID_VALUE;
     for (size_t i = 0; edges && i < 8 * n; i++)
         if (edges[i]) return CUDA_ERROR_NOT_SUPPORTED; /* only the default edge kind */

@@ -282,11 +282,8 @@ int hv_graph_count(void *graph, size_t *count, CUresult *r) {
         uint32_t got = 0;
         *r = HV_ON(g->device, hv_call(HVGPU_OP_GRAPH_GET_NODES, &q, sizeof q, NULL, 0, rep,
                                       sizeof rep, &got, NULL, 0));
-        hvgpu_graph_get_nodes_rep_t v;
-        if (!*r && got >= sizeof v) {
-            memcpy(&v, rep, sizeof v);
-            *count += v.count;
-        }
+        hvgpu_graph_get_nodes_rep_view_t v; /* the count alone: no nodes were asked */
+        if (!*r && hvgpu_graph_get_nodes_rep_decode(rep, got, &v) >= 0) *count += v.fixed.count;
     }
     return 1;
 }

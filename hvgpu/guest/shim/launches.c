@@ -14,8 +14,6 @@
 
 #include "shim.h"
 
-#define MAX_PARAMS 32764
-
 static pthread_mutex_t layout_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static CUresult layout(struct hv_func *f) {
@@ -24,15 +22,15 @@ static CUresult layout(struct hv_func *f) {
     CUresult r = CUDA_SUCCESS;
     if (f->nparams < 0) {
         hvgpu_func_get_param_info_req_t q = { 0 };
-        static unsigned char rep[4 + MAX_PARAMS * 2];
+        /* a (u32 offset, u32 size) pair per parameter, each at least 4 bytes long */
+        static unsigned char rep[sizeof(hvgpu_func_get_param_info_rep_t) + HVGPU_MAX_PARAMS * 2];
         uint32_t n = 0;
         r = ABOUT_FUNCTION(f, q, hv_call(HVGPU_OP_FUNC_GET_PARAM_INFO, &q, sizeof q, NULL, 0, rep,
                                          sizeof rep, &n, NULL, 0));
         if (!r) {
-            uint32_t len = 0;
-            if (n >= 4) memcpy(&len, rep, 4);
-            if (len > (n >= 4 ? n - 4 : 0)) len = n >= 4 ? n - 4 : 0;
-            int count = (int)(len / 8);
+            hvgpu_func_get_param_info_rep_view_t v; /* too short: no parameters */
+            hvgpu_func_get_param_info_rep_decode(rep, n, &v);
+            int count = (int)(v.layout.len / 8);
             free(f->offsets);
             free(f->sizes);
             f->offsets = calloc((size_t)count + 1, sizeof *f->offsets);
@@ -42,13 +40,13 @@ static CUresult layout(struct hv_func *f) {
             } else {
                 uint32_t end = 0;
                 for (int i = 0; i < count && !r; i++) {
-                    memcpy(&f->offsets[i], rep + 4 + 8 * i, 4);
-                    memcpy(&f->sizes[i], rep + 8 + 8 * i, 4);
-                    /* Each parameter is copied where this says, into a buffer of MAX_PARAMS:
-                       the agent's word is checked (in 64 bits: an end past 2^32 must not
-                       wrap into a small one). */
+                    memcpy(&f->offsets[i], v.layout.data + 8 * i, 4);
+                    memcpy(&f->sizes[i], v.layout.data + 8 * i + 4, 4);
+                    /* Each parameter is copied where this says, into a buffer of
+                       HVGPU_MAX_PARAMS: the agent's word is checked (in 64 bits: an end
+                       past 2^32 must not wrap into a small one). */
                     uint64_t at = (uint64_t)f->offsets[i] + f->sizes[i];
-                    if (at > MAX_PARAMS) r = CUDA_ERROR_INVALID_VALUE;
+                    if (at > HVGPU_MAX_PARAMS) r = CUDA_ERROR_INVALID_VALUE;
                     else if (at > end) end = (uint32_t)at;
                 }
                 if (!r) {
@@ -59,7 +57,7 @@ static CUresult layout(struct hv_func *f) {
             if (r) {
                 if (hv_trace_enabled())
                     hv_log("the agent's parameter layout of %s runs past %d bytes: refused",
-                           f->name ? f->name : "a kernel", MAX_PARAMS);
+                           f->name ? f->name : "a kernel", HVGPU_MAX_PARAMS);
                 free(f->offsets);
                 free(f->sizes);
                 f->offsets = f->sizes = NULL;
@@ -102,7 +100,7 @@ static CUresult pack(struct hv_func *f, void **params, void **extra, unsigned ch
     CUresult r = layout(f);
     if (r) return r;
     uint32_t need = f->params_size;
-    if (need > MAX_PARAMS) return refuse_pack(f, "parameters larger than the shim carries");
+    if (need > HVGPU_MAX_PARAMS) return refuse_pack(f, "parameters larger than the shim carries");
     if (params) {
         for (int i = 0; i < f->nparams; i++) {
             if (!params[i]) return refuse_pack(f, "a NULL entry in kernelParams");
@@ -159,7 +157,7 @@ static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz,
                        unsigned by, unsigned bz, unsigned smem, CUstream stream, void **params,
                        void **extra) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
-    unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + MAX_PARAMS];
+    unsigned char body[sizeof(hvgpu_launch_kernel_req_t) + HVGPU_MAX_PARAMS];
     uint32_t need = 0;
     int device;
     uint64_t handle;
@@ -186,17 +184,18 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
     if (!c->nattrs)
         return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params,
                       extra);
-    if (!f || !c->attrs || c->nattrs > HV_MAX_LAUNCH_ATTRS) return CUDA_ERROR_INVALID_VALUE;
+    if (!f || !c->attrs || c->nattrs > HVGPU_MAX_LAUNCH_ATTRS) return CUDA_ERROR_INVALID_VALUE;
     if (hv_trace_enabled() > 1)
         for (unsigned i = 0; i < c->nattrs; i++)
             hv_log("cuLaunchKernelEx(%s): attribute %d", f->name, c->attrs[i].id);
     for (unsigned i = 0; i < c->nattrs; i++) {
         int id = c->attrs[i].id;
-        if (id == 7 || id == 12) /* they name events, which are the executor's */
+        if (id == HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT ||
+            id == HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT) /* the executor's events */
             return hv_unsupported("cuLaunchKernelEx with an event attribute", &once);
     }
-    static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + MAX_PARAMS +
-                                       HV_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
+    static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + HVGPU_MAX_PARAMS +
+                                       HVGPU_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
     uint32_t need = 0;
     int device;
     uint64_t handle;
@@ -232,12 +231,15 @@ HV_EXPORT CUresult cuTensorMapEncodeTiled(void *map, int dtype, uint32_t rank, v
     memcpy(p, box, rank * 4); p += rank * 4;
     memcpy(p, element_strides, rank * 4); p += rank * 4;
     memcpy(body, &q, sizeof q);
-    unsigned char rep[4 + 128];
+    unsigned char rep[sizeof(hvgpu_tensor_map_encode_tiled_rep_t) + HVGPU_TENSOR_MAP_SIZE];
     uint32_t n = 0;
     CUresult r = hv_call(HVGPU_OP_TENSOR_MAP_ENCODE_TILED, body, (uint32_t)(p - body), NULL, 0,
                          rep, sizeof rep, &n, NULL, 0);
     if (r) return r;
-    if (n < sizeof rep) return CUDA_ERROR_INVALID_VALUE;
-    memcpy(map, rep + 4, 128);
+    hvgpu_tensor_map_encode_tiled_rep_view_t v;
+    if (hvgpu_tensor_map_encode_tiled_rep_decode(rep, n, &v) < 0 ||
+        v.map.len < HVGPU_TENSOR_MAP_SIZE)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, v.map.data, HVGPU_TENSOR_MAP_SIZE);
     return CUDA_SUCCESS;
 }

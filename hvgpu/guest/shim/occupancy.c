@@ -18,7 +18,9 @@
 
 #include "shim.h"
 
-#define FUNC_ATTRS 32           /* CUfunction_attribute 0..31 asked for at once (cuda.h 13.0 has 16) */
+/* CUfunction_attribute 0..31 asked for at once, as many as the agent answers (cuda.h 13.0
+   has 16) */
+#define FUNC_ATTRS HVGPU_MAX_FUNC_ATTRIBUTES
 #define ATTR_SHARED_SIZE 1      /* static shared memory */
 #define ATTR_FIRST_SETTABLE 8   /* 0..7 are read-only: CUDA refuses to set them */
 #define ATTR_MAX_DYNAMIC_SHARED 8
@@ -83,14 +85,12 @@ static CUresult fill(struct hv_answers *a, uint64_t handle) {
     CUresult r = hv_call(HVGPU_OP_FUNC_GET_ATTRIBUTES, &q, sizeof q, NULL, 0, rep, sizeof rep, &n,
                          NULL, 0);
     if (r) return r;
-    hvgpu_func_get_attributes_rep_t v;
-    if (n < sizeof v) return CUDA_ERROR_INVALID_VALUE;
-    memcpy(&v, rep, sizeof v);
-    uint32_t count = (n - (uint32_t)sizeof v) / 4;
-    if (v.values_len / 4 < count) count = v.values_len / 4;
+    hvgpu_func_get_attributes_rep_view_t v;
+    if (hvgpu_func_get_attributes_rep_decode(rep, n, &v) < 0) return CUDA_ERROR_INVALID_VALUE;
+    uint32_t count = v.values.len / 4; /* at most FUNC_ATTRS: rep holds no more */
     memset(a->attr, 0, sizeof a->attr);
-    memcpy(a->attr, rep + sizeof v, 4 * count);
-    a->known = v.known & (count >= 32 ? 0xFFFFFFFFu : (1u << count) - 1);
+    memcpy(a->attr, v.values.data, 4 * count);
+    a->known = v.fixed.known & (count >= 32 ? 0xFFFFFFFFu : (1u << count) - 1);
     a->filled = 1;
     return CUDA_SUCCESS;
 }
@@ -339,10 +339,10 @@ HV_EXPORT CUresult cuOccupancyAvailableDynamicSMemPerBlock(size_t *bytes, CUfunc
 }
 
 static CUresult clusters(int which, int *value, CUfunction f, const hv_launch_config *c) {
-    if (!value || !f || !c || c->nattrs > HV_MAX_LAUNCH_ATTRS || (c->nattrs && !c->attrs))
+    if (!value || !f || !c || c->nattrs > HVGPU_MAX_LAUNCH_ATTRS || (c->nattrs && !c->attrs))
         return CUDA_ERROR_INVALID_VALUE;
     unsigned char body[sizeof(hvgpu_occupancy_clusters_req_t) +
-                       HV_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
+                       HVGPU_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
     hvgpu_occupancy_clusters_req_t q = { (uint32_t)which, 0, c->gx, c->gy, c->gz,
                                          c->bx, c->by, c->bz, c->smem, attrs_len };

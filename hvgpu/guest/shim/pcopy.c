@@ -24,10 +24,8 @@
 
 #include "shim.h"
 
-#define PCOPY_MIN (2ull << 20)   /* below this, one memcpy is quicker than a wake-up */
-#define PCOPY_MAX_THREADS 16
-#define PCOPY_DEFAULT_THREADS 4
-#define PCOPY_ALIGN 4096ull
+/* Its numbers (HVGPU_PARALLEL_COPY_*) are hvgpu/virtio/tuning.py's, as for
+   hvgpu/guest/parallel_copy.py. */
 
 static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER; /* one copy on the helpers */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -41,7 +39,7 @@ static const char *job_src;
 static size_t job_part, job_n;
 /* The job each helper started after: a helper started late (in a forked child, or
    after a failed pthread_create) must not take the last job done for a new one. */
-static unsigned long born[PCOPY_MAX_THREADS];
+static unsigned long born[HVGPU_PARALLEL_COPY_MAX_THREADS];
 
 static void part(int i, char *dst, const char *src, size_t n, size_t each) {
     size_t off = (size_t)i * each;
@@ -80,8 +78,8 @@ static void in_child(void) {
 }
 
 static int decide_threads(void) {
-    const char *e = getenv("HVGPU_COPY_THREADS");
-    long want = PCOPY_DEFAULT_THREADS;
+    const char *e = getenv(HVGPU_ENV_COPY_THREADS);
+    long want = HVGPU_PARALLEL_COPY_THREADS;
     if (e && *e) {
         char *end;
         long v = strtol(e, &end, 10);
@@ -90,7 +88,7 @@ static int decide_threads(void) {
         long cpus = sysconf(_SC_NPROCESSORS_ONLN);
         if (cpus >= 1 && cpus < want) want = cpus;
     }
-    if (want > PCOPY_MAX_THREADS) want = PCOPY_MAX_THREADS;
+    if (want > HVGPU_PARALLEL_COPY_MAX_THREADS) want = HVGPU_PARALLEL_COPY_MAX_THREADS;
     pthread_atfork(NULL, NULL, in_child);
     return (int)want;
 }
@@ -116,7 +114,7 @@ static void start_helpers(void) {
 }
 
 void hv_copy(void *dst, const void *src, size_t n) {
-    if (n < PCOPY_MIN || __atomic_load_n(&threads, __ATOMIC_ACQUIRE) == 1 ||
+    if (n < HVGPU_PARALLEL_COPY_MIN || __atomic_load_n(&threads, __ATOMIC_ACQUIRE) == 1 ||
         pthread_mutex_trylock(&busy) != 0) {
         memcpy(dst, src, n);
         return;
@@ -132,7 +130,7 @@ void hv_copy(void *dst, const void *src, size_t n) {
     /* Every byte has a part: the share is rounded up before it is aligned, or a share
        that n / parts already aligns would leave the n % parts last bytes to nobody. */
     size_t share = n / parts + (n % parts != 0);
-    size_t each = (share + PCOPY_ALIGN - 1) & ~(PCOPY_ALIGN - 1);
+    size_t each = (share + HVGPU_PARALLEL_COPY_ALIGN - 1) & ~(HVGPU_PARALLEL_COPY_ALIGN - 1);
     pthread_mutex_lock(&lock);
     job_dst = dst;
     job_src = src;

@@ -6,8 +6,9 @@
  * guest its token in SHM_ATTACH's reply; hvgpu_region_find maps each ivshmem
  * device in turn and keeps the one whose header carries that token and vGPU.
  *
- * The header's layout is hvgpu/virtio/region.py's HEADER; tests/guest/
- * test_shim_region.py checks this file against it with headers that module packs.
+ * The header's layout and numbers are hvgpu/virtio/region.py's, generated into
+ * hvgpu_wire.h (hvgpu_region_header_t, HVGPU_REGION_*); tests/guest/
+ * test_shim_region.py finds headers that module packs.
  * The sysfs root is $HVGPU_SYSFS_ROOT or /sys. This file must not talk to the
  * agent, and must not trust the header for more than picking the device.
  */
@@ -25,20 +26,9 @@
 
 #include "shim.h"
 
-#define REGION_MAGIC "HVGPUSHM"
-#define REGION_VERSION 1u
-#define REGION_DATA_OFFSET 4096u
-#define IVSHMEM_VENDOR 0x1af4ul
-#define IVSHMEM_DEVICE 0x1110ul
-
-struct __attribute__((packed)) region_header {
-    char magic[8];
-    uint32_t version;
-    uint32_t data_offset;
-    uint64_t size;
-    uint8_t token[16];
-    uint32_t device;
-};
+#define STR_(x) #x
+#define STR(x) STR_(x)
+#define RESOURCE "resource" STR(HVGPU_REGION_PCI_BAR) /* the memory BAR's file in sysfs */
 
 static __thread char last_error[1024];
 
@@ -72,7 +62,7 @@ static unsigned long read_hex(const char *dir, const char *name) {
 /* Maps one device's BAR 2: 0, or -errno with last_error saying why. */
 static int map_resource(const char *dir, const char *address, void **base, uint64_t *size) {
     char path[4096];
-    if (!join(path, sizeof path, dir, "resource2")) return -ENAMETOOLONG;
+    if (!join(path, sizeof path, dir, RESOURCE)) return -ENAMETOOLONG;
     int fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0) {
         int err = errno;
@@ -87,7 +77,7 @@ static int map_resource(const char *dir, const char *address, void **base, uint6
         return -err;
     }
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < (off_t)REGION_DATA_OFFSET) {
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)HVGPU_REGION_DATA_OFFSET) {
         say("%s is too small for an hvgpu region", path);
         close(fd);
         return -EINVAL;
@@ -104,21 +94,22 @@ static int map_resource(const char *dir, const char *address, void **base, uint6
     return 0;
 }
 
-static int carries(const void *base, const uint8_t token[16], uint32_t device) {
-    struct region_header h;
+static int carries(const void *base, const uint8_t token[HVGPU_REGION_TOKEN_SIZE],
+                   uint32_t device) {
+    hvgpu_region_header_t h;
     memcpy(&h, base, sizeof h);
-    return memcmp(h.magic, REGION_MAGIC, sizeof h.magic) == 0 && h.version == REGION_VERSION &&
-           h.data_offset == REGION_DATA_OFFSET && memcmp(h.token, token, sizeof h.token) == 0 &&
-           h.device == device;
+    return memcmp(h.magic, HVGPU_REGION_MAGIC, sizeof h.magic) == 0 &&
+           h.version == HVGPU_REGION_VERSION && h.data_offset == HVGPU_REGION_DATA_OFFSET &&
+           memcmp(h.token, token, sizeof h.token) == 0 && h.device == device;
 }
 
 /* 0 with *base and *size set to the mapped region whose header carries token for vGPU
    device; -ENOENT where no device carries it; else the first failure to map one (a
    device this user may not open: -EACCES), with hvgpu_region_error() saying which. */
-HV_EXPORT int hvgpu_region_find(const uint8_t token[16], uint32_t device, void **base,
-                                uint64_t *size) {
+HV_EXPORT int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device,
+                                void **base, uint64_t *size) {
     if (!token || !base || !size) return -EINVAL;
-    const char *root = getenv("HVGPU_SYSFS_ROOT");
+    const char *root = getenv(HVGPU_ENV_SYSFS_ROOT);
     char devices[4096];
     if (!join(devices, sizeof devices, root && *root ? root : "/sys", "bus/pci/devices"))
         return -ENAMETOOLONG;
@@ -134,9 +125,10 @@ HV_EXPORT int hvgpu_region_find(const uint8_t token[16], uint32_t device, void *
         if (e->d_name[0] == '.') continue;
         char dir[4096], probe[4096];
         if (!join(dir, sizeof dir, devices, e->d_name)) continue;
-        if (read_hex(dir, "vendor") != IVSHMEM_VENDOR || read_hex(dir, "device") != IVSHMEM_DEVICE)
+        if (read_hex(dir, "vendor") != HVGPU_REGION_PCI_VENDOR ||
+            read_hex(dir, "device") != HVGPU_REGION_PCI_DEVICE)
             continue;
-        if (!join(probe, sizeof probe, dir, "resource2") || access(probe, F_OK) != 0)
+        if (!join(probe, sizeof probe, dir, RESOURCE) || access(probe, F_OK) != 0)
             continue; /* no memory BAR: not ivshmem-plain */
         void *p = NULL;
         uint64_t n = 0;

@@ -3,7 +3,7 @@
  * hvgpu/guest/shm.py does for the Python API.
  *
  * A connection (one per vGPU) whose agent offers a region gets one on its first
- * pinned allocation or pageable copy of STAGE_MIN bytes or more:
+ * pinned allocation or pageable copy of HVGPU_STAGE_MIN bytes or more:
  * - the VM's device region (HELLO's CAP_SHM_DEVICE): SHM_ATTACH kind 2 answers a
  *   token and vGPU number, and hvgpu_region_find (region.c) maps the ivshmem BAR
  *   whose header carries them; the staging slots and pinned memory are room in it
@@ -15,7 +15,7 @@
  * A copy from or to pinned memory is a one-way frame naming (region, offset): the
  * executor's DMA moves the bytes, and a device-to-host copy's are there once a
  * later synchronising call on its stream or context has answered. A pageable copy
- * of STAGE_MIN bytes or more goes through two slots of STAGE_CHUNK: the guest
+ * of HVGPU_STAGE_MIN bytes or more goes through two slots of HVGPU_STAGE_CHUNK: the guest
  * fills (or empties) one while the executor moves the other, and a slot is reused
  * only after the STREAM_SYNCHRONIZE fence sent behind its chunk has answered. The
  * connection's lock is held across a whole copy: the slots are the connection's.
@@ -41,20 +41,12 @@
 
 #include "shim.h"
 
-/* hvgpu/virtio/region.py's (tests/guest/test_shim_shared.py checks they agree). */
-#define KIND_MEMFD 1
-#define KIND_DEVICE 2
-#define TOKEN_SIZE 16
-#define ALIGN 4096ull
-
-/* hvgpu/guest/shm.py's */
-#define STAGE_CHUNK (8ull << 20)
-#define STAGE_SLOTS 2
-#define STAGE_MIN (1ull << 20)
-
+/* The region's numbers (HVGPU_REGION_*) and the staging (HVGPU_STAGE_*) are
+   hvgpu/virtio/region.py's and tuning.py's, as for hvgpu/guest/shm.py. */
 /* region.c: the VM's shared-memory device whose header carries token; 0 when found.
    Weak: a shim built without it finds none, and uses a memfd or the socket. */
-int hvgpu_region_find(const uint8_t token[16], uint32_t device, void **base, uint64_t *size)
+int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device, void **base,
+                      uint64_t *size)
     __attribute__((weak));
 const char *hvgpu_region_error(void) __attribute__((weak));
 
@@ -191,7 +183,9 @@ static CUresult lane_call(struct wire *w, uint16_t op, const void *body, uint32_
     return r;
 }
 
-static uint64_t align_up(uint64_t n) { return (n + ALIGN - 1) & ~(ALIGN - 1); }
+static uint64_t align_up(uint64_t n) {
+    return (n + HVGPU_REGION_ALIGN - 1) & ~(HVGPU_REGION_ALIGN - 1);
+}
 
 /* A sealed memfd of `size` bytes, mapped here and attached on w: its region id. */
 static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **map, char *why,
@@ -210,20 +204,19 @@ static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **
         close(fd);
         return 0;
     }
-    hvgpu_shm_attach_req_t q = { KIND_MEMFD, 0, size };
+    hvgpu_shm_attach_req_t q = { HVGPU_REGION_KIND_MEMFD, 0, size };
     unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
     uint32_t got = 0;
     CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, fd, rep, sizeof rep, &got);
     close(fd); /* the executor has its own, and the mapping stays */
-    hvgpu_shm_attach_rep_t a;
-    memcpy(&a, rep, sizeof a);
-    if (r || got < sizeof a || a.size < size) {
+    hvgpu_shm_attach_rep_view_t a;
+    if (r || hvgpu_shm_attach_rep_decode(rep, got, &a) < 0 || a.fixed.size < size) {
         snprintf(why, whylen, "the agent did not attach a memfd of %llu bytes (CUDA error %d)",
                  (unsigned long long)size, r ? r : CUDA_ERROR_INVALID_VALUE);
         munmap(p, size);
         return 0;
     }
-    *region = a.region;
+    *region = a.fixed.region;
     *map = p;
     return 1;
 }
@@ -231,7 +224,7 @@ static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **
 /* The VM's device region, attached on w and found among the VM's devices. */
 static int attach_device(struct wire *w, struct lane *l, char *why, size_t whylen,
                          CUresult *earlier) {
-    hvgpu_shm_attach_req_t q = { KIND_DEVICE, 0, 0 };
+    hvgpu_shm_attach_req_t q = { HVGPU_REGION_KIND_DEVICE, 0, 0 };
     unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
     uint32_t got = 0;
     CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, -1, rep, sizeof rep, &got);
@@ -240,36 +233,35 @@ static int attach_device(struct wire *w, struct lane *l, char *why, size_t whyle
                  "(CUDA error %d)", r);
         return 0;
     }
-    hvgpu_shm_attach_rep_t a;
-    memcpy(&a, rep, sizeof a);
-    const uint8_t *token = rep + sizeof a;
+    hvgpu_shm_attach_rep_view_t a; /* too short: region 0, which is detached again */
+    int cut = hvgpu_shm_attach_rep_decode(rep, got, &a);
     void *base = NULL;
     uint64_t size = 0;
-    if (got < sizeof a + TOKEN_SIZE || a.token_len != TOKEN_SIZE) {
+    if (cut != 0 || a.token.len != HVGPU_REGION_TOKEN_SIZE) {
         snprintf(why, whylen, "the agent's SHM_ATTACH reply carries no region token");
     } else if (!hvgpu_region_find) {
         snprintf(why, whylen, "this shim was built without the finder of the VM's "
                  "shared-memory device");
-    } else if (hvgpu_region_find(token, a.device, &base, &size) != 0) {
+    } else if (hvgpu_region_find(a.token.data, a.fixed.device, &base, &size) != 0) {
         const char *said = hvgpu_region_error ? hvgpu_region_error() : NULL;
         snprintf(why, whylen, "%s", said && *said ? said : "no shared-memory device of this VM "
                  "carries the agent's token");
         base = NULL;
-    } else if (size < a.size) { /* not the region the executor maps */
+    } else if (size < a.fixed.size) { /* not the region the executor maps */
         snprintf(why, whylen, "the VM's shared-memory device maps %llu bytes, the agent's "
-                 "region is %llu", (unsigned long long)size, (unsigned long long)a.size);
+                 "region is %llu", (unsigned long long)size, (unsigned long long)a.fixed.size);
         munmap(base, size);
         base = NULL;
     }
     if (!base) {
-        hvgpu_shm_detach_req_t d = { a.region };
+        hvgpu_shm_detach_req_t d = { a.fixed.region };
         lane_call(w, HVGPU_OP_SHM_DETACH, &d, sizeof d, NULL, 0, NULL, earlier);
         return 0;
     }
     l->mode = LANE_DEVICE;
-    l->device_region = a.region;
+    l->device_region = a.fixed.region;
     l->device_base = base;
-    l->device_size = a.size;
+    l->device_size = a.fixed.size;
     return 1;
 }
 
@@ -307,7 +299,7 @@ static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
 static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
     attach(w, l, earlier);
     if (l->stage_tried || l->mode == LANE_NONE) return l->staged;
-    uint64_t slots = STAGE_SLOTS * STAGE_CHUNK;
+    uint64_t slots = HVGPU_STAGE_SLOTS * HVGPU_STAGE_CHUNK;
     char why[512] = "";
     if (l->mode == LANE_DEVICE) {
         hvgpu_shm_alloc_req_t q = { l->device_region, 0, slots };
@@ -444,23 +436,30 @@ static CUresult fence(struct wire *w, CUstream stream) {
     return r ? r : settle(w, seq, CUDA_SUCCESS);
 }
 
+/* Where chunk k of a staged copy goes in the slots, and the length of the chunk at off
+   of a copy of n bytes. */
+static uint64_t slot_at(size_t k) { return (k % HVGPU_STAGE_SLOTS) * HVGPU_STAGE_CHUNK; }
+static uint64_t chunk_len(size_t n, uint64_t off) {
+    return n - off < HVGPU_STAGE_CHUNK ? n - off : HVGPU_STAGE_CHUNK;
+}
+
 /* Host to device through the slots: a chunk is copied into a slot, sent, fenced; a
    slot is filled again once its fence has answered. */
 static CUresult staged_htod(struct wire *w, struct lane *l, CUdeviceptr dst, const char *src,
                             size_t n, CUstream stream) {
-    uint32_t fences[STAGE_SLOTS];
+    uint32_t fences[HVGPU_STAGE_SLOTS];
     int nf = 0;
     CUresult err = CUDA_SUCCESS;
     size_t k = 0;
-    for (size_t off = 0; off < n; off += STAGE_CHUNK, k++) {
-        uint64_t slot = (k % STAGE_SLOTS) * STAGE_CHUNK;
-        if (nf == STAGE_SLOTS) { /* this slot's last chunk has reached the GPU */
+    for (size_t off = 0; off < n; off += HVGPU_STAGE_CHUNK, k++) {
+        uint64_t slot = slot_at(k);
+        if (nf == HVGPU_STAGE_SLOTS) { /* this slot's last chunk has reached the GPU */
             err = settle(w, fences[0], err);
-            memmove(fences, fences + 1, (STAGE_SLOTS - 1) * sizeof *fences);
+            memmove(fences, fences + 1, (HVGPU_STAGE_SLOTS - 1) * sizeof *fences);
             nf--;
         }
         if (err) break;
-        size_t c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+        size_t c = chunk_len(n, off);
         hv_copy(l->stage + slot, src + off, c);
         hvgpu_memcpy_htod_shm_req_t q = { dst + off, l->stage_region, 0, l->stage_offset + slot,
                                           c, hv_untag(stream) };
@@ -477,15 +476,15 @@ static CUresult staged_htod(struct wire *w, struct lane *l, CUdeviceptr dst, con
    fence has answered, and the next asked into its slot. */
 static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdeviceptr src, size_t n,
                             CUstream stream) {
-    size_t chunks = (n + STAGE_CHUNK - 1) / STAGE_CHUNK;
-    uint32_t fences[STAGE_SLOTS];
+    size_t chunks = (n + HVGPU_STAGE_CHUNK - 1) / HVGPU_STAGE_CHUNK;
+    uint32_t fences[HVGPU_STAGE_SLOTS];
     int nf = 0;
     CUresult err = CUDA_SUCCESS;
     size_t asked = 0;
-    while (asked < chunks && asked < STAGE_SLOTS) {
-        uint64_t off = asked * STAGE_CHUNK, c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
+    while (asked < chunks && asked < HVGPU_STAGE_SLOTS) {
+        uint64_t off = asked * HVGPU_STAGE_CHUNK, c = chunk_len(n, off);
         hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
-                                          l->stage_offset + (asked % STAGE_SLOTS) * STAGE_CHUNK,
+                                          l->stage_offset + slot_at(asked),
                                           src + off, c, hv_untag(stream) };
         err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
         if (!err) err = fence_send(w, stream, &fences[nf]);
@@ -495,17 +494,17 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
     }
     for (size_t k = 0; nf > 0; k++) {
         err = settle(w, fences[0], err);
-        memmove(fences, fences + 1, (STAGE_SLOTS - 1) * sizeof *fences);
+        memmove(fences, fences + 1, (HVGPU_STAGE_SLOTS - 1) * sizeof *fences);
         nf--;
         if (err) continue; /* the rest of the replies are still read */
-        uint64_t off = k * STAGE_CHUNK, c = n - off < STAGE_CHUNK ? n - off : STAGE_CHUNK;
-        uint64_t slot = (k % STAGE_SLOTS) * STAGE_CHUNK;
+        uint64_t off = k * HVGPU_STAGE_CHUNK, c = chunk_len(n, off);
+        uint64_t slot = slot_at(k);
         hv_copy(dst + off, l->stage + slot, c);
         if (asked < chunks) { /* into the slot just emptied */
-            uint64_t aoff = asked * STAGE_CHUNK;
-            uint64_t ac = n - aoff < STAGE_CHUNK ? n - aoff : STAGE_CHUNK;
+            uint64_t aoff = asked * HVGPU_STAGE_CHUNK;
+            uint64_t ac = chunk_len(n, aoff);
             hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
-                                              l->stage_offset + (asked % STAGE_SLOTS) * STAGE_CHUNK,
+                                              l->stage_offset + slot_at(asked),
                                               src + aoff, ac, hv_untag(stream) };
             err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
             if (!err) err = fence_send(w, stream, &fences[nf]);
@@ -522,7 +521,7 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
 static int route(const void *p, size_t n, uint32_t *region, uint64_t *offset) {
     int device = hv_routed_device();
     if (block_find(p, n, device, region, offset)) return 1;
-    if (n < STAGE_MIN) return 0;
+    if (n < HVGPU_STAGE_MIN) return 0;
     struct lane *l = &lanes[device];
     /* read without the lock: once tried without a region or slots, it stays so (a
        fork's child starts again, with one thread) */

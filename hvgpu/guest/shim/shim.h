@@ -32,7 +32,9 @@ typedef void *CUstream;
 typedef void *CUevent;
 
 #define HV_MAX_DEVICES 16
+_Static_assert(HV_MAX_DEVICES >= HVGPU_MAX_VGPUS, "a VM's every vGPU has a place");
 #define HV_ATTR_COUNT 160 /* device attributes fetched at init: 1..HV_ATTR_COUNT */
+_Static_assert(HV_ATTR_COUNT <= HVGPU_MAX_DEVICE_ATTRIBUTES, "the agent answers so many");
 
 struct hv_ctx {
     uint32_t magic;
@@ -150,8 +152,7 @@ void hv_graph_synced_device(int device);
 void hv_graph_event_recorded(CUevent event, CUstream stream);
 void hv_graph_event_done(CUevent event);
 /* launches.c: a kernel's vGPU and handle there, and its packed parameters (kernelParams
-   or `extra`, as cuLaunchKernel takes them) in buf (HV_MAX_PARAMS bytes). */
-#define HV_MAX_PARAMS 32764
+   or `extra`, as cuLaunchKernel takes them) in buf (HVGPU_MAX_PARAMS bytes). */
 CUresult hv_kernel_pack(struct hv_func *f, void **params, void **extra, unsigned char *buf,
                         uint32_t *size, int *device, uint64_t *handle);
 CUresult hv_capture_refuse(CUstream stream, const char *what);
@@ -176,13 +177,13 @@ typedef struct {
     char pad[4];
     char value[64];
 } hv_launch_attribute; /* CUlaunchAttribute */
+_Static_assert(sizeof(hv_launch_attribute) == HVGPU_LAUNCH_ATTR_SIZE, "cuda.h's layout");
 typedef struct {
     unsigned gx, gy, gz, bx, by, bz, smem;
     CUstream stream;
     hv_launch_attribute *attrs;
     unsigned nattrs;
 } hv_launch_config; /* CUlaunchConfig */
-#define HV_MAX_LAUNCH_ATTRS 32
 /* stream.c: a stream was destroyed, which ends the capture it began on the executor. */
 void hv_capture_stream_destroyed(CUstream stream);
 
@@ -194,13 +195,14 @@ const char *hv_agent_address(void);
 int hv_driver_version(void);              /* the host driver's, once connected */
 
 /* region.c: the VM's shared-memory device (ivshmem BAR 2, mapped through sysfs). */
-int hvgpu_region_find(const uint8_t token[16], uint32_t device, void **base, uint64_t *size);
+int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device, void **base,
+                      uint64_t *size);
 const char *hvgpu_region_error(void);     /* why the last find failed, in a sentence */
 
 /* state.c: what the guest side keeps (devices, contexts, allocations). */
 extern int hv_device_count;
 extern int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];
-extern unsigned char hv_uuids[HV_MAX_DEVICES][16];
+extern unsigned char hv_uuids[HV_MAX_DEVICES][HVGPU_UUID_SIZE];
 struct hv_ctx *hv_primary(int device);
 struct hv_ctx *hv_current(void);
 struct hv_ctx *hv_current_or_primary(void); /* what a NULL context argument stands for */
@@ -276,8 +278,8 @@ static inline CUresult hv_call_handle(int device, uint16_t op, uint64_t handle) 
 }
 
 /* Streams, events and modules handed to the program carry their vGPU in bits 48+
-   (device 0's are the executor's handles unchanged); handles below 16 are CUDA's
-   special streams, which mean the current context's. */
+   (device 0's are the executor's handles unchanged); handles below HVGPU_FIRST_HANDLE
+   are CUDA's special streams, which mean the current context's. */
 #define HV_TAG_SHIFT 48
 static inline void *hv_tag(int device, uint64_t handle) {
     return (void *)(uintptr_t)(handle | ((uint64_t)device << HV_TAG_SHIFT));
@@ -285,7 +287,9 @@ static inline void *hv_tag(int device, uint64_t handle) {
 static inline uint64_t hv_untag(const void *v) {
     return (uint64_t)(uintptr_t)v & ((1ull << HV_TAG_SHIFT) - 1);
 }
-static inline int hv_created(const void *v) { return hv_untag(v) >= 16; } /* not special */
+static inline int hv_created(const void *v) { /* not special */
+    return hv_untag(v) >= HVGPU_FIRST_HANDLE;
+}
 static inline int hv_tag_device(const void *v) {
     return hv_created(v) ? (int)((uint64_t)(uintptr_t)v >> HV_TAG_SHIFT) : hv_routed_device();
 }

@@ -17,7 +17,7 @@
 
 int hv_device_count;
 int hv_attrs[HV_MAX_DEVICES][HV_ATTR_COUNT + 1];
-unsigned char hv_uuids[HV_MAX_DEVICES][16];
+unsigned char hv_uuids[HV_MAX_DEVICES][HVGPU_UUID_SIZE];
 
 static struct hv_ctx primaries[HV_MAX_DEVICES];
 

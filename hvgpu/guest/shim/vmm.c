@@ -34,9 +34,10 @@ typedef struct {                                             /* CUmemAllocationP
     unsigned char reserved[4];
 } hv_alloc_prop;
 typedef struct { hv_mem_location location; int flags; } hv_access_desc; /* CUmemAccessDesc */
-_Static_assert(sizeof(hv_alloc_prop) == 32 && sizeof(hv_access_desc) == 12, "cuda.h layouts");
+_Static_assert(sizeof(hv_alloc_prop) == 32 && sizeof(hv_access_desc) == HVGPU_ACCESS_DESC_SIZE,
+               "cuda.h layouts");
 
-enum { PINNED = 1, ON_DEVICE = 1, POSIX_FD = 1, READWRITE = 3, MAX_DESCS = 64 };
+enum { PINNED = 1, ON_DEVICE = 1, POSIX_FD = 1, READWRITE = 3 };
 
 CUresult hv_device_location(const void *location, int *device, const char *api, int *once) {
     const hv_mem_location *l = location;
@@ -215,11 +216,11 @@ HV_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 HV_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const hv_access_desc *desc,
                                   size_t count) {
     static int host, peers;
-    if (!desc || !count || count > MAX_DESCS) return CUDA_ERROR_INVALID_VALUE;
+    if (!desc || !count || count > HVGPU_MAX_ACCESS_DESCS) return CUDA_ERROR_INVALID_VALUE;
     int device = owner(ptr);
     struct __attribute__((packed)) {
         hvgpu_mem_set_access_req_t q;
-        hv_access_desc d[MAX_DESCS];
+        hv_access_desc d[HVGPU_MAX_ACCESS_DESCS];
     } body;
     body.q = (hvgpu_mem_set_access_req_t){ ptr, size, (uint32_t)(count * sizeof *desc) };
     for (size_t i = 0; i < count; i++) {

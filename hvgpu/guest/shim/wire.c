@@ -52,7 +52,6 @@ struct hv_sockaddr_vm { /* linux/vm_sockets.h, kept local so headers are not nee
 };
 
 enum { ST_NEW, ST_READY, ST_FAILED, ST_LOST };
-#define BATCH_CAP (64u << 10)
 
 struct wire {
     pthread_mutex_t lock;
@@ -73,8 +72,6 @@ static struct wire wires[HV_MAX_DEVICES] = {
                                    0, "" }
 };
 static int trace_level = -1;
-#define DEFAULT_TIMEOUT 60.0
-#define MIN_TIMEOUT 2.0 /* the agent's progress frames come every second */
 static double timeout_s = -1; /* $HVGPU_TIMEOUT once read; 0: no timeout */
 static __thread int routed = -1; /* the device hv_route() named, or -1 */
 
@@ -198,7 +195,7 @@ void hv_log(const char *fmt, ...) {
    or the host seen from a VM at the protocol table's port + N. */
 static const char *address_of(struct wire *w) {
     if (w->address[0]) return w->address;
-    const char *env = getenv("HVGPU_AGENT");
+    const char *env = getenv(HVGPU_ENV_AGENT);
     int d = (int)(w - wires);
     if (!env || !*env) {
         snprintf(w->address, sizeof w->address, "vsock://%d:%d", HVGPU_HOST_CID,
@@ -229,14 +226,15 @@ const char *hv_agent_address(void) { return address_of(&wires[0]); }
 
 static double timeout_seconds(void) {
     if (timeout_s < 0) {
-        const char *t = getenv("HVGPU_TIMEOUT");
+        const char *t = getenv(HVGPU_ENV_TIMEOUT);
         char *end = NULL;
-        double v = t && *t ? strtod(t, &end) : DEFAULT_TIMEOUT;
+        double v = t && *t ? strtod(t, &end) : HVGPU_DEFAULT_TIMEOUT;
         if (t && *t && (end == t || *end || !(v >= 0) || v > 1e9)) {
-            hv_log("HVGPU_TIMEOUT=%s is not a number of seconds; using %g", t, DEFAULT_TIMEOUT);
-            v = DEFAULT_TIMEOUT;
+            hv_log(HVGPU_ENV_TIMEOUT "=%s is not a number of seconds; using %g", t,
+                   HVGPU_DEFAULT_TIMEOUT);
+            v = HVGPU_DEFAULT_TIMEOUT;
         }
-        timeout_s = v > 0 && v < MIN_TIMEOUT ? MIN_TIMEOUT : v;
+        timeout_s = v > 0 && v < HVGPU_MIN_TIMEOUT ? HVGPU_MIN_TIMEOUT : v;
     }
     return timeout_s;
 }
@@ -536,15 +534,12 @@ static CUresult read_reply_locked(struct wire *w, uint16_t op, uint32_t seq, voi
             discard(w->fd, h.payload_len) < 0)
             return lost(w, "reading an error");
         int earlier = 0; /* the error of a one-way frame, kept for this call */
-        if (n >= sizeof(hvgpu_error_rep_t)) {
-            hvgpu_error_rep_t e;
-            memcpy(&e, eb, sizeof e);
-            uint32_t len = e.message_len;
-            if (len > n - sizeof e) len = n - (uint32_t)sizeof e;
-            if (len > sizeof msg - 1) len = sizeof msg - 1;
-            memcpy(msg, eb + sizeof e, len);
+        hvgpu_error_rep_view_t e;
+        if (hvgpu_error_rep_decode(eb, n, &e) >= 0) { /* a long message is cut */
+            uint32_t len = e.message.len < sizeof msg - 1 ? e.message.len : sizeof msg - 1;
+            memcpy(msg, e.message.data, len);
             msg[len] = 0;
-            earlier = e.seq != seq || e.op != op;
+            earlier = e.fixed.seq != seq || e.fixed.op != op;
             if (earlier) __atomic_add_fetch(&w->failures, 1, __ATOMIC_RELEASE);
         }
         if (hv_trace_enabled()) {
@@ -628,7 +623,7 @@ static CUresult handshake_locked(struct wire *w) {
         fclose(f);
     }
     char client[64 + sizeof argv0];
-    int clen = snprintf(client, sizeof client, "%s; pid %d; %s", hv_client_software,
+    int clen = snprintf(client, sizeof client, HVGPU_CLIENT_FORMAT, hv_client_software,
                         (int)getpid(), argv0[0] ? argv0 : "?");
     if (clen < 0) clen = 0;
     if ((size_t)clen >= sizeof client) clen = (int)sizeof client - 1;
@@ -650,9 +645,9 @@ static CUresult handshake_locked(struct wire *w) {
         }
         return r == CUDA_ERROR_DEVICE_UNAVAILABLE ? CUDA_ERROR_NO_DEVICE : r;
     }
-    hvgpu_hello_rep_t hello = {0};
-    memcpy(&hello, rep, n < sizeof hello ? n : sizeof hello);
-    w->caps = hello.caps;
+    hvgpu_hello_rep_view_t hello;
+    hvgpu_hello_rep_decode(rep, n, &hello); /* too short: no capabilities */
+    w->caps = hello.fixed.caps;
     /* Only a socket straight to the agent carries descriptors (hvsock goes through the
        VMM, which forwards bytes alone). */
     w->passes_fds = !strncmp(addr, "unix://", 7);
@@ -672,7 +667,7 @@ CUresult hv_ensure(void) {
             if (stats_enabled()) atexit(print_stats); /* runs after the flush below */
             atexit(flush_at_exit);
         }
-        if (!w->batch) w->batch = malloc(BATCH_CAP);
+        if (!w->batch) w->batch = malloc(HVGPU_BATCH_BYTES);
         r = w->batch ? handshake_locked(w) : CUDA_ERROR_OUT_OF_MEMORY;
         if (r == CUDA_SUCCESS) {
             __atomic_store_n(&w->state, ST_READY, __ATOMIC_RELEASE);
@@ -708,8 +703,8 @@ static CUresult oneway_locked(struct wire *w, uint16_t op, const void *body, uin
     pack_header(&h, op, HVGPU_FLAG_ONEWAY, ++w->seq, body_len, payload_len);
     count_frame(op, 1);
     uint64_t total = sizeof h + body_len + payload_len;
-    if (w->batch_len + total > BATCH_CAP && (r = flush_locked(w)) != CUDA_SUCCESS) return r;
-    if (total <= BATCH_CAP) {
+    if (w->batch_len + total > HVGPU_BATCH_BYTES && (r = flush_locked(w)) != CUDA_SUCCESS) return r;
+    if (total <= HVGPU_BATCH_BYTES) {
         unsigned char *p = w->batch + w->batch_len;
         memcpy(p, &h, sizeof h);
         memcpy(p + sizeof h, body, body_len);

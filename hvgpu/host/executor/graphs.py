@@ -44,8 +44,8 @@ from hvgpu.virtio import protocol as P
 log = logging.getLogger(__name__)
 
 MAX_GRAPHS = 4096  # graphs and instantiations a connection may hold at once
-MAX_NODES = 65536  # node handles a connection may have been given
-MAX_QUERY_NODES = 4096  # dependencies one capture query answers
+MAX_NODES = P.MAX_GRAPH_NODES  # node handles a connection may have been given
+MAX_QUERY_NODES = P.MAX_QUERY_NODES  # dependencies one capture query answers
 # One-way frames a connection may send while its captures are under way: each becomes a
 # node the driver keeps in the executor's memory (a training step's graph has thousands).
 MAX_CAPTURED_FRAMES = 1 << 20

@@ -37,31 +37,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "hvgpu_wire.h" /* the frame and each op's fixed part, from the protocol table */
+#include "hvgpu_wire.h" /* the frame, each op's fixed part and limits, from the protocol table */
+#include "launch_burst.h" /* the entry points, served ops and result, from launch_burst.py */
 
 #define HV_EXPORT __attribute__((visibility("default")))
-
-enum {
-    MAX_PARAMS = 32768,
-    ATTR_SIZE = 72,       /* sizeof(CUlaunchAttribute) */
-    MAX_ATTRS = 32,       /* more is unusual: the Python path judges it */
-    ATTR_PROGRAMMATIC_EVENT = 7,
-    ATTR_LAUNCH_COMPLETION_EVENT = 12,
-    MAX_SEGMENTS = 1024,
-};
-
-/* The entry points, in launch_burst.py's ENTRIES order; a missing one leaves its op
-   to the Python path. */
-enum {
-    E_LAUNCH, E_LAUNCH_EX, E_EVENT_RECORD, E_STREAM_WAIT_EVENT, E_EVENT_SYNCHRONIZE,
-    E_MEMSET_D8, E_MEMSET_D16, E_MEMSET_D32, E_MEMCPY_DTOD, E_MEMCPY_HTOD, N_ENTRIES
-};
-
-/* Frames taken per op, in launch_burst.py's SERVED order. */
-enum {
-    S_LAUNCH, S_LAUNCH_EX, S_EVENT_RECORD, S_STREAM_WAIT_EVENT, S_MEMSET, S_MEMCPY_DTOD,
-    S_MEMCPY_HTOD, N_SERVED
-};
 
 typedef int (*launch_fn)(void *function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                          unsigned by, unsigned bz, unsigned shared_mem, void *stream,
@@ -132,21 +111,8 @@ struct burst {
     uint64_t held_value;  /* and its CUstream */
     uint32_t held_seq;    /* the last of those copies' frame */
     /* CUDA reads these through pointers; kept aligned for it. */
-    _Alignas(64) unsigned char params[MAX_PARAMS];
-    _Alignas(64) unsigned char attrs[MAX_ATTRS * ATTR_SIZE];
-};
-
-struct burst_result {
-    uint64_t consumed;          /* bytes of buf taken: whole frames only */
-    uint64_t served[N_SERVED];  /* frames taken per op, the failed one included */
-    uint64_t h2d_bytes;         /* bytes queued by host-to-device copies */
-    int32_t status;             /* 0, or the failed call's CUresult */
-    uint32_t seq;               /* the failed frame's seq */
-    uint32_t op;                /* and its op */
-    uint32_t need;              /* the frame it stopped at would be served once this many
-                                   bytes of it are buffered (0: not for want of bytes) */
-    uint32_t want_ring;         /* it stopped at a small copy: there is no copy ring yet */
-    uint32_t reserved;
+    _Alignas(64) unsigned char params[HVGPU_MAX_PARAMS];
+    _Alignas(64) unsigned char attrs[HVGPU_MAX_LAUNCH_ATTRS * HVGPU_LAUNCH_ATTR_SIZE];
 };
 
 static uint64_t mix(uint64_t key)
@@ -494,7 +460,7 @@ static int launch(struct burst *b, const struct frame *f, int *status)
     if (!b->entry[E_LAUNCH] || f->body_len < sizeof(launch_req))
         return LEFT;
     uint32_t n = FIELD(body, launch_req, params_len);
-    if ((uint64_t)sizeof(launch_req) + n != f->body_len || n > MAX_PARAMS)
+    if ((uint64_t)sizeof(launch_req) + n != f->body_len || n > HVGPU_MAX_PARAMS)
         return LEFT;
     const struct slot *fn = find(&b->functions, FIELD(body, launch_req, function));
     const struct slot *stream = find(&b->streams, FIELD(body, launch_req, stream));
@@ -518,13 +484,14 @@ static int launch_ex(struct burst *b, const struct frame *f, int *status)
     if (!b->entry[E_LAUNCH_EX] || f->body_len < sizeof(launch_ex_req))
         return LEFT;
     uint32_t n = FIELD(body, launch_ex_req, params_len), m = FIELD(body, launch_ex_req, attrs_len);
-    if ((uint64_t)sizeof(launch_ex_req) + n + m != f->body_len || n > MAX_PARAMS ||
-        m % ATTR_SIZE || m / ATTR_SIZE > MAX_ATTRS)
+    if ((uint64_t)sizeof(launch_ex_req) + n + m != f->body_len || n > HVGPU_MAX_PARAMS ||
+        m % HVGPU_LAUNCH_ATTR_SIZE || m / HVGPU_LAUNCH_ATTR_SIZE > HVGPU_MAX_LAUNCH_ATTRS)
         return LEFT;
     const unsigned char *attrs = body + sizeof(launch_ex_req) + n;
-    for (uint32_t i = 0; i < m; i += ATTR_SIZE) {
+    for (uint32_t i = 0; i < m; i += HVGPU_LAUNCH_ATTR_SIZE) {
         uint32_t id = GET(uint32_t, attrs + i);
-        if (id == ATTR_PROGRAMMATIC_EVENT || id == ATTR_LAUNCH_COMPLETION_EVENT)
+        if (id == HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT ||
+            id == HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT)
             return LEFT;
     }
     const struct slot *fn = find(&b->functions, FIELD(body, launch_ex_req, function));
@@ -542,7 +509,8 @@ static int launch_ex(struct burst *b, const struct frame *f, int *status)
          FIELD(body, launch_ex_req, grid_z)},
         {FIELD(body, launch_ex_req, block_x), FIELD(body, launch_ex_req, block_y),
          FIELD(body, launch_ex_req, block_z)},
-        FIELD(body, launch_ex_req, shared_mem), VALUE(stream), b->attrs, m / ATTR_SIZE};
+        FIELD(body, launch_ex_req, shared_mem), VALUE(stream), b->attrs,
+        m / HVGPU_LAUNCH_ATTR_SIZE};
     *status = ((launch_ex_fn)b->entry[E_LAUNCH_EX])(&config, VALUE(fn), NULL,
                                                      n ? extra : NULL);
     return DONE;
@@ -619,7 +587,7 @@ static int memcpy_dtod(struct burst *b, const struct frame *f, int *status)
 }
 
 static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
-                       struct burst_result *out)
+                       struct hv_burst_result *out)
 {
     typedef hvgpu_memcpy_htod_req_t req;
     uint64_t n = f->payload_len;
@@ -658,23 +626,8 @@ static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
     return DONE;
 }
 
-/* The served index of op, or -1. */
-static int served_index(uint16_t op)
-{
-    switch (op) {
-    case HVGPU_OP_LAUNCH_KERNEL: return S_LAUNCH;
-    case HVGPU_OP_LAUNCH_KERNEL_EX: return S_LAUNCH_EX;
-    case HVGPU_OP_EVENT_RECORD: return S_EVENT_RECORD;
-    case HVGPU_OP_STREAM_WAIT_EVENT: return S_STREAM_WAIT_EVENT;
-    case HVGPU_OP_MEMSET: return S_MEMSET;
-    case HVGPU_OP_MEMCPY_DTOD: return S_MEMCPY_DTOD;
-    case HVGPU_OP_MEMCPY_HTOD: return S_MEMCPY_HTOD;
-    default: return -1;
-    }
-}
-
 HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t len,
-                            uint32_t version, uint32_t max_body, struct burst_result *out)
+                            uint32_t version, uint32_t max_body, struct hv_burst_result *out)
 {
     uint64_t at = 0;
     memset(out, 0, sizeof *out);
@@ -708,8 +661,8 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
         }
         int status = 0, done;
         switch (index) {
-        case S_LAUNCH: done = launch(b, &f, &status); break;
-        case S_LAUNCH_EX: done = launch_ex(b, &f, &status); break;
+        case S_LAUNCH_KERNEL: done = launch(b, &f, &status); break;
+        case S_LAUNCH_KERNEL_EX: done = launch_ex(b, &f, &status); break;
         case S_EVENT_RECORD: done = event_record(b, &f, &status); break;
         case S_STREAM_WAIT_EVENT: done = stream_wait_event(b, &f, &status); break;
         case S_MEMSET: done = memset_(b, &f, &status); break;

@@ -28,25 +28,44 @@ log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("liblaunch_burst.so")
 
-# The driver entry points the loop calls, in launch_burst.c's order: a device gives
-# the addresses of those it has (GpuDevice.driver_entries); an op whose entry point
-# is missing goes through the Python path.
-ENTRIES = ("cuLaunchKernel", "cuLaunchKernelEx", "cuEventRecord", "cuStreamWaitEvent",
-           "cuEventSynchronize", "cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async",
-           "cuMemcpyDtoDAsync", "cuMemcpyHtoDAsync")
-# The ops it serves, in launch_burst.c's order of its per-op counts.
-SERVED = tuple(P.OP[name] for name in (
-    "LAUNCH_KERNEL", "LAUNCH_KERNEL_EX", "EVENT_RECORD", "STREAM_WAIT_EVENT", "MEMSET",
-    "MEMCPY_DTOD", "MEMCPY_HTOD"))
+# The interface with the C loop is defined here alone: launch_burst.h, which the loop
+# includes, is generated from these tables (python -m hvgpu.virtio.cgen).
+#
+# The driver entry points the loop calls, in the order it takes them (each with the
+# loop's name for it, its E_ index): a device gives the addresses of those it has
+# (GpuDevice.driver_entries); an op whose entry point is missing goes through the
+# Python path.
+ENTRY_NAMES = {
+    "cuLaunchKernel": "LAUNCH", "cuLaunchKernelEx": "LAUNCH_EX", "cuEventRecord": "EVENT_RECORD",
+    "cuStreamWaitEvent": "STREAM_WAIT_EVENT", "cuEventSynchronize": "EVENT_SYNCHRONIZE",
+    "cuMemsetD8Async": "MEMSET_D8", "cuMemsetD16Async": "MEMSET_D16",
+    "cuMemsetD32Async": "MEMSET_D32", "cuMemcpyDtoDAsync": "MEMCPY_DTOD",
+    "cuMemcpyHtoDAsync": "MEMCPY_HTOD"}
+ENTRIES = tuple(ENTRY_NAMES)
+# The ops it serves, in the order of its per-op counts (its S_ indexes).
+SERVED_OPS = ("LAUNCH_KERNEL", "LAUNCH_KERNEL_EX", "EVENT_RECORD", "STREAM_WAIT_EVENT",
+              "MEMSET", "MEMCPY_DTOD", "MEMCPY_HTOD")
+SERVED = tuple(P.OP[name] for name in SERVED_OPS)
 _LAUNCHES = (P.OP["LAUNCH_KERNEL"], P.OP["LAUNCH_KERNEL_EX"])
-MAX_SEGMENTS = 1024
+MAX_SEGMENTS = 1024  # segments of a copy ring at most
+# What one run reports (struct hv_burst_result, naturally aligned): (field, type, count).
+RESULT_FIELDS = (
+    ("consumed", "u64", 1),  # bytes of the buffer taken: whole frames only
+    ("served", "u64", len(SERVED)),  # frames taken per served op, a failed one included
+    ("h2d_bytes", "u64", 1),  # bytes queued by host-to-device copies
+    ("status", "i32", 1),  # 0, or the failed call's CUresult
+    ("seq", "u32", 1),  # the failed frame's seq
+    ("op", "u32", 1),  # and its op
+    ("need", "u32", 1),  # the frame it stopped at is served once this many bytes of it
+                         # are buffered (0: not for want of bytes)
+    ("want_ring", "u32", 1),  # it stopped at a small copy: there is no copy ring yet
+    ("reserved", "u32", 1))
+_CTYPES = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "i32": ctypes.c_int32}
 
 
-class _Result(ctypes.Structure):
-    _fields_ = [("consumed", ctypes.c_uint64), ("served", ctypes.c_uint64 * len(SERVED)),
-                ("h2d_bytes", ctypes.c_uint64), ("status", ctypes.c_int32),
-                ("seq", ctypes.c_uint32), ("op", ctypes.c_uint32), ("need", ctypes.c_uint32),
-                ("want_ring", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+class Result(ctypes.Structure):
+    _fields_ = [(name, _CTYPES[typ] * count if count > 1 else _CTYPES[typ])
+                for name, typ, count in RESULT_FIELDS]
 
 
 class Outcome(NamedTuple):
@@ -90,7 +109,7 @@ def _library():
             getattr(lib, "hv_burst_" + name).argtypes = [state, u64]
         lib.hv_burst_set_ring.argtypes = [state, state]
         lib.hv_burst_run.argtypes = [state, ctypes.c_void_p, u64, u32, u32,
-                                     ctypes.POINTER(_Result)]
+                                     ctypes.POINTER(Result)]
         lib.hv_burst_run.restype = None
         lib.hv_ring_new.restype = state
         lib.hv_ring_new.argtypes = [ctypes.c_void_p, u32, u32, ctypes.POINTER(u64)]
@@ -147,7 +166,7 @@ class LaunchBurst:
         self._state = lib.hv_burst_new(table, len(ENTRIES))
         if not self._state:
             raise MemoryError("hv_burst_new")
-        self._result = _Result()
+        self._result = Result()
         self._result_ref = ctypes.byref(self._result)
         self._buffer = None  # (the bytearray, its address)
 

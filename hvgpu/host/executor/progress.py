@@ -17,10 +17,12 @@ import logging
 import threading
 import time
 
+from hvgpu.virtio import protocol as P
+
 log = logging.getLogger(__name__)
 
 AFTER = 1.0  # seconds a frame has been in work before its first progress frame
-EVERY = 1.0  # seconds between progress frames (a guest's timeout is at least 2 s)
+EVERY = P.PROGRESS_EVERY  # seconds between progress frames (a guest's timeout is longer)
 _TICK = 0.25
 
 

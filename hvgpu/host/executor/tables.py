@@ -12,7 +12,6 @@ from typing import Any, Protocol
 from hvgpu.errors import CudaError
 from hvgpu.virtio import protocol as P
 
-_FIRST_HANDLE = 16  # below: CUDA's special stream values (0, 1, 2)
 
 
 class Mirror(Protocol):
@@ -157,7 +156,7 @@ class Handles:
     def __init__(self, kind: str):
         self.kind = kind
         self.objects: dict[int, Any] = {}
-        self.next = _FIRST_HANDLE
+        self.next = P.FIRST_HANDLE  # below: CUDA's special stream values
 
     def add(self, obj: Any) -> int:
         handle = self.next

@@ -35,7 +35,7 @@ _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _ACCESS_FLAGS = (0, 1, 3)  # CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ, _READWRITE
 _READWRITE = 3
 _ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location (type, id), flags
-_MAX_ACCESS_DESCS = 64
+assert _ACCESS_DESC.size == P.ACCESS_DESC_SIZE
 _PAGE = 4096  # what cuMemAddressReserve asks of a size and an address hint
 
 # What one guest may make its session hold (host memory for the bookkeeping, driver objects).
@@ -106,8 +106,8 @@ def check_access(descs: bytes) -> int:
     """The access flags of 1 to 64 CUmemAccessDesc, each for this device (the last
     descriptor's flags are the ones set)."""
     if not descs or len(descs) % _ACCESS_DESC.size \
-            or len(descs) > _MAX_ACCESS_DESCS * _ACCESS_DESC.size:
-        raise CudaError(_INVALID, f"{len(descs)} bytes is not 1 to {_MAX_ACCESS_DESCS} "
+            or len(descs) > P.MAX_ACCESS_DESCS * _ACCESS_DESC.size:
+        raise CudaError(_INVALID, f"{len(descs)} bytes is not 1 to {P.MAX_ACCESS_DESCS} "
                                   "access descriptors")
     flags = 0
     for loc_type, loc_id, flags in _ACCESS_DESC.iter_unpack(descs):

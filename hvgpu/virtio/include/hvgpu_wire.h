@@ -1,7 +1,8 @@
 /* hvgpu data lane, protocol v1: wire layout for C.
  *
- * Generated from hvgpu/virtio/protocol.py by `python -m hvgpu.virtio.cgen`.
- * Do not edit: change the Python table and regenerate.
+ * Generated from hvgpu/virtio/protocol.py, region.py and tuning.py by
+ * `python -m hvgpu.virtio.cgen`. Do not edit: change the Python tables and
+ * regenerate.
  *
  * A frame is hvgpu_header_t, then body_len bytes of body, then payload_len
  * bytes of raw payload. A body is the op's fixed struct below (each str/bytes
@@ -11,7 +12,9 @@
 #ifndef HVGPU_WIRE_H
 #define HVGPU_WIRE_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define HVGPU_PROTOCOL_VERSION 1
 #define HVGPU_PROTOCOL_MIN_VERSION 1
@@ -1164,6 +1167,331 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint32_t seq;
     uint32_t message_len;
 } hvgpu_error_rep_t;
+
+/* Limits and layouts inside the ops' fields (hvgpu/virtio/protocol.py). */
+#define HVGPU_MAX_PARAMS 32764
+#define HVGPU_LAUNCH_ATTR_SIZE 72
+#define HVGPU_MAX_LAUNCH_ATTRS 32
+#define HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT 7
+#define HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT 12
+#define HVGPU_MAX_DEVICE_ATTRIBUTES 1024
+#define HVGPU_MAX_FUNC_ATTRIBUTES 32
+#define HVGPU_UUID_SIZE 16
+#define HVGPU_TENSOR_MAP_SIZE 128
+#define HVGPU_ACCESS_DESC_SIZE 12
+#define HVGPU_MAX_ACCESS_DESCS 64
+#define HVGPU_MAX_QUERY_NODES 4096
+#define HVGPU_MAX_GRAPH_NODES 65536
+#define HVGPU_FIRST_HANDLE 16
+#define HVGPU_MEMCPY_NODE_DEVICE 0
+#define HVGPU_MEMCPY_NODE_FROM_REGION 1
+#define HVGPU_MEMCPY_NODE_TO_REGION 2
+#define HVGPU_MAX_VGPUS 8
+#define HVGPU_CLIENT_FORMAT "%s; pid %d; %s"
+
+/* -- replies with variable-length fields -------------------------------------------- */
+
+/* A variable-length field of a body received: its bytes, inside that body. */
+typedef struct hvgpu_span {
+    const uint8_t *data;
+    uint32_t len;
+} hvgpu_span_t;
+
+/* The field of len bytes at p, cut at end where the body received stops first
+   (counted in *cut); returns where the next field starts. */
+static inline const uint8_t *hvgpu_span_take(hvgpu_span_t *s, const uint8_t *p,
+                                             const uint8_t *end, uint32_t len, int *cut) {
+    size_t left = (size_t)(end - p);
+    s->data = p;
+    s->len = len <= left ? len : (uint32_t)left;
+    *cut += s->len < len;
+    return p + s->len;
+}
+
+/* Each reply below is decoded from the n bytes of its body that were received (a
+   reply longer than the caller's buffer is received in part) by its _decode: -1
+   where even its fixed part is not all there (the fixed part then reads all zero,
+   each span empty); else how many variable fields were cut short by the end of
+   those bytes, each span holding what there is of its field (0: every field whole).
+   A span's data points into body (at its end when empty), never NULL. */
+
+typedef struct hvgpu_hello_rep_view {
+    hvgpu_hello_rep_t fixed;
+    hvgpu_span_t peer;
+    hvgpu_span_t agent;
+} hvgpu_hello_rep_view_t;
+
+static inline int hvgpu_hello_rep_decode(const void *body, uint32_t n, hvgpu_hello_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    p = hvgpu_span_take(&v->peer, p, end, v->fixed.peer_len, &cut);
+    hvgpu_span_take(&v->agent, p, end, v->fixed.agent_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_device_get_name_rep_view {
+    hvgpu_device_get_name_rep_t fixed;
+    hvgpu_span_t name;
+} hvgpu_device_get_name_rep_view_t;
+
+static inline int hvgpu_device_get_name_rep_decode(const void *body, uint32_t n, hvgpu_device_get_name_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->name, p, end, v->fixed.name_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_device_get_uuid_rep_view {
+    hvgpu_device_get_uuid_rep_t fixed;
+    hvgpu_span_t uuid;
+} hvgpu_device_get_uuid_rep_view_t;
+
+static inline int hvgpu_device_get_uuid_rep_decode(const void *body, uint32_t n, hvgpu_device_get_uuid_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->uuid, p, end, v->fixed.uuid_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_slice_info_rep_view {
+    hvgpu_slice_info_rep_t fixed;
+    hvgpu_span_t vm;
+} hvgpu_slice_info_rep_view_t;
+
+static inline int hvgpu_slice_info_rep_decode(const void *body, uint32_t n, hvgpu_slice_info_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->vm, p, end, v->fixed.vm_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_device_get_attributes_rep_view {
+    hvgpu_device_get_attributes_rep_t fixed;
+    hvgpu_span_t values;
+} hvgpu_device_get_attributes_rep_view_t;
+
+static inline int hvgpu_device_get_attributes_rep_decode(const void *body, uint32_t n, hvgpu_device_get_attributes_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->values, p, end, v->fixed.values_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_vgpu_processes_rep_view {
+    hvgpu_vgpu_processes_rep_t fixed;
+    hvgpu_span_t pids;
+    hvgpu_span_t used;
+    hvgpu_span_t names;
+} hvgpu_vgpu_processes_rep_view_t;
+
+static inline int hvgpu_vgpu_processes_rep_decode(const void *body, uint32_t n, hvgpu_vgpu_processes_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    p = hvgpu_span_take(&v->pids, p, end, v->fixed.pids_len, &cut);
+    p = hvgpu_span_take(&v->used, p, end, v->fixed.used_len, &cut);
+    hvgpu_span_take(&v->names, p, end, v->fixed.names_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_module_compile_rep_view {
+    hvgpu_module_compile_rep_t fixed;
+    hvgpu_span_t log;
+} hvgpu_module_compile_rep_view_t;
+
+static inline int hvgpu_module_compile_rep_decode(const void *body, uint32_t n, hvgpu_module_compile_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->log, p, end, v->fixed.log_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_module_compile_headers_rep_view {
+    hvgpu_module_compile_headers_rep_t fixed;
+    hvgpu_span_t log;
+} hvgpu_module_compile_headers_rep_view_t;
+
+static inline int hvgpu_module_compile_headers_rep_decode(const void *body, uint32_t n, hvgpu_module_compile_headers_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->log, p, end, v->fixed.log_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_func_get_param_info_rep_view {
+    hvgpu_func_get_param_info_rep_t fixed;
+    hvgpu_span_t layout;
+} hvgpu_func_get_param_info_rep_view_t;
+
+static inline int hvgpu_func_get_param_info_rep_decode(const void *body, uint32_t n, hvgpu_func_get_param_info_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->layout, p, end, v->fixed.layout_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_tensor_map_encode_tiled_rep_view {
+    hvgpu_tensor_map_encode_tiled_rep_t fixed;
+    hvgpu_span_t map;
+} hvgpu_tensor_map_encode_tiled_rep_view_t;
+
+static inline int hvgpu_tensor_map_encode_tiled_rep_decode(const void *body, uint32_t n, hvgpu_tensor_map_encode_tiled_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->map, p, end, v->fixed.map_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_func_get_attributes_rep_view {
+    hvgpu_func_get_attributes_rep_t fixed;
+    hvgpu_span_t values;
+} hvgpu_func_get_attributes_rep_view_t;
+
+static inline int hvgpu_func_get_attributes_rep_decode(const void *body, uint32_t n, hvgpu_func_get_attributes_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->values, p, end, v->fixed.values_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_shm_attach_rep_view {
+    hvgpu_shm_attach_rep_t fixed;
+    hvgpu_span_t token;
+} hvgpu_shm_attach_rep_view_t;
+
+static inline int hvgpu_shm_attach_rep_decode(const void *body, uint32_t n, hvgpu_shm_attach_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->token, p, end, v->fixed.token_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_stream_capture_info_rep_view {
+    hvgpu_stream_capture_info_rep_t fixed;
+    hvgpu_span_t nodes;
+} hvgpu_stream_capture_info_rep_view_t;
+
+static inline int hvgpu_stream_capture_info_rep_decode(const void *body, uint32_t n, hvgpu_stream_capture_info_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->nodes, p, end, v->fixed.nodes_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_graph_get_nodes_rep_view {
+    hvgpu_graph_get_nodes_rep_t fixed;
+    hvgpu_span_t nodes;
+} hvgpu_graph_get_nodes_rep_view_t;
+
+static inline int hvgpu_graph_get_nodes_rep_decode(const void *body, uint32_t n, hvgpu_graph_get_nodes_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->nodes, p, end, v->fixed.nodes_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_error_rep_view {
+    hvgpu_error_rep_t fixed;
+    hvgpu_span_t message;
+} hvgpu_error_rep_view_t;
+
+static inline int hvgpu_error_rep_decode(const void *body, uint32_t n, hvgpu_error_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->message, p, end, v->fixed.message_len, &cut);
+    return whole ? cut : -1;
+}
+
+/* -- the shared-memory region (hvgpu/virtio/region.py) ------------------------------ */
+
+#define HVGPU_REGION_MAGIC "HVGPUSHM"
+#define HVGPU_REGION_VERSION 1
+#define HVGPU_REGION_DATA_OFFSET 4096ull
+#define HVGPU_REGION_TOKEN_SIZE 16
+#define HVGPU_REGION_ALIGN 4096ull
+#define HVGPU_REGION_KIND_MEMFD 1
+#define HVGPU_REGION_KIND_DEVICE 2
+#define HVGPU_REGION_PCI_VENDOR 6900
+#define HVGPU_REGION_PCI_DEVICE 4368
+#define HVGPU_REGION_PCI_BAR 2
+
+/* The header at a region's start: advisory, for picking the device alone. */
+typedef struct __attribute__((packed)) hvgpu_region_header {
+    uint8_t magic[8];
+    uint32_t version;
+    uint32_t data_offset;
+    uint64_t size;
+    uint8_t token[16];
+    uint32_t device;
+} hvgpu_region_header_t;
+_Static_assert(sizeof(hvgpu_region_header_t) == 44, "hvgpu_region_header_t");
+_Static_assert(offsetof(hvgpu_region_header_t, magic) == 0, "hvgpu_region_header_t.magic");
+_Static_assert(offsetof(hvgpu_region_header_t, version) == 8, "hvgpu_region_header_t.version");
+_Static_assert(offsetof(hvgpu_region_header_t, data_offset) == 12, "hvgpu_region_header_t.data_offset");
+_Static_assert(offsetof(hvgpu_region_header_t, size) == 16, "hvgpu_region_header_t.size");
+_Static_assert(offsetof(hvgpu_region_header_t, token) == 24, "hvgpu_region_header_t.token");
+_Static_assert(offsetof(hvgpu_region_header_t, device) == 40, "hvgpu_region_header_t.device");
+
+/* -- how guests use the wire (hvgpu/virtio/tuning.py): the shim as the Python client */
+
+#define HVGPU_ENV_AGENT "HVGPU_AGENT"
+#define HVGPU_ENV_TIMEOUT "HVGPU_TIMEOUT"
+#define HVGPU_ENV_COPY_THREADS "HVGPU_COPY_THREADS"
+#define HVGPU_ENV_SYSFS_ROOT "HVGPU_SYSFS_ROOT"
+#define HVGPU_DEFAULT_TIMEOUT 60.0
+#define HVGPU_MIN_TIMEOUT 2.0
+#define HVGPU_BATCH_BYTES 65536
+#define HVGPU_STAGE_MIN 1048576ull
+#define HVGPU_STAGE_CHUNK 8388608ull
+#define HVGPU_STAGE_SLOTS 2
+#define HVGPU_PARALLEL_COPY_MIN 2097152ull
+#define HVGPU_PARALLEL_COPY_ALIGN 4096ull
+#define HVGPU_PARALLEL_COPY_THREADS 4
+#define HVGPU_PARALLEL_COPY_MAX_THREADS 16
 
 /* Statuses: CUDA's CUresult numbers, then hvgpu's own from HVGPU_STATUS_OWN_BASE. */
 #define HVGPU_STATUS_OWN_BASE 10000

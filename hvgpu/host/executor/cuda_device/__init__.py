@@ -123,7 +123,7 @@ class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls):
         return bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
 
     def uuid(self) -> bytes:
-        return bytes(ok(cu.cuDeviceGetUuid(self.dev), "cuDeviceGetUuid").bytes)[:16]
+        return bytes(ok(cu.cuDeviceGetUuid(self.dev), "cuDeviceGetUuid").bytes)[:P.UUID_SIZE]
 
     def total_mem(self) -> int:
         return ok(cu.cuDeviceTotalMem(self.dev), "cuDeviceTotalMem")

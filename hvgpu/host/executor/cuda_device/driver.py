@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 
 from hvgpu.errors import CudaError
+from hvgpu.virtio import protocol as P
 
 try:
     from cuda.bindings import driver as cu
@@ -23,7 +24,7 @@ except ImportError as exc:  # reported to the guest by the executor, not a crash
 else:
     IMPORT_ERROR = ""
 
-MAX_PARAMS = 32768  # CUDA 12.1+: up to 32764 bytes of kernel parameters
+MAX_PARAMS = P.MAX_PARAMS  # CUDA 12.1+: up to 32764 bytes of kernel parameters
 
 
 class LaunchConfig(ctypes.Structure):  # CUlaunchConfig

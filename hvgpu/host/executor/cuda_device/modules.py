@@ -128,7 +128,7 @@ class ModuleCalls:
         extra = self._extra(params)
         raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
         cfg = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                            int(stream), ctypes.addressof(raw), len(attrs) // 72)
+                            int(stream), ctypes.addressof(raw), len(attrs) // P.LAUNCH_ATTR_SIZE)
         err = driver_library().cuLaunchKernelEx(ctypes.byref(cfg), int(function), None, extra)
         if err:
             fail(err, "cuLaunchKernelEx")
@@ -136,7 +136,7 @@ class ModuleCalls:
     def occupancy_clusters(self, which, function, grid, block, shared_mem, attrs) -> int:
         raw = ctypes.create_string_buffer(bytes(attrs), max(len(attrs), 1))
         cfg = LaunchConfig((ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem,
-                            None, ctypes.addressof(raw), len(attrs) // 72)
+                            None, ctypes.addressof(raw), len(attrs) // P.LAUNCH_ATTR_SIZE)
         name = ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize")[which]
         value = ctypes.c_int()
         err = getattr(driver_library(), name)(ctypes.byref(value), int(function),
@@ -151,14 +151,14 @@ class ModuleCalls:
 
     def tensor_map_encode_tiled(self, dtype, rank, address, dims, strides, box, element_strides,
                                 interleave, swizzle, l2, oob) -> bytes:
-        buf = ctypes.create_string_buffer(128 + 64)  # CUtensorMap is 64-byte aligned
+        buf = ctypes.create_string_buffer(P.TENSOR_MAP_SIZE + 64)  # CUtensorMap is 64-byte aligned
         at = (ctypes.addressof(buf) + 63) & ~63
         err = driver_library().cuTensorMapEncodeTiled(
             at, dtype, rank, address, bytes(dims), bytes(strides) or None, bytes(box),
             bytes(element_strides), interleave, swizzle, l2, oob)
         if err:
             fail(err, "cuTensorMapEncodeTiled")
-        return ctypes.string_at(at, 128)
+        return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
 
     def compiler_id(self) -> str:
         return f"nvrtc-{compiler.nvrtc_version() or 'none'}-{self.arch}"

@@ -16,7 +16,7 @@ from hvgpu.virtio import protocol as P
 
 FAMILY = Family("device and monitoring")
 declare = FAMILY.declare
-_MAX_ATTRIBUTES = 1024  # DEVICE_GET_ATTRIBUTES answers at most this many
+_MAX_ATTRIBUTES = P.MAX_DEVICE_ATTRIBUTES  # DEVICE_GET_ATTRIBUTES answers at most this many
 
 
 def _handshake_again(session, hdr, *fields) -> tuple:

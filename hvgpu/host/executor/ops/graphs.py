@@ -182,20 +182,21 @@ def graph_add_memset_node(session, hdr, graph, dst, pitch, value, width_bytes, w
 
 
 def _memcpy_node(session, hdr, graph, kind, region, dst, src, size, deps) -> tuple:
-    if kind == 0:
+    if kind == P.MEMCPY_NODE_DEVICE:
         checks.device_range(session, dst, size, "destination")
         checks.device_range(session, src, size, "source")
-    elif kind == 1:
+    elif kind == P.MEMCPY_NODE_FROM_REGION:
         src = checks.region(session, region).address(src, size, "source")
         checks.device_range(session, dst, size, "destination")
-    elif kind == 2:
+    elif kind == P.MEMCPY_NODE_TO_REGION:
         dst = checks.region(session, region).address(dst, size, "destination")
         checks.device_range(session, src, size, "source")
     else:
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
     if not size:
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE, "a memcpy node of 0 bytes")
-    for ptr in ((dst, src) if kind == 0 else (dst,) if kind == 1 else (src,)):
+    for ptr in ((dst, src) if kind == P.MEMCPY_NODE_DEVICE else
+                (dst,) if kind == P.MEMCPY_NODE_FROM_REGION else (src,)):
         checks.graph_reaches(session, ptr)
     return graph, kind, region, dst, src, size, deps
 

@@ -40,9 +40,9 @@ MAX_SOURCE = nvrtc_policy.MAX_SOURCE  # MODULE_COMPILE(_HEADERS): source and its
 # compilations that each reach their limits (compiler.py: 60 CPU s, 150 s in all).
 COMPILE_WAIT = 300.0
 _LAUNCH_FIXED = codec.REQUEST[P.OP["LAUNCH_KERNEL"]].fixed
-_LAUNCH_ATTR_SIZE = 72  # sizeof(CUlaunchAttribute)
-_EVENT_ATTRS = {7, 12}  # PROGRAMMATIC_EVENT, LAUNCH_COMPLETION_EVENT: they hold guest handles
-_MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
+_LAUNCH_ATTR_SIZE = P.LAUNCH_ATTR_SIZE  # sizeof(CUlaunchAttribute)
+_EVENT_ATTRS = P.LAUNCH_EVENT_ATTRS  # they hold guest handles
+_MAX_FUNC_ATTRIBUTES = P.MAX_FUNC_ATTRIBUTES  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 
 
 class Module(Resource):
