@@ -219,6 +219,8 @@ class Relay:
         self._update(pipe)
 
     def _on(self, pipe: _Pipe, side: int, events: int) -> None:
+        if pipe not in self._pipes:  # its other side's event, earlier in this turn, closed it
+            return
         other = 1 - side
         sock = pipe.socks[side]
         try:
