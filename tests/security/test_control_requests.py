@@ -61,7 +61,7 @@ def test_other_operations_check_their_arguments_too(agent, caplog):
 
 
 @pytest.mark.parametrize("body", [
-    b"", b"not json", b"[1, 2]", b"\xff\xfe", b"1e999999", b"[" * 100_000,
+    b"", b"not json", b"[1, 2]", b"\xff\xfe", b"1e999999", b"[" * 100_000, b"null",
     b'{"vm": "vm1", "mem": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
 ])
 def test_a_body_that_is_no_json_object_is_refused_without_a_traceback(agent, caplog, body):
