@@ -197,6 +197,7 @@ class Graph:
 
     def __init__(self):
         self.ops: list = []
+        self.kernels: set[int] = set()  # which of the ops are kernel nodes
         self.destroyed = False
         self._nodes: list = []
 
@@ -211,6 +212,7 @@ class Graph:
 class GraphExec:
     def __init__(self, graph: Graph):
         self.ops = list(graph.ops)
+        self.kernels = set(graph.kernels)
         self.destroyed = False
         self.launches = 0
 
@@ -638,6 +640,8 @@ class FakeDevice:
         self._check()
         fmt = {1: "B", 2: "H", 4: "I"}[width]
         self._copy_range(dst, count * width, "cuMemsetAsync")
+        # cuMemsetD8/D16 take an unsigned char/short: C keeps the value's low bytes
+        value &= (1 << 8 * width) - 1
         self._on(stream, lambda: self._store(dst, struct.pack("<" + fmt, value) * count))
 
     def module_load(self, image):
@@ -766,6 +770,9 @@ class FakeDevice:
         _, fmt, body = KERNELS[function]
         args = struct.unpack(fmt, params) if fmt else ()  # copied now, as the driver does
         self._on(stream, lambda: body(self, *args))
+        capture = self.captures.get(stream)
+        if capture is not None:
+            capture.graph.kernels.add(len(capture.graph.ops) - 1)
 
     def driver_entries(self):
         if os.environ.get("HVGPU_FAKE_PYTHON_LAUNCH"):
@@ -968,11 +975,14 @@ class FakeDevice:
         return Graph()
 
     def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
-        return self._add(graph, deps, self._kernel(function, params))
+        node = self._add(graph, deps, self._kernel(function, params))
+        graph.kernels.add(node.index)
+        return node
 
     def graph_add_memset(self, graph, deps, dst, pitch, value, element_size, width, height):
         fmt = {1: "B", 2: "H", 4: "I"}[element_size]
-        row = struct.pack("<" + fmt, value) * width
+        # the node's value is an unsigned int, of which an element takes its low bytes
+        row = struct.pack("<" + fmt, value & (1 << 8 * element_size) - 1) * width
 
         def work():
             for r in range(height):
@@ -1001,12 +1011,16 @@ class FakeDevice:
             assert n in graph._nodes, "the session passed a node of another graph"
 
     def graph_exec_kernel_set(self, exec_, node, function, grid, block, shared_mem, params):
+        if node.index not in exec_.kernels:  # added since it was instantiated, or no kernel
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphExecKernelNodeSetParams: not a "
+                                             "kernel node of the instantiated graph")
         exec_.ops[node.index] = self._kernel(function, params)
 
     def graph_exec_update(self, exec_, graph):
         if len(graph.ops) != len(exec_.ops):
             return 2, None  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
         exec_.ops = list(graph.ops)
+        exec_.kernels = set(graph.kernels)
         return 0, None
 
     def graph_instantiate(self, graph, flags):
