@@ -17,8 +17,9 @@ destroyed and modules unloaded.
 
 Set HVGPU_FAKE_DEVICE_WIDE to a directory for free memory that is the device's,
 as cuMemGetInfo's is: every executor of the double publishes what it takes
-there (on each allocation, free, module load and unload), and each one's free
-memory is what all of them leave. HVGPU_FAKE_LOAD_SECONDS makes each module
+there (on each allocation, free, module load and unload, physical memory made
+and released, pool growth and trim, instantiation), and each one's free memory
+is what all of them leave. HVGPU_FAKE_LOAD_SECONDS makes each module
 load take that long, so a test can act while one is measured.
 """
 
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 import types
 
@@ -383,9 +385,10 @@ class FakeDevice:
         shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
         if shared:
             path = os.path.join(shared, str(os.getpid()))
-            with open(path + ".new", "w") as f:
+            new = f"{path}.{threading.get_ident()}.new"  # sessions publish from their threads
+            with open(new, "w") as f:
                 f.write(str(self._used()))
-            os.replace(path + ".new", path)
+            os.replace(new, path)
 
     def _others_used(self):
         shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
@@ -471,12 +474,14 @@ class FakeDevice:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         buf = bytearray(size)
         self.physical[id(buf)] = buf
+        self._publish()
         return id(buf)
 
     def mem_release(self, handle):
         if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
             raise CudaError(S.INVALID_VALUE, "fake: the session releases only memory nothing maps")
         del self.physical[handle]
+        self._publish()
 
     def mem_map(self, ptr, size, offset, handle):
         if ptr % GRANULARITY:  # as the H200's driver answers it
@@ -529,6 +534,7 @@ class FakeDevice:
             raise CudaError(S.INVALID_VALUE,
                             "fake: the session destroys only pools with nothing allocated")
         del self.pools[id(pool)]
+        self._publish()
 
     def pool_alloc(self, size, pool, stream):
         self._check()
@@ -544,6 +550,7 @@ class FakeDevice:
             base = self.next
             self.next += grow + GRANULARITY
             chunk = pool.chunks[base] = [bytearray(grow), 0, 0]
+            self._publish()
         ptr = base + chunk[1]
         chunk[1] += n
         chunk[2] += 1
@@ -577,11 +584,13 @@ class FakeDevice:
 
     def pool_trim(self, pool, keep):
         pool.trim(keep)
+        self._publish()
 
     def _synchronized(self):
         """The driver gives pool memory back beyond each pool's release threshold."""
         for pool in self.pools.values():
             pool.release_beyond(pool.attrs[4])
+        self._publish()
 
     def host_alloc(self, size):
         buf = (ctypes.c_char * size)()
@@ -1030,6 +1039,7 @@ class FakeDevice:
             raise CudaError(S.OUT_OF_MEMORY, "fake cuGraphInstantiate: out of memory")
         self.graphs_alive += 1
         self.graph_bytes += self.exec_bytes
+        self._publish()
         return GraphExec(graph)
 
     def graph_launch(self, exec_, stream):
@@ -1060,6 +1070,7 @@ class FakeDevice:
         exec_.destroyed = True
         self.graphs_alive -= 1
         self.graph_bytes -= self.exec_bytes
+        self._publish()
 
     def event_query(self, event):
         return True
