@@ -1212,9 +1212,11 @@ class Session:
             self._check_range(dst, size, "destination")
             self._check_range(src, size, "source")
         elif kind == 1:
+            room = src
             src = self._region(region).address(src, size, "source")
             self._check_range(dst, size, "destination")
         elif kind == 2:
+            room = dst
             dst = self._region(region).address(dst, size, "destination")
             self._check_range(src, size, "source")
         else:
@@ -1225,6 +1227,7 @@ class Session:
             self._graph_reaches(ptr)
         if kind:
             self.graphs.regions.add(region)
+            self._graph_reaches_room(region, room)
         return (self.graphs.add_node(graph, deps, lambda g, d: self.device.graph_add_memcpy(
             g, d, kind, dst, src, size)),)
 
@@ -1419,12 +1422,29 @@ class Session:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                             f"offset {offset} is not an allocation of this connection")
         self.device.synchronize()  # cuMemFreeHost waits for the device, too
+        if (region, offset) in self.graphs.rooms:  # a graph may still copy to or from it
+            size = attached.rooms.pop(offset)  # the guest's no more; the region's later
+            if self.graphs.park(f"room {offset} of region {region}",
+                                lambda: attached.region.rooms.give(offset, size)):
+                return
+            attached.rooms[offset] = size
         attached.give(offset)
+
+    def _graph_reaches_room(self, region: int, offset: int) -> None:
+        """A graph may copy to or from ``offset`` of ``region``: in the VM's device region,
+        the room it lies in goes back to the region only once no graph is left."""
+        attached = self.regions[region]
+        if not attached.owned:
+            for at, n in attached.rooms.items():
+                if at <= offset < at + n:
+                    self.graphs.rooms.add((region, at))
 
     def op_memcpy_htod_shm(self, hdr, dst, region, reserved, offset, size, stream):
         self.graphs.region_used(region)
         src = self._region(region).address(offset, size, "source")
         self._check_range(dst, size, "destination")
+        if self.graphs.origins:  # a capture under way may take it in
+            self._graph_reaches_room(region, offset)
         if size:
             self.device.memcpy_htod_async(dst, src, size, self._stream(stream))
         self.counts["h2d_bytes"] += size
@@ -1433,6 +1453,8 @@ class Session:
         self.graphs.region_used(region)
         dst = self._region(region).address(offset, size, "destination")
         self._check_range(src, size, "source")
+        if self.graphs.origins:
+            self._graph_reaches_room(region, offset)
         if size:
             self.device.memcpy_dtoh_async(dst, src, size, self._stream(stream))
         self.counts["d2h_bytes"] += size
