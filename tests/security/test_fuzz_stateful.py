@@ -196,6 +196,8 @@ class Tenant:
         self.dead: dict[str, list] = defaultdict(list)
         self.sizes: dict[int, int] = {}  # live MEM_ALLOC -> bytes
         self.nodes: dict[int, list[int]] = defaultdict(list)  # graph -> its node handles
+        self.kernel_nodes: set[int] = set()
+        self.made_from: dict[int, int] = {}  # instantiation -> its graph
         self.captures: dict[int, int] = {}  # stream -> the graph it captures into
         self.kernels: dict[int, str] = {}  # function -> its kernel's name
         self.views: dict[int, tuple] = {}  # region -> (mmap, size, own memfd)
@@ -207,7 +209,7 @@ class Tenant:
         # Memory and a room of the device region this guest fills once and never names
         # again: the other connection aims at them; checked when this one closes.
         self.sentinel: tuple[int, bytes] | None = None
-        self.sentinel_room: tuple[int, int, bytes] | None = None  # (region, offset, bytes)
+        self.sentinel_rooms: list[tuple[int, int, bytes]] = []  # (region, offset, bytes)
         self.fuzz = Fuzzer(0)
         self.fuzz.rng = rng
         self.alive = True
@@ -402,12 +404,7 @@ class Tenant:
                     offset = self.got("SHM_ALLOC", region, 0, 8192)
                     if offset is not None:
                         self.rooms[region].append(offset)
-                if not self.views[region][2]:  # the device region: a room left alone
-                    offset = self.got("SHM_ALLOC", region, 0, 4096)
-                    if offset is not None:
-                        data = rng.randbytes(4096)
-                        self.views[region][0][offset:offset + 4096] = data
-                        self.sentinel_room = (region, offset, data)
+                self.leave_a_room(region)
         if rng.random() < 0.7:
             graph = self.got("GRAPH_CREATE", 0)
             if graph is not None:
@@ -417,6 +414,7 @@ class Tenant:
                                 b"", params)
                 if node is not None:
                     self.nodes[graph].append(node)
+                    self.kernel_nodes.add(node)
                 spot = self.safe_ptr(4096)
                 if spot is not None:
                     node = self.got("GRAPH_ADD_MEMSET_NODE", graph, spot[0], 0, 5, 1, 4096, 1,
@@ -426,6 +424,7 @@ class Tenant:
                 made = self.got("GRAPH_INSTANTIATE", graph, 0)
                 if made is not None:
                     self.live["exec"].append(made)
+                    self.made_from[made] = graph
 
     def step(self) -> None:
         rng = self.rng
@@ -638,6 +637,8 @@ class Tenant:
                 function, params = self.kernel_args()
                 node = self.got("GRAPH_ADD_KERNEL_NODE", graph, function, 1, 1, 1, 64, 1, 1,
                                 rng.choice([0, 0, 1 << 20]), deps, params)
+                if node is not None:
+                    self.kernel_nodes.add(node)
             elif which < 0.5:
                 spot = self.safe_ptr(256)
                 dst = spot[0] if spot and rng.random() < 0.7 else self.pick("ptr")
@@ -666,7 +667,8 @@ class Tenant:
             made = self.got("GRAPH_INSTANTIATE", graph, rng.choice([0, 0, 1, 8, MAX64]))
             if made is not None:
                 self.live["exec"].append(made)
-        elif roll < 0.82:
+                self.made_from[made] = graph
+        elif roll < 0.78:
             exec_ = self.pick("exec")
             if rng.random() < 0.7:
                 self.post("GRAPH_LAUNCH", exec_, self.stream())
@@ -674,16 +676,20 @@ class Tenant:
                 self.post("GRAPH_UPLOAD", exec_, self.stream())
             if rng.random() < 0.5:
                 self.call("CTX_SYNCHRONIZE")
-        elif roll < 0.85:
+        elif roll < 0.88:
             exec_ = self.pick("exec")
-            if rng.random() < 0.5:
+            if rng.random() < 0.4:
                 self.call("GRAPH_EXEC_UPDATE", exec_, graph)
             else:
                 function, params = self.kernel_args()
-                nodes = [n for ns in self.nodes.values() for n in ns] or [17]
+                # mostly a kernel node of the graph it was made from; else any node
+                nodes = [n for n in self.nodes.get(self.made_from.get(exec_), ())
+                         if n in self.kernel_nodes]
+                if not nodes or rng.random() < 0.3:
+                    nodes = [n for ns in self.nodes.values() for n in ns] or [17]
                 self.call("GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", exec_, rng.choice(nodes),
                           function, 1, 1, 1, 32, 1, 1, 0, params)
-        elif roll < 0.93:
+        elif roll < 0.94:
             self.forget("graph", graph)
             self.call("GRAPH_DESTROY", graph)  # twice, while instantiated, while capturing
         else:
@@ -744,8 +750,12 @@ class Tenant:
         gone = [lambda: self.call("MEM_FREE", ptr), lambda: self.call("GRAPH_DESTROY", graph)]
         if event:
             gone.append(lambda: self.call("EVENT_DESTROY", event))
-        if region:
+        detach = rng.random() < 0.5
+        if region and detach:
             gone.append(lambda: self.call("SHM_DETACH", region))
+        elif region:  # the room it copies to (whose next owner may be another connection)
+            room = self.rooms[region].pop(0)
+            gone.append(lambda: self.call("SHM_FREE", region, 0, room))
         if saxpy and rng.random() < 0.5:
             module = rng.choice(self.live["module"] or [0])
             gone.append(lambda: self.call("MODULE_UNLOAD", module))
@@ -754,12 +764,15 @@ class Tenant:
         for undo in gone[:rng.randint(1, len(gone))]:
             undo()
         for kind, value in (("ptr", ptr), ("graph", graph), ("event", event),
-                            ("region", region)):
+                            ("region", region if detach else 0)):
             self.forget(kind, value)
         self.sizes.pop(ptr, None)
-        view = self.views.pop(region, None)
+        view = self.views.pop(region, None) if detach else None
         if view is not None and view[2]:
             view[0].close()
+        if self.peer is not None and self.peer.alive:  # another process of the VM takes
+            for theirs in self.peer.live["region"]:     # room in the device region now
+                self.peer.leave_a_room(theirs)
         for _ in range(rng.randint(1, 3)):
             self.post("GRAPH_LAUNCH", exec_, rng.choice([stream, 0]), alone=True)
         status, _ = self.call("CTX_SYNCHRONIZE")
@@ -888,13 +901,24 @@ class Tenant:
             self.call("MEM_POOL_GET_ATTRIBUTE", self.pick("pool"),
                       rng.choice([1, 4, 5, 6, 7, 8, 0, 99]))
 
+    def leave_a_room(self, region: int) -> None:
+        """In the VM's device region, a room filled once and left alone."""
+        view = self.views.get(region)
+        if view is None or view[2] or len(self.sentinel_rooms) >= 8:
+            return
+        offset = self.got("SHM_ALLOC", region, 0, 4096)
+        if offset is not None:
+            data = self.rng.randbytes(4096)
+            view[0][offset:offset + 4096] = data
+            self.sentinel_rooms.append((region, offset, data))
+
     def room(self, region: int) -> int:
         """An offset in a region: a room of this guest's, the other connection's room
         that it left alone, or one that is no room."""
         rng = self.rng
         roll = rng.random()
-        if roll < 0.15 and self.peer is not None and self.peer.sentinel_room:
-            return self.peer.sentinel_room[1]
+        if roll < 0.15 and self.peer is not None and self.peer.sentinel_rooms:
+            return rng.choice(self.peer.sentinel_rooms)[1]
         offset = rng.choice(self.rooms.get(region) or [0])
         return offset + rng.choice([0, 0, 0, 4096, -4096, 1, 1 << 40]) if roll < 0.9 \
             else rng.choice(EDGE)
@@ -923,8 +947,10 @@ class Tenant:
             if offset in self.rooms.get(region, ()):
                 self.rooms[region].remove(offset)
             self.call("SHM_FREE", region, 0, offset)
-        elif roll < 0.8:
+        elif roll < 0.75:
             self.region_round_trip()
+        elif roll < 0.8:
+            self.leave_a_room(self.pick("region"))
         else:
             region = self.pick("region")
             offset = self.room(region)
@@ -1082,12 +1108,12 @@ class Tenant:
                 "memory of this one"
             self.loot.data_checks += 1
         # (a room goes with its region: once detached, another connection may have it)
-        if self.sentinel_room is not None and self.sentinel_room[0] in self.live["region"]:
-            _, offset, data = self.sentinel_room
-            with open(self.region_file, "rb") as f:  # as the guest sees its BAR
-                f.seek(offset)
-                assert f.read(4096) == data, "another connection changed this one's room"
-            self.loot.data_checks += 1
+        for region, offset, data in self.sentinel_rooms:
+            if region in self.live["region"]:
+                with open(self.region_file, "rb") as f:  # as the guest sees its BAR
+                    f.seek(offset)
+                    assert f.read(4096) == data, "another connection changed this one's room"
+                self.loot.data_checks += 1
 
     def close(self) -> None:
         """Gone, with whatever it holds: at once, politely, or in the middle of a frame."""
