@@ -17,8 +17,9 @@ destroyed and modules unloaded.
 
 Set HVGPU_FAKE_DEVICE_WIDE to a directory for free memory that is the device's,
 as cuMemGetInfo's is: every executor of the double publishes what it takes
-there (on each allocation, free, module load and unload), and each one's free
-memory is what all of them leave. HVGPU_FAKE_LOAD_SECONDS makes each module
+there (on each allocation, free, module load and unload, physical memory made
+and released, pool growth and trim, instantiation), and each one's free memory
+is what all of them leave. HVGPU_FAKE_LOAD_SECONDS makes each module
 load take that long, so a test can act while one is measured.
 """
 
@@ -29,6 +30,7 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 import types
 
@@ -197,6 +199,7 @@ class Graph:
 
     def __init__(self):
         self.ops: list = []
+        self.kernels: set[int] = set()  # which of the ops are kernel nodes
         self.destroyed = False
         self._nodes: list = []
 
@@ -211,6 +214,7 @@ class Graph:
 class GraphExec:
     def __init__(self, graph: Graph):
         self.ops = list(graph.ops)
+        self.kernels = set(graph.kernels)
         self.destroyed = False
         self.launches = 0
 
@@ -381,9 +385,10 @@ class FakeDevice:
         shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
         if shared:
             path = os.path.join(shared, str(os.getpid()))
-            with open(path + ".new", "w") as f:
+            new = f"{path}.{threading.get_ident()}.new"  # sessions publish from their threads
+            with open(new, "w") as f:
                 f.write(str(self._used()))
-            os.replace(path + ".new", path)
+            os.replace(new, path)
 
     def _others_used(self):
         shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")
@@ -469,12 +474,14 @@ class FakeDevice:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         buf = bytearray(size)
         self.physical[id(buf)] = buf
+        self._publish()
         return id(buf)
 
     def mem_release(self, handle):
         if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
             raise CudaError(S.INVALID_VALUE, "fake: the session releases only memory nothing maps")
         del self.physical[handle]
+        self._publish()
 
     def mem_map(self, ptr, size, offset, handle):
         if ptr % GRANULARITY:  # as the H200's driver answers it
@@ -527,6 +534,7 @@ class FakeDevice:
             raise CudaError(S.INVALID_VALUE,
                             "fake: the session destroys only pools with nothing allocated")
         del self.pools[id(pool)]
+        self._publish()
 
     def pool_alloc(self, size, pool, stream):
         self._check()
@@ -542,6 +550,7 @@ class FakeDevice:
             base = self.next
             self.next += grow + GRANULARITY
             chunk = pool.chunks[base] = [bytearray(grow), 0, 0]
+            self._publish()
         ptr = base + chunk[1]
         chunk[1] += n
         chunk[2] += 1
@@ -575,11 +584,13 @@ class FakeDevice:
 
     def pool_trim(self, pool, keep):
         pool.trim(keep)
+        self._publish()
 
     def _synchronized(self):
         """The driver gives pool memory back beyond each pool's release threshold."""
         for pool in self.pools.values():
             pool.release_beyond(pool.attrs[4])
+        self._publish()
 
     def host_alloc(self, size):
         buf = (ctypes.c_char * size)()
@@ -638,6 +649,8 @@ class FakeDevice:
         self._check()
         fmt = {1: "B", 2: "H", 4: "I"}[width]
         self._copy_range(dst, count * width, "cuMemsetAsync")
+        # cuMemsetD8/D16 take an unsigned char/short: C keeps the value's low bytes
+        value &= (1 << 8 * width) - 1
         self._on(stream, lambda: self._store(dst, struct.pack("<" + fmt, value) * count))
 
     def module_load(self, image):
@@ -766,6 +779,9 @@ class FakeDevice:
         _, fmt, body = KERNELS[function]
         args = struct.unpack(fmt, params) if fmt else ()  # copied now, as the driver does
         self._on(stream, lambda: body(self, *args))
+        capture = self.captures.get(stream)
+        if capture is not None:
+            capture.graph.kernels.add(len(capture.graph.ops) - 1)
 
     def driver_entries(self):
         if os.environ.get("HVGPU_FAKE_PYTHON_LAUNCH"):
@@ -968,11 +984,14 @@ class FakeDevice:
         return Graph()
 
     def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
-        return self._add(graph, deps, self._kernel(function, params))
+        node = self._add(graph, deps, self._kernel(function, params))
+        graph.kernels.add(node.index)
+        return node
 
     def graph_add_memset(self, graph, deps, dst, pitch, value, element_size, width, height):
         fmt = {1: "B", 2: "H", 4: "I"}[element_size]
-        row = struct.pack("<" + fmt, value) * width
+        # the node's value is an unsigned int, of which an element takes its low bytes
+        row = struct.pack("<" + fmt, value & (1 << 8 * element_size) - 1) * width
 
         def work():
             for r in range(height):
@@ -1001,12 +1020,16 @@ class FakeDevice:
             assert n in graph._nodes, "the session passed a node of another graph"
 
     def graph_exec_kernel_set(self, exec_, node, function, grid, block, shared_mem, params):
+        if node.index not in exec_.kernels:  # added since it was instantiated, or no kernel
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphExecKernelNodeSetParams: not a "
+                                             "kernel node of the instantiated graph")
         exec_.ops[node.index] = self._kernel(function, params)
 
     def graph_exec_update(self, exec_, graph):
         if len(graph.ops) != len(exec_.ops):
             return 2, None  # CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
         exec_.ops = list(graph.ops)
+        exec_.kernels = set(graph.kernels)
         return 0, None
 
     def graph_instantiate(self, graph, flags):
@@ -1016,6 +1039,7 @@ class FakeDevice:
             raise CudaError(S.OUT_OF_MEMORY, "fake cuGraphInstantiate: out of memory")
         self.graphs_alive += 1
         self.graph_bytes += self.exec_bytes
+        self._publish()
         return GraphExec(graph)
 
     def graph_launch(self, exec_, stream):
@@ -1046,6 +1070,7 @@ class FakeDevice:
         exec_.destroyed = True
         self.graphs_alive -= 1
         self.graph_bytes -= self.exec_bytes
+        self._publish()
 
     def event_query(self, event):
         return True

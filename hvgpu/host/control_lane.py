@@ -66,11 +66,17 @@ class _Undecodable(str):
     INTERNAL status and a traceback in gRPC's log, not the caller's bad request."""
 
 
+# A body of JSON null: gRPC takes a deserializer's None for its own failure (INTERNAL,
+# logged), so null stands as this, which the handler refuses as no JSON object.
+_NULL = ()
+
+
 def _decode(body: bytes):
     try:
-        return json.loads(body)
+        doc = json.loads(body)
     except (ValueError, RecursionError) as exc:  # RecursionError: [[[[... nested deep
         return _Undecodable(f"{type(exc).__name__}: {str(exc)[:200]}")
+    return _NULL if doc is None else doc
 
 
 CALLER_KEY = "hvgpu-caller"
@@ -219,6 +225,8 @@ class Relay:
         self._update(pipe)
 
     def _on(self, pipe: _Pipe, side: int, events: int) -> None:
+        if pipe not in self._pipes:  # its other side's event, earlier in this turn, closed it
+            return
         other = 1 - side
         sock = pipe.socks[side]
         try:

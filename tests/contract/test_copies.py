@@ -42,3 +42,21 @@ def test_copies_and_memsets_land_exactly_where_they_are_aimed(dev, which):
         dev.mem_free(b)
         if which == "created":
             dev.stream_destroy(s)
+
+
+def test_a_memset_value_wider_than_its_element_sets_the_elements_low_bytes(dev):
+    """The wire carries a memset's value as 32 bits whatever the width (a guest may send
+    any): cuMemsetD8/D16 take an unsigned char/short, so C keeps the low bytes."""
+    s = dev.stream_create(1)
+    a = dev.mem_alloc(4096)
+    addr, view = dev.host_alloc(4096)
+    try:
+        dev.memset_async(a, 0x12345678, 1, 16, s)
+        dev.memset_async(a + 16, 0x12345678, 2, 8, s)
+        dev.memcpy_dtoh_async(addr, a, 32, s)
+        dev.stream_synchronize(s)
+        assert bytes(view[:32]) == b"\x78" * 16 + struct.pack("<H", 0x5678) * 8
+    finally:
+        dev.host_free(addr)
+        dev.mem_free(a)
+        dev.stream_destroy(s)

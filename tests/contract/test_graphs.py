@@ -133,6 +133,26 @@ def test_a_graph_built_by_hand_runs_its_nodes_in_dependency_order_and_updates(
             dev.graph_destroy(g)
 
 
+def test_kernel_parameters_are_set_only_on_a_kernel_node_the_instantiation_has(
+        dev, saxpy, stream, bufs):
+    graph = dev.graph_create()
+    memset = dev.graph_add_memset(graph, [], bufs.y, 0, ONE_F, 4, N, 1)
+    kernel = dev.graph_add_kernel(graph, [memset], saxpy, GRID, BLOCK, 0,
+                                  ptx.saxpy_params(2.0, bufs.x, bufs.y, N))
+    exec_ = dev.graph_instantiate(graph, 0)
+    later = dev.graph_add_kernel(graph, [kernel], saxpy, GRID, BLOCK, 0,
+                                 ptx.saxpy_params(2.0, bufs.x, bufs.z, N))
+    params = ptx.saxpy_params(3.0, bufs.x, bufs.y, N)
+    try:
+        for node in (memset, later):  # not a kernel; added after the instantiation
+            assert status(dev.graph_exec_kernel_set, exec_, node, saxpy, GRID, BLOCK, 0,
+                          params) == P.CUDA_ERROR_INVALID_VALUE
+        dev.graph_exec_kernel_set(exec_, kernel, saxpy, GRID, BLOCK, 0, params)
+    finally:
+        dev.graph_exec_destroy(exec_)
+        dev.graph_destroy(graph)
+
+
 def test_an_instantiation_has_taken_its_memory_once_uploaded_and_gives_it_back(
         dev, saxpy, stream, bufs):
     graph = dev.graph_create()

@@ -33,5 +33,7 @@ test_burst_refusals.py (handles, allocations, malformed frames) and
 test_burst_vmm.py (pool and mapped memory the guest let go).
 
 Executors unprivileged and confined: test_executor_sandbox.py; everything at
-once, for a while: test_fuzz.py.
+once, for a while: test_fuzz.py (single frames of every op) and
+test_fuzz_stateful.py (sequences that keep and abuse handles: graphs, virtual
+memory, pools, regions, the control lane).
 """

@@ -6,6 +6,9 @@ the next well-formed call is served."""
 from __future__ import annotations
 
 import logging
+import selectors
+import socket
+import struct
 
 import grpc
 import pytest
@@ -58,7 +61,7 @@ def test_other_operations_check_their_arguments_too(agent, caplog):
 
 
 @pytest.mark.parametrize("body", [
-    b"", b"not json", b"[1, 2]", b"\xff\xfe", b"1e999999", b"[" * 100_000,
+    b"", b"not json", b"[1, 2]", b"\xff\xfe", b"1e999999", b"[" * 100_000, b"null",
     b'{"vm": "vm1", "mem": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
 ])
 def test_a_body_that_is_no_json_object_is_refused_without_a_traceback(agent, caplog, body):
@@ -76,3 +79,43 @@ def test_a_body_that_is_no_json_object_is_refused_without_a_traceback(agent, cap
     assert "JSON object" in reply["message"]
     assert _tracebacks(caplog) == []
     assert _call(agent.control, "attach", vm="vm1", mem="64M")["ok"]
+
+
+
+def test_a_connection_reset_in_a_turn_that_names_its_other_side_too_stops_no_relay(
+        agent, caplog):
+    """The relay serves every ready socket of a turn of its selector: where one side of a
+    connection ends it (a client's reset closes both sockets), the other side's event in
+    the same turn must find it gone, not fail on a closed socket and end the relay
+    (fuzzing finding: control calls were no longer served)."""
+    caplog.set_level(logging.DEBUG)
+    relay = agent.server.relay
+    sel, real = relay._sel, relay._sel.select
+
+    def both_sides(timeout=None):  # a ready side reported with its other side, after it
+        ready = real(timeout)
+        named = {key.fileobj for key, _ in ready}
+        more = []
+        for key, _ in ready:
+            if isinstance(key.data, tuple):
+                other = key.data[0].socks[1 - key.data[1]]
+                if other not in named:
+                    try:
+                        more.append((sel.get_key(other), selectors.EVENT_READ))
+                    except (KeyError, ValueError):
+                        continue
+                    named.add(other)
+        return ready + more
+
+    sel.select = both_sides
+    for _ in range(3):
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        client.connect(agent.control)
+        client.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")  # gRPC keeps it open
+        client.recv(1)  # gRPC's settings came back: both sides are served
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()  # a reset
+    assert _call(agent.control, "list")["ok"]
+    assert relay._thread.is_alive()
+    assert not [r for r in caplog.records if r.name == "hvgpu.host.control_lane"
+                and r.levelno >= logging.ERROR]

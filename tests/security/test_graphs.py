@@ -13,9 +13,11 @@ import struct
 import pytest
 
 from hvgpu.errors import CudaError
-from hvgpu.host.executor import graphs
+from hvgpu.host.executor import graphs, regions
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio import region as R
+from tests.fake_gpu import FakeDevice
 from tests.security.data_lane import frame, read_reply
 from tests.security.test_regions import MiB, Guest
 
@@ -121,6 +123,51 @@ def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(gue
     assert not guest.device.registered and guest.shared.budget.used == 0
     view.close()
     os.close(fd)
+
+
+def test_a_room_of_the_vms_region_a_graph_copies_to_goes_to_no_other_process_before_it(
+        tmp_path):
+    """The VM's device region is shared by its processes, each copying only within the
+    rooms it was given. A room given back (SHM_FREE) while a graph still copies into it
+    stays out of the others' reach until the last graph goes (fuzzing finding: the next
+    SHM_ALLOC of another connection got it, and the graph's replay wrote into it)."""
+    path = tmp_path / "hvgpu-vm1"
+    path.write_bytes(bytes(4 * MiB))
+    shared = regions.Shared(8 * MiB, lambda: (os.open(path, os.O_RDWR), 4 * MiB))
+    device = FakeDevice()
+    one, other = Guest(shared=shared, device=device), Guest(shared=shared, device=device)
+    try:
+        region = one.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+        room = one.call("SHM_ALLOC", region, 0, 4096)[1][0]
+        dptr = one.alloc(MiB)
+        one.post("MEMSET", dptr, 4096, 0xAB, 1, 0)
+        graph = one.call("GRAPH_CREATE", 0)[1][0]
+        assert one.call("GRAPH_ADD_MEMCPY_NODE", graph, 2, region, room, dptr, 4096, b"")[0] == 0
+        exec_ = one.call("GRAPH_INSTANTIATE", graph, 0)[1][0]
+        assert one.call("SHM_FREE", region, 0, room)[0] == 0
+        assert one.call("SHM_FREE", region, 0, room)[0] != 0  # the guest's no more
+
+        theirs = other.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+        got = other.call("SHM_ALLOC", theirs, 0, 4096)[1][0]
+        assert got != room
+        with open(path, "r+b") as f:
+            f.seek(got)
+            f.write(b"mine" * 1024)
+        one.post("GRAPH_LAUNCH", exec_, 0)
+        assert one.call("CTX_SYNCHRONIZE")[0] == 0
+        with open(path, "rb") as f:
+            f.seek(got)
+            assert f.read(4096) == b"mine" * 1024
+            f.seek(room)
+            assert f.read(4096) == b"\xab" * 4096  # the graph wrote the room it names
+
+        assert one.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+        assert one.call("GRAPH_DESTROY", graph)[0] == 0
+        assert other.call("SHM_ALLOC", theirs, 0, 4096)[1][0] == room  # free again
+    finally:
+        one.close()
+        other.close()
+        shared.close()
 
 
 def test_events_and_modules_a_graph_may_use_are_released_after_it(guest):

@@ -11,11 +11,12 @@ let go of it:
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
   never reaches memory the executor has unmapped or code it has unloaded. Events,
-  regions and allocations (cuMemFree) are parked only where a graph may reach them
-  (``events``, ``regions``, ``allocations``: a kernel's parameters are read as
-  pointers for it, every aligned 8 bytes that falls in an allocation): a
-  framework holds its graphs for good and makes and drops events every step, and with
-  memfd regions each pinned allocation is a region;
+  regions, allocations (cuMemFree) and rooms of the VM's device region (SHM_FREE,
+  which would go to the VM's other processes) are parked only where a graph may
+  reach them (``events``, ``regions``, ``allocations``, ``rooms``: a kernel's
+  parameters are read as pointers for it, every aligned 8 bytes that falls in an
+  allocation): a framework holds its graphs for good and makes and drops events
+  every step, and with memfd regions each pinned allocation is a region;
 - a copy whose bytes the executor stages (payload copies on the socket) must not be
   captured: the graph would replay from a staging buffer that has been reused since.
   ``capturing(stream)`` says when to refuse one;
@@ -84,6 +85,10 @@ class Graphs:
         # node, by a kernel node's parameters, or by such work while a capture is under
         # way. Freeing one is parked: a replay must not reach memory given back.
         self.allocations: set[int] = set()
+        # Rooms of the VM's device region ((region, room start)) a graph may copy to or
+        # from, named as regions are. Giving one back is parked: the region's other
+        # connections (the VM's other processes) would be given it while a replay writes it.
+        self.rooms: set[tuple[int, int]] = set()
 
     # -- state the session asks about ------------------------------------------
 
@@ -385,6 +390,7 @@ class Graphs:
         self.events.clear()
         self.regions.clear()
         self.allocations.clear()
+        self.rooms.clear()
         self._unpark()
 
     # -- helpers ---------------------------------------------------------------------
@@ -444,6 +450,7 @@ class Graphs:
         self.events.clear()  # no graph is left to reach them
         self.regions.clear()
         self.allocations.clear()
+        self.rooms.clear()
         if not self.parked:
             return
         parked, self.parked = self.parked, []

@@ -63,6 +63,17 @@ def graph_reaches(session, ptr: int) -> None:
         session.graphs.allocations.add(base)
 
 
+def graph_reaches_room(session, number: int, offset: int) -> None:
+    """A graph may copy to or from ``offset`` of region ``number``: in the VM's device
+    region (shared by the VM's processes) the room it lies in goes back to the region
+    only once no graph is left, so no other process is given it while a replay writes it."""
+    attached = session.regions[number]
+    if not attached.owned:
+        for at, n in attached.rooms.items():
+            if at <= offset < at + n:
+                session.graphs.rooms.add((number, at))
+
+
 def graph_reads_params(session, params) -> None:
     """A kernel a graph runs: every aligned 8 bytes of its parameters that falls in
     an allocation may be a pointer it writes through."""

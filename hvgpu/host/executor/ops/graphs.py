@@ -186,11 +186,13 @@ def _memcpy_node(session, hdr, graph, kind, region, dst, src, size, deps) -> tup
         checks.device_range(session, dst, size, "destination")
         checks.device_range(session, src, size, "source")
     elif kind == P.MEMCPY_NODE_FROM_REGION:
-        src = checks.region(session, region).address(src, size, "source")
+        src, room = checks.region(session, region).address(src, size, "source"), src
         checks.device_range(session, dst, size, "destination")
+        checks.graph_reaches_room(session, region, room)
     elif kind == P.MEMCPY_NODE_TO_REGION:
-        dst = checks.region(session, region).address(dst, size, "destination")
+        dst, room = checks.region(session, region).address(dst, size, "destination"), dst
         checks.device_range(session, src, size, "source")
+        checks.graph_reaches_room(session, region, room)
     else:
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memcpy node kind {kind}")
     if not size:

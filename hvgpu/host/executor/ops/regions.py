@@ -120,12 +120,18 @@ def _room(session, hdr, number, reserved, offset) -> tuple:
     if offset not in attached.rooms:
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                         f"offset {offset} is not an allocation of this connection")
-    return attached, offset
+    return number, attached, offset
 
 
 @declare("SHM_FREE", check=_room)
-def shm_free(session, hdr, attached, offset):
+def shm_free(session, hdr, number, attached, offset):
     session.device.synchronize()  # cuMemFreeHost waits for the device, too
+    if (number, offset) in session.graphs.rooms:  # a graph may still copy to or from it
+        size = attached.rooms.pop(offset)  # the guest's no more; the region's later
+        if session.graphs.park(f"room {offset} of region {number}",
+                               lambda: attached.region.rooms.give(offset, size)):
+            return
+        attached.rooms[offset] = size
     attached.give(offset)
 
 
@@ -133,6 +139,8 @@ def _upload(session, hdr, dst, number, reserved, offset, size, stream) -> tuple:
     session.graphs.region_used(number)  # a capture under way may take the copy in
     src = checks.region(session, number).address(offset, size, "source")
     checks.device_range(session, dst, size, "destination")
+    if session.graphs.origins:  # a capture under way may take it in
+        checks.graph_reaches_room(session, number, offset)
     return dst, src, size, checks.stream(session, stream) if size else None
 
 
@@ -147,6 +155,8 @@ def _download(session, hdr, number, reserved, offset, src, size, stream) -> tupl
     session.graphs.region_used(number)  # a capture under way may take the copy in
     dst = checks.region(session, number).address(offset, size, "destination")
     checks.device_range(session, src, size, "source")
+    if session.graphs.origins:  # a capture under way may take it in
+        checks.graph_reaches_room(session, number, offset)
     return dst, src, size, checks.stream(session, stream) if size else None
 
 
