@@ -171,7 +171,7 @@ def run_tenants(addresses: list[str | None], seconds: float, blocks: int = 0) ->
 
 def run(out: Path, seconds: float, slice_mem: str = "4G", placement: str | None = None) -> dict:
     from hvgpu.host.agent import Agent, AgentConfig
-    from hvgpu.host.control import ControlAPI
+    from hvgpu.host.control_api import ControlAPI
     from hvgpu.host.inventory import read_gpus
 
     tmp = Path(tempfile.mkdtemp(prefix="hvgpu-mt-"))

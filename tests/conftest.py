@@ -97,8 +97,8 @@ class RunningAgent:
         self.agent.start()
         self.server = None
         if slices:
-            from hvgpu.host.control import ControlAPI
-            from hvgpu.host.control_lane import serve
+            from hvgpu.host.control_api import ControlAPI
+            from hvgpu.host.control_grpc import serve
 
             self.api = self.agent.commands(ControlAPI(self.agent, self.gpus))
             self.server = serve(self.api, self.control)

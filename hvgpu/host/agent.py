@@ -13,7 +13,7 @@ The loop accepts guests (router.py decides the vGPU from the transport's
 identity: a vsock CID, a listener bound to ``ADDR=VM``) and hands each
 connection, socket and all, to its vGPU's executor (supervisor.py starts
 them: one MPS client per vGPU with the slice's limits), and answers the
-executors' messages on the executor lane (executor/lane.py's table; a bad
+executors' messages on the executor lane (executor/messages.py's table; a bad
 message ends that executor, never the agent). About once a second it
 publishes an immutable snapshot of what every vGPU uses (usage.py), which the
 metrics server (metrics.py, with --metrics) and benchmarks read from their own
@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Callable
 
 from hvgpu.errors import CudaError, HvgpuError, TransportError
-from hvgpu.host.executor import lane
+from hvgpu.host.executor import messages
 from hvgpu.host.executor import sandbox
 from hvgpu.host import arguments
 from hvgpu.host import regions as regions_host
 from hvgpu.host import sdnotify
-from hvgpu.host.launch import Launcher
+from hvgpu.host.spawn import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.names import SHM_DIR, VgpuKey
 from hvgpu.host.registry import Registry, SliceExecutor, VgpuRecord
@@ -93,9 +93,9 @@ class AgentConfig:
     placement: str = "best-fit"  # slices.PLACEMENTS: how attach chooses a GPU
     max_connections_per_vm: int = 64  # open at once, over all of a VM's vGPUs
     # Executors run as this user (as root; `hvgpu agent` says "hvgpu"); None: as the
-    # agent's own user (tests, the demo). See hvgpu.host.launch.
+    # agent's own user (tests, the demo). See hvgpu.host.spawn.
     executor_user: str | None = None
-    # MPS pipes and logs, executors' empty cwd (`hvgpu agent`: launch.default_run_dir());
+    # MPS pipes and logs, executors' empty cwd (`hvgpu agent`: spawn.default_run_dir());
     # None: a private temporary one
     run_dir: str | None = None
     confine: str = "auto"  # executor/sandbox.MODES; "none" for tests and debugging only
@@ -508,7 +508,7 @@ class Agent:
                 if ex is None or ex.process.poll() is not None:
                     ex = self._start_slice(record)
                 try:
-                    send_message(ex.ctrl, lane.encode(lane.CONN, peer=peer), [conn.fileno()])
+                    send_message(ex.ctrl, messages.encode(messages.CONN, peer=peer), [conn.fileno()])
                 except OSError as exc:
                     # Its lane is full (it reads none of it) or gone: it cannot serve, and
                     # must not linger outside the vGPU's books with guests of its own.
@@ -575,9 +575,9 @@ class Agent:
             self._executor_gone(ex)
             return
         try:
-            message, msg = lane.decode(data, len(fds), lane.TO_AGENT)
+            message, msg = messages.decode(data, len(fds), messages.TO_AGENT)
             reply = self._answer(ex, message, msg)
-        except lane.LaneError as exc:
+        except messages.LaneError as exc:
             self._executor_failed(ex, str(exc))
             return
         except BlockingIOError:  # an answer (REGION's) found the channel full
@@ -591,17 +591,17 @@ class Agent:
         if reply is None:
             return
         try:
-            send_message(ex.ctrl, lane.encode(lane.REPLY, id=msg["id"], **reply))
+            send_message(ex.ctrl, messages.encode(messages.REPLY, id=msg["id"], **reply))
         except BlockingIOError:
             self._executor_failed(ex, "it reads none of the agent's answers")
         except OSError:
             self._executor_gone(ex)
 
-    def _answer(self, ex: SliceExecutor, message: lane.Message, msg: dict) -> dict | None:
+    def _answer(self, ex: SliceExecutor, message: messages.Message, msg: dict) -> dict | None:
         """The reply's fields for a request; None for a message that has none."""
         record = self._record_of(ex)
         ledger = record.ledger if record is not None else None
-        if message is lane.RESERVE:
+        if message is messages.RESERVE:
             try:
                 if ledger is None:
                     raise CudaError(P.HV_NO_SLICE, f"the slice {str(ex.key)!r} was detached")
@@ -609,27 +609,27 @@ class Agent:
                 return {"ok": True}
             except CudaError as exc:
                 return {"ok": False, "status": exc.status,
-                        "message": exc.detail[:lane.REPLY_MESSAGE_MAX]}
-        if message is lane.USAGE:
+                        "message": exc.detail[:messages.REPLY_MESSAGE_MAX]}
+        if message is messages.USAGE:
             reply = {"used": ledger.used if ledger else 0, "limit": ledger.limit if ledger else 0}
             if record is not None and record.util is not None:
                 reply["util"] = record.util
             return reply
-        if message is lane.VGPUS:  # the guest's device count: every vGPU of the VM
+        if message is messages.VGPUS:  # the guest's device count: every vGPU of the VM
             return {"count": len(self.registry.keys_of(ex.key.vm))}
-        if message is lane.REGION:
+        if message is messages.REGION:
             self._send_region(ex, record, msg["id"])
             return None
-        if message is lane.RELEASE:
+        if message is messages.RELEASE:
             if ledger is not None:
                 ledger.release(ex, msg["n"])
-        elif message is lane.STATS:
+        elif message is messages.STATS:
             if record is not None:
                 usage.take_stats(record, ex, msg)
-        elif message is lane.CLOSED:
+        elif message is messages.CLOSED:
             ex.connections = max(0, ex.connections - 1)
             log.info("%s disconnected from slice %s", msg["peer"], ex.key)
-        elif message is lane.POISONED:
+        elif message is messages.POISONED:
             log.warning("slice %s: executor pid %d hit %s, which poisons every CUDA context "
                         "of its process; the VM's next connections get a new executor, its %d "
                         "open ones keep the error until they close", ex.key, ex.process.pid,
@@ -677,12 +677,12 @@ class Agent:
             log.log(logging.WARNING if ex.regions_refused == 1 else logging.DEBUG,
                     "slice %s: no shared-memory region for its guest: %s", ex.key,
                     exc.detail)
-            send_message(ex.ctrl, lane.encode(lane.REPLY, id=rid, ok=False, status=exc.status,
-                                              message=exc.detail[:lane.REPLY_MESSAGE_MAX]))
+            send_message(ex.ctrl, messages.encode(messages.REPLY, id=rid, ok=False, status=exc.status,
+                                              message=exc.detail[:messages.REPLY_MESSAGE_MAX]))
             return
         ex.region_given = True
         try:
-            send_message(ex.ctrl, lane.encode(lane.REGION_FD, id=rid, size=size), [fd])
+            send_message(ex.ctrl, messages.encode(messages.REGION_FD, id=rid, size=size), [fd])
         finally:
             os.close(fd)
 

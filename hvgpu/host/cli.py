@@ -130,7 +130,7 @@ def _refuse_connect(ctx, why: str) -> None:
 
 
 def _client(ctx):
-    from hvgpu.host.control_lane import ControlClient
+    from hvgpu.host.control_grpc import ControlClient
 
     return ControlClient(ctx.obj["control"])
 
@@ -385,17 +385,17 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
       hvgpu agent --listen hvsock:///run/firecracker/vm1.vsock:5170=vm1
     """
     from hvgpu.host.agent import Agent, AgentConfig, default_cache_dir, default_state_dir
-    from hvgpu.host.launch import default_run_dir
-    from hvgpu.host.control import ControlAPI
-    from hvgpu.host.control_lane import default_socket, serve
+    from hvgpu.host.spawn import default_run_dir
+    from hvgpu.host.control_api import ControlAPI
+    from hvgpu.host.control_grpc import default_socket, serve
     from hvgpu.host.inventory import read_gpus
 
     from hvgpu.host import logs, sdnotify
 
     log_format = logs.setup(log_level, log_format, "agent")
     if control_group:  # before anything starts
-        from hvgpu.host.control_lane import check_group
-        from hvgpu.host.launch import resolve_user
+        from hvgpu.host.control_grpc import check_group
+        from hvgpu.host.spawn import resolve_user
 
         try:
             check_group(control_group, resolve_user(executor_user))
@@ -875,7 +875,7 @@ def demo(ctx, size, vm):
       hvgpu demo
       hvgpu demo --vm vm1
     """
-    from hvgpu.demo import run_demo
+    from hvgpu.host.demo import run_demo
 
     if vm is None and ctx.obj["connect"] != TEST_URI:
         _refuse_connect(ctx, f"without --vm the demo defines its own domain on libvirt's "

@@ -19,8 +19,8 @@ import subprocess
 import time
 from typing import Callable
 
-from hvgpu.host.executor import lane
-from hvgpu.host.launch import Launcher
+from hvgpu.host.executor import messages
+from hvgpu.host.spawn import Launcher
 from hvgpu.host.mps import MpsDaemon
 from hvgpu.host.registry import Executor, SliceExecutor, VgpuRecord
 from hvgpu.virtio.transport import control_pair, send_message
@@ -108,7 +108,7 @@ class Supervisor:
             record.current = None
             record.retiring.append(ex)
         try:
-            send_message(ex.ctrl, lane.encode(lane.RETIRE))
+            send_message(ex.ctrl, messages.encode(messages.RETIRE))
         except OSError:
             pass
 

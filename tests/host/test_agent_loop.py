@@ -17,9 +17,9 @@ from hvgpu.errors import HvgpuError
 from hvgpu.guest import Connection, Device
 from hvgpu.host.agent import Agent, AgentConfig, AgentBusy, AgentStopped
 from hvgpu.host.cli import cli
-from hvgpu.host.control import ControlAPI
-from hvgpu.host.control_lane import ControlClient
-from hvgpu.host.executor import lane
+from hvgpu.host.control_api import ControlAPI
+from hvgpu.host.control_grpc import ControlClient
+from hvgpu.host.executor import messages
 from hvgpu.host.names import VgpuKey
 from hvgpu.virtio.transport import connect
 from tests.conftest import FAKE_DEVICE, RunningAgent, fake_gpus
@@ -206,7 +206,7 @@ def test_an_executor_that_did_not_take_a_connection_still_ends_with_its_vgpu(tmp
         guests.append(connect(running.vm_address("vm1")))
         end1, proc1 = fakes.ends.get(timeout=20)
         procs.append(proc1)
-        assert _receive(end1)[0] is lane.CONN
+        assert _receive(end1)[0] is messages.CONN
         record = running.agent.registry.get(VgpuKey("vm1", 0))
         ex1 = record.current
         # it reads no more of its lane (compromised, or stuck): the agent's end fills

@@ -12,7 +12,7 @@ import pytest
 
 from hvgpu.errors import ConnectionLost, TransportError
 from hvgpu.guest import Connection, Device
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from tests.conftest import REPO
 
 AGENT = """

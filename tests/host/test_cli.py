@@ -3,7 +3,7 @@
 from click.testing import CliRunner
 
 from hvgpu.host.cli import cli
-from hvgpu.demo import run_demo
+from hvgpu.host.demo import run_demo
 from tests.conftest import REPO
 
 try:
@@ -234,7 +234,7 @@ def test_a_compute_share_without_mps_is_refused_unless_allowed_then_said_loudly(
     assert result.exit_code == 1
     assert "cannot be enforced" in result.output and "--allow-time-shared" in result.output
     assert agent.api.list() == []  # nothing was attached
-    with caplog.at_level("WARNING", logger="hvgpu.host.control"):
+    with caplog.at_level("WARNING", logger="hvgpu.host.control_api"):
         result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--compute", "25%",
                                             "--allow-time-shared"])
     assert result.exit_code == 0, result.output
@@ -471,9 +471,9 @@ def test_a_quota_larger_than_any_gpu_is_refused_naming_the_largest(agent):
 
 
 def test_a_shared_memory_region_larger_than_the_host_is_refused(agent, monkeypatch):
-    from hvgpu.host import control
+    from hvgpu.host import control_api
 
-    monkeypatch.setattr(control, "host_memory", lambda: 23 << 30)
+    monkeypatch.setattr(control_api, "host_memory", lambda: 23 << 30)
     runner = CliRunner()
     base = ["--control", agent.control]
     result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "1T"])

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hvgpu.demo import run_saxpy
+from hvgpu.host.demo import run_saxpy
 from hvgpu.errors import CudaError
 from hvgpu.guest import (Connection, Device, LaunchConfig, Program, device_count, launch,
                          runtime)

@@ -373,7 +373,7 @@ def test_a_cid_libvirt_gave_a_running_domain_is_refused_to_another_vm(agent):
 
 
 def test_connect_naming_the_agents_own_libvirt_is_taken(agent):
-    from hvgpu.host.control import OtherLibvirt
+    from hvgpu.host.control_api import OtherLibvirt
 
     define(agent, vsock_domain("lv-uri"))
     agent.api.attach("lv-uri", "16M", connect="test:///default")

@@ -24,7 +24,7 @@ from hvgpu import __version__
 from hvgpu.errors import ConnectionLost, CudaError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
 from hvgpu.host.cli import cli
-from hvgpu.host.executor import lane
+from hvgpu.host.executor import messages
 from tests.conftest import FAKE_DEVICE, RunningAgent
 from tests.fake_nvml import FakeNvml, gpu
 from tests.host.test_agent import SAXPY
@@ -160,7 +160,7 @@ def test_utilisation_is_absent_where_the_driver_gives_none_and_usage_carries_it(
         ex = record.current
 
         def usage_reply():
-            return agent.agent.call("usage", lambda: agent.agent._answer(ex, lane.USAGE,
+            return agent.agent.call("usage", lambda: agent.agent._answer(ex, messages.USAGE,
                                                                          {"id": 1}))
 
         nvml.gpus[0]["processes"] = None  # per-process figures not supported
@@ -176,7 +176,7 @@ def test_utilisation_is_absent_where_the_driver_gives_none_and_usage_carries_it(
         while usage_reply().get("util") != 63:
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        lane.encode(lane.REPLY, id=1, **usage_reply())  # the table carries it
+        messages.encode(messages.REPLY, id=1, **usage_reply())  # the table carries it
 
 
 class _BrokenNvml(FakeNvml):

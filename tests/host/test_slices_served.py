@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from hvgpu.host.cli import cli
 from hvgpu.errors import ConnectionLost, CudaError, HvgpuError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch, runtime
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from hvgpu.virtio import protocol as P
 from tests.conftest import FAKE_DEVICE, RunningAgent
 from tests.host.test_agent import SAXPY

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from tests.conftest import FAKE_DEVICE, RunningAgent
 
 

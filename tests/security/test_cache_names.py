@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hvgpu.host.launch import Launcher
+from hvgpu.host.spawn import Launcher
 from hvgpu.host.names import MAX_NAME_BYTES, check_vm_name
 
 

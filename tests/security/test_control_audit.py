@@ -17,7 +17,7 @@ import sys
 import grpc
 import pytest
 
-from hvgpu.host import control_lane
+from hvgpu.host import control_grpc
 from tests.conftest import REPO
 
 FORGED = "root (uid 0, pid 1)"
@@ -26,10 +26,10 @@ FORGED = "root (uid 0, pid 1)"
 def _call(target: str, name: str, stated: str = FORGED, **args):
     channel = grpc.insecure_channel(f"unix://{target}")
     try:
-        stub = channel.unary_unary(f"/{control_lane.SERVICE}/{name}",
+        stub = channel.unary_unary(f"/{control_grpc.SERVICE}/{name}",
                                    request_serializer=lambda d: json.dumps(d).encode(),
                                    response_deserializer=json.loads)
-        return stub(args, timeout=30, metadata=((control_lane.CALLER_KEY, stated),))
+        return stub(args, timeout=30, metadata=((control_grpc.CALLER_KEY, stated),))
     finally:
         channel.close()
 

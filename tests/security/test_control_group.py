@@ -15,7 +15,7 @@ import pwd
 import pytest
 from click.testing import CliRunner
 
-from hvgpu.host import launch
+from hvgpu.host import spawn
 from hvgpu.host.cli import cli
 
 
@@ -48,17 +48,17 @@ def test_a_control_group_the_executor_user_is_in_is_refused_before_anything_star
         monkeypatch, started, as_primary):
     group = some_group()
     other = group.gr_gid + 1
-    user = launch.ExecutorUser("hvgpu", 999, group.gr_gid if as_primary else other,
+    user = spawn.ExecutorUser("hvgpu", 999, group.gr_gid if as_primary else other,
                                () if as_primary else (other + 1, group.gr_gid), switch=True)
-    monkeypatch.setattr(launch, "resolve_user", lambda name: user)
+    monkeypatch.setattr(spawn, "resolve_user", lambda name: user)
     result = agent("--control-group", group.gr_name)
     assert started == []
     assert result.exit_code == 1
     said = " ".join(result.output.split())
     assert f"--control-group {group.gr_name} contains the executor user hvgpu (uid 999)" in said
     # a group it is not in is taken: the agent goes on to start
-    elsewhere = launch.ExecutorUser("hvgpu", 999, other + 2, (other + 3,), switch=True)
-    monkeypatch.setattr(launch, "resolve_user", lambda name: elsewhere)
+    elsewhere = spawn.ExecutorUser("hvgpu", 999, other + 2, (other + 3,), switch=True)
+    monkeypatch.setattr(spawn, "resolve_user", lambda name: elsewhere)
     agent("--control-group", group.gr_name)
     assert len(started) == 1
 
@@ -66,10 +66,10 @@ def test_a_control_group_the_executor_user_is_in_is_refused_before_anything_star
 @pytest.mark.skipif(os.geteuid() != 0, reason="executors switch user only under a root agent")
 def test_the_installed_executor_users_own_group_is_refused(started):
     try:
-        user = pwd.getpwnam(launch.DEFAULT_USER)
+        user = pwd.getpwnam(spawn.DEFAULT_USER)
     except KeyError:
         pytest.skip("no hvgpu user here (install.sh makes it)")
     group = grp.getgrgid(user.pw_gid).gr_name
-    result = agent("--control-group", group, "--executor-user", launch.DEFAULT_USER)
+    result = agent("--control-group", group, "--executor-user", spawn.DEFAULT_USER)
     assert started == [] and result.exit_code == 1
-    assert f"contains the executor user {launch.DEFAULT_USER}" in result.output
+    assert f"contains the executor user {spawn.DEFAULT_USER}" in result.output

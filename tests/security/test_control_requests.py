@@ -13,7 +13,7 @@ import struct
 import grpc
 import pytest
 
-from hvgpu.host import control_lane
+from hvgpu.host import control_grpc
 
 from tests.security.test_control_audit import _call
 
@@ -69,9 +69,9 @@ def test_a_body_that_is_no_json_object_is_refused_without_a_traceback(agent, cap
     # through the control socket, as a client would, but without the client's encoder
     channel = grpc.insecure_channel(f"unix://{agent.control}")
     try:
-        stub = channel.unary_unary(f"/{control_lane.SERVICE}/attach",
+        stub = channel.unary_unary(f"/{control_grpc.SERVICE}/attach",
                                    request_serializer=lambda b: b,
-                                   response_deserializer=control_lane.json.loads)
+                                   response_deserializer=control_grpc.json.loads)
         reply = stub(body, timeout=30)
     finally:
         channel.close()
@@ -117,5 +117,5 @@ def test_a_connection_reset_in_a_turn_that_names_its_other_side_too_stops_no_rel
         client.close()  # a reset
     assert _call(agent.control, "list")["ok"]
     assert relay._thread.is_alive()
-    assert not [r for r in caplog.records if r.name == "hvgpu.host.control_lane"
+    assert not [r for r in caplog.records if r.name == "hvgpu.host.control_grpc"
                 and r.levelno >= logging.ERROR]

@@ -23,7 +23,7 @@ import pytest
 
 from hvgpu.guest import Connection, Device
 from hvgpu.host import metrics
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from hvgpu.host.usage import EMPTY
 from tests.conftest import FAKE_DEVICE, RunningAgent
 

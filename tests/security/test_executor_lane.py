@@ -3,7 +3,7 @@
 An executor parses guest modules and runs NVRTC, so it may be compromised.
 Once, one malformed message on its control channel ({"op":"reserve","n":"x"})
 raised in the agent's loop and every VM lost service. Now the executor lane
-is one typed table (hvgpu.host.executor.lane) that both sides encode with and
+is one typed table (hvgpu.host.executor.messages) that both sides encode with and
 check on receive, and a message the table does not allow is that executor's
 failure: it is killed, its reservations released, and the VM's next
 connection gets a new executor.
@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from hvgpu.guest import Connection, Device
-from hvgpu.host.executor import lane
+from hvgpu.host.executor import messages
 from hvgpu.virtio.transport import connect, receive_message, send_message
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
 
 M = 1 << 20
 SIDES = {"agent": [REPO / "hvgpu/host/agent.py", REPO / "hvgpu/host/supervisor.py"],
          "executor": [REPO / "hvgpu/host/executor/__main__.py",
-                      REPO / "hvgpu/host/executor/control.py"]}
+                      REPO / "hvgpu/host/executor/agent_link.py"]}
 
 
 def _messages_named(path: Path) -> set:
@@ -38,9 +38,9 @@ def _messages_named(path: Path) -> set:
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                and node.value.id == "lane":
-            value = getattr(lane, node.attr)  # AttributeError: a message not in the table
-            if isinstance(value, lane.Message):
+                and node.value.id == "messages":
+            value = getattr(messages, node.attr)  # AttributeError: a message not in the table
+            if isinstance(value, messages.Message):
                 found.add(value)
     return found
 
@@ -54,37 +54,37 @@ def _spelled_out_ops(path: Path) -> list:
             bad += [k.value for k in node.keys if isinstance(k, ast.Constant) and k.value == "op"]
         if isinstance(node, ast.Compare):
             bad += [c.value for c in [node.left, *node.comparators]
-                    if isinstance(c, ast.Constant) and c.value in lane.TABLE]
+                    if isinstance(c, ast.Constant) and c.value in messages.TABLE]
     return bad
 
 
 @pytest.mark.parametrize("side", list(SIDES))
 def test_every_message_either_side_uses_is_in_the_one_table(side):
     used = set().union(*(_messages_named(p) for p in SIDES[side]))
-    assert used == set(lane.TABLE.values())  # each is sent or handled by both sides
+    assert used == set(messages.TABLE.values())  # each is sent or handled by both sides
     for path in SIDES[side]:
         assert _spelled_out_ops(path) == [], path
 
 
 def test_statuses_on_the_lane_are_named_constants():
-    for path in [*SIDES["agent"], *SIDES["executor"], REPO / "hvgpu/host/executor/lane.py"]:
+    for path in [*SIDES["agent"], *SIDES["executor"], REPO / "hvgpu/host/executor/messages.py"]:
         numbers = [n.value for n in ast.walk(ast.parse(path.read_text()))
                    if isinstance(n, ast.Constant) and type(n.value) is int and n.value >= 10000]
         assert numbers == [], path
-    text = (REPO / "hvgpu/host/executor/control.py").read_text()
+    text = (REPO / "hvgpu/host/executor/agent_link.py").read_text()
     assert '"status", 2)' not in text
 
 
 def test_the_table_round_trips_and_refuses_what_it_does_not_allow():
-    data = lane.encode(lane.RESERVE, id=7, n=4096)
-    assert lane.decode(data, 0, lane.TO_AGENT) == (lane.RESERVE, {"id": 7, "n": 4096})
-    assert lane.decode(lane.encode(lane.CONN, peer="vsock:3"), 1, lane.TO_EXECUTOR)[0] \
-        is lane.CONN
+    data = messages.encode(messages.RESERVE, id=7, n=4096)
+    assert messages.decode(data, 0, messages.TO_AGENT) == (messages.RESERVE, {"id": 7, "n": 4096})
+    assert messages.decode(messages.encode(messages.CONN, peer="vsock:3"), 1, messages.TO_EXECUTOR)[0] \
+        is messages.CONN
     for bad in ({"n": "x"}, {"n": -1}, {"n": True}, {"id": 1}, {"id": 1, "n": 1, "x": 0}):
-        with pytest.raises(lane.LaneError):
-            lane.encode(lane.RESERVE, **bad)
-    with pytest.raises(lane.LaneError, match="goes agent->executor"):
-        lane.decode(lane.encode(lane.RETIRE), 0, lane.TO_AGENT)
+        with pytest.raises(messages.LaneError):
+            messages.encode(messages.RESERVE, **bad)
+    with pytest.raises(messages.LaneError, match="goes agent->executor"):
+        messages.decode(messages.encode(messages.RETIRE), 0, messages.TO_AGENT)
 
 
 GARBAGE = [
@@ -103,7 +103,7 @@ GARBAGE = [
     (b'{"v":2,"op":"usage","id":3}', 0),
     (b'{"v":1,"op":"retire"}', 0),  # the agent's message, not an executor's
     (b'{"v":1,"op":"closed","peer":"' + b"a" * 100000 + b'"}', 0),  # oversized
-    (lane.encode(lane.RELEASE, n=1), 1),  # a valid message, with a descriptor it must not carry
+    (messages.encode(messages.RELEASE, n=1), 1),  # a valid message, with a descriptor it must not carry
 ]
 
 
@@ -131,7 +131,7 @@ def _receive(end) -> tuple:
     data, fds = receive_message(end)
     for fd in fds:
         os.close(fd)
-    return lane.decode(data, len(fds), lane.TO_EXECUTOR)
+    return messages.decode(data, len(fds), messages.TO_EXECUTOR)
 
 
 def _wait(predicate, timeout=20.0):
@@ -164,9 +164,9 @@ def test_a_broken_executor_is_killed_and_released_and_the_agent_serves_on(runnin
         for garbage, nfds in GARBAGE:
             guest = connect(running.vm_address("vm2"))
             end, proc = fakes.ends.get(timeout=20)
-            assert _receive(end)[0] is lane.CONN
-            send_message(end, lane.encode(lane.RESERVE, id=1, n=4 * M))
-            assert _receive(end) == (lane.REPLY, {"id": 1, "ok": True})
+            assert _receive(end)[0] is messages.CONN
+            send_message(end, messages.encode(messages.RESERVE, id=1, n=4 * M))
+            assert _receive(end) == (messages.REPLY, {"id": 1, "ok": True})
             assert _used(running, "vm2") == (4 * M, 1)
             if nfds:
                 r, w = os.pipe()
@@ -186,7 +186,7 @@ def test_a_broken_executor_is_killed_and_released_and_the_agent_serves_on(runnin
         Device(connection=conn).allocate(8 * M).close()
 
 
-@pytest.mark.parametrize("request_", [lane.REGION, lane.USAGE])
+@pytest.mark.parametrize("request_", [messages.REGION, messages.USAGE])
 def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent(
         running, monkeypatch, request_):
     """Every request is answered on the executor's channel; one that asks without end
@@ -196,9 +196,9 @@ def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent
     guest = connect(running.vm_address("vm2"))
     end, proc = fakes.ends.get(timeout=20)
     try:
-        assert _receive(end)[0] is lane.CONN
+        assert _receive(end)[0] is messages.CONN
         end.setblocking(False)
-        ask = lane.encode(request_, id=1)
+        ask = messages.encode(request_, id=1)
         for _ in range(200000):  # far more answers than the channel holds
             try:
                 end.send(ask)
@@ -225,10 +225,10 @@ def test_an_executor_that_asks_and_never_reads_the_answers_cannot_stop_the_agent
 def test_a_region_descriptor_that_comes_as_the_wait_times_out_is_not_lost():
     """The agent's answer to REGION carries the VM's region file; one that arrives just
     as the executor stops waiting must still be taken (or closed), never dropped."""
-    from hvgpu.host.executor import control
+    from hvgpu.host.executor import agent_link
 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    link = control.AgentLink(ours)
+    link = agent_link.AgentLink(ours)
     r, w = os.pipe()
     os.close(w)
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from hvgpu.guest import Connection, Device
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from tests.conftest import REPO
 
 AGENT = """

@@ -26,7 +26,7 @@ import pytest
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, ObjectCode
 from hvgpu.host import landlock
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from tests.conftest import REPO, RunningAgent
 from tests.security.hostile_gpu import probe_image, results
 

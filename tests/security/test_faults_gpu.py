@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from hvgpu.demo import run_saxpy
+from hvgpu.host.demo import run_saxpy
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, LaunchConfig, Program, launch
 from tests.conftest import RunningAgent

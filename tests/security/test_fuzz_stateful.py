@@ -80,7 +80,7 @@ import pytest
 from prometheus_client import parser
 
 from hvgpu.guest import Connection, Device
-from hvgpu.host import control_lane
+from hvgpu.host import control_grpc
 from hvgpu.host.names import VgpuKey, shm_name
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
@@ -1171,7 +1171,7 @@ class ControlFuzz:
         """The reply; a gRPC failure only where gRPC itself refuses the call."""
         self.calls += 1
         try:
-            return self._raw(f"{control_lane.SERVICE}/{name}", body, metadata)
+            return self._raw(f"{control_grpc.SERVICE}/{name}", body, metadata)
         except grpc.RpcError as exc:
             assert exc.code() in (grpc.StatusCode.UNIMPLEMENTED,
                                   grpc.StatusCode.RESOURCE_EXHAUSTED), (name, exc)
@@ -1215,9 +1215,9 @@ class ControlFuzz:
         elif roll < 0.75:  # no such method
             self.calls += 1
             try:
-                self._raw(rng.choice([f"{control_lane.SERVICE}/shutdown",
-                                      f"{control_lane.SERVICE}/_call",
-                                      "other.Service/list", f"{control_lane.SERVICE}/"]), b"{}")
+                self._raw(rng.choice([f"{control_grpc.SERVICE}/shutdown",
+                                      f"{control_grpc.SERVICE}/_call",
+                                      "other.Service/list", f"{control_grpc.SERVICE}/"]), b"{}")
             except grpc.RpcError as exc:
                 assert exc.code() == grpc.StatusCode.UNIMPLEMENTED, exc
         elif roll < 0.82:  # huge: past gRPC's 4 MiB, and just under it
@@ -1226,7 +1226,7 @@ class ControlFuzz:
             assert reply is None or reply["ok"] is False
         elif roll < 0.9:  # a caller that states anything about itself
             stated = rng.choice(["root (uid 0, pid 1)", "x" * 5000, "a\" b=c", ""])  # printable
-            reply = self.call("list", b"{}", metadata=((control_lane.CALLER_KEY, stated),))
+            reply = self.call("list", b"{}", metadata=((control_grpc.CALLER_KEY, stated),))
             assert reply["ok"], reply
         else:
             self.connections()
@@ -1236,7 +1236,7 @@ class ControlFuzz:
         nothing, then gone; a real call is served afterwards."""
         rng = self.rng
         socks = []
-        for _ in range(rng.choice([5, 20, control_lane.RELAY_CLIENTS + 10])):
+        for _ in range(rng.choice([5, 20, control_grpc.RELAY_CLIENTS + 10])):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.settimeout(5)
             try:
@@ -1254,7 +1254,7 @@ class ControlFuzz:
 
     def _served(self) -> bool:
         try:
-            return self._raw(f"{control_lane.SERVICE}/list", b"{}")["ok"]
+            return self._raw(f"{control_grpc.SERVICE}/list", b"{}")["ok"]
         except grpc.RpcError:
             return False
 
@@ -1374,7 +1374,7 @@ def test_stateful_hostile_sequences_break_nothing_leak_nothing_and_stop_no_one(
     assert labels <= {name for name, _ in P.STATUSES.values()} | {"UNKNOWN"}, labels
 
     # the control lane: still answering, nothing changed by what it refused
-    client = control_lane.ControlClient(agent.control)
+    client = control_grpc.ControlClient(agent.control)
     try:
         slices = {(s["vm"], s["mem"]) for s in client.call("list")}
         assert slices == {("vm1", QUOTA), ("vm2", QUOTA)}, slices

@@ -257,7 +257,7 @@ def test_agent_compiles_with_real_nvrtc(tmp_path):
 
 
 def test_each_vm_compiles_into_a_cache_of_its_own(tmp_path):
-    from hvgpu.host.control_lane import ControlClient
+    from hvgpu.host.control_grpc import ControlClient
     from tests.conftest import FAKE_DEVICE, RunningAgent
 
     running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1", "vm2"))

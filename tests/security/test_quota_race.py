@@ -21,7 +21,7 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device, Program
-from hvgpu.host.control_lane import ControlClient
+from hvgpu.host.control_grpc import ControlClient
 from tests.conftest import FAKE_DEVICE, RunningAgent
 
 M = 1 << 20

@@ -19,8 +19,8 @@ from hvgpu.host.cli import cli
 from hvgpu.errors import HvgpuError, TransportError
 from hvgpu.guest import Connection, Device
 from hvgpu.host.agent import Agent, AgentConfig
-from hvgpu.host.control import ControlAPI
-from hvgpu.host.control_lane import ControlClient, serve
+from hvgpu.host.control_api import ControlAPI
+from hvgpu.host.control_grpc import ControlClient, serve
 from tests.conftest import FAKE_DEVICE, RunningAgent, fake_gpus
 
 M = 1 << 20

@@ -28,10 +28,10 @@ import threading
 
 from hvgpu.errors import CudaError
 from hvgpu.host import logs
-from hvgpu.host.executor import lane, regions
+from hvgpu.host.executor import messages, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
-from hvgpu.host.executor.control import AgentLink, RemoteQuota, Stats
+from hvgpu.host.executor.agent_link import AgentLink, RemoteQuota, Stats
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.session import DEVICE_MEMORY, Session
 from hvgpu.host.executor.staging import StagingPool
@@ -109,7 +109,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 sessions.pop(key, None)
                 idle = not sessions
             try:
-                link.send(lane.CLOSED, peer=session.peer)
+                link.send(messages.CLOSED, peer=session.peer)
             except OSError:
                 pass
             if idle and retiring.is_set():
@@ -141,7 +141,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             else:
                 sock.close()
             try:
-                link.send(lane.CLOSED, peer=peer)
+                link.send(messages.CLOSED, peer=peer)
             except OSError:
                 pass
 
@@ -159,7 +159,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             log.warning("slice %s: CUDA error %d poisons this executor; asking the agent to "
                         "replace it for the VM's next programs", name, status)
             try:
-                link.send(lane.POISONED, status=status)
+                link.send(messages.POISONED, status=status)
             except OSError:
                 pass
             if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
@@ -183,15 +183,15 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
         message, msg, fds = link.receive()
         if message is None:
             break
-        if message is lane.CONN:
+        if message is messages.CONN:
             counter += 1
             key = f"{msg['peer']}#{counter}"
             start(adopt(fds[0]), msg["peer"], key)
-        elif message is lane.REPLY:
+        elif message is messages.REPLY:
             link.deliver(msg)
-        elif message is lane.REGION_FD:
+        elif message is messages.REGION_FD:
             link.deliver({**msg, "fd": fds[0]})
-        elif message is lane.RETIRE:
+        elif message is messages.RETIRE:
             log.info("slice %s: retiring once its %d connections close", name, len(sessions))
             retiring.set()
             with lock:

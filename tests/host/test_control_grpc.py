@@ -11,14 +11,14 @@ from click.testing import CliRunner
 
 from hvgpu.errors import TransportError
 from hvgpu.host.cli import EXIT_UNKNOWN, cli
-from hvgpu.host.control_lane import ControlClient, OutcomeUnknown
+from hvgpu.host.control_grpc import ControlClient, OutcomeUnknown
 from tests.conftest import REPO
 
 # An agent's control lane that ends its process once a call arrived (an agent killed
 # while it works on a call it received), or hangs on it (resize).
 DYING_AGENT = textwrap.dedent("""
     import os, sys, time
-    from hvgpu.host.control_lane import serve
+    from hvgpu.host.control_grpc import serve
 
     class Api:
         def _gone(self, **kwargs):

@@ -1,4 +1,4 @@
-"""``hvgpu demo`` (hvgpu/demo.py): a clean run ends on its own result, with no error
+"""``hvgpu demo`` (hvgpu/host/demo.py): a clean run ends on its own result, with no error
 line from the agent or an executor after it, however late libvirt delivers events.
 
 The demo's runs that check its output line by line are in tests/host/test_cli.py.
@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from hvgpu.demo import run_demo
+from hvgpu.host.demo import run_demo
 from tests.conftest import REPO
 
 pytest.importorskip("libvirt")  # the demo's own domain lives on libvirt's test host

@@ -1,4 +1,4 @@
-"""The executor's end of the executor lane (hvgpu.host.executor.lane).
+"""The executor's end of the executor lane (hvgpu.host.executor.messages).
 
 A slice's executor receives guest connections and orders (retire) from the
 agent, asks the agent to reserve and release memory in the slice's quota
@@ -15,7 +15,7 @@ import os
 import threading
 
 from hvgpu.errors import CudaError
-from hvgpu.host.executor import lane
+from hvgpu.host.executor import messages
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.transport import receive_message, send_message
 
@@ -33,12 +33,12 @@ class AgentLink:
         self._ids = itertools.count(1)
         self._waiting: dict[int, list] = {}
 
-    def send(self, message: lane.Message, /, **fields) -> None:
-        data = lane.encode(message, **fields)
+    def send(self, message: messages.Message, /, **fields) -> None:
+        data = messages.encode(message, **fields)
         with self._send_lock:
             send_message(self.sock, data)
 
-    def request(self, message: lane.Message, /, **fields) -> dict:
+    def request(self, message: messages.Message, /, **fields) -> dict:
         """Send and wait for the agent's reply (delivered by the main loop)."""
         rid = next(self._ids)
         slot = [threading.Event(), None]
@@ -49,7 +49,7 @@ class AgentLink:
         slot[0].wait()  # the answer came as time ran out: it is being handed over
         return slot[1]  # (REGION's carries a descriptor, which must not be dropped)
 
-    def receive(self) -> tuple[lane.Message | None, dict, list[int]]:
+    def receive(self) -> tuple[messages.Message | None, dict, list[int]]:
         """The agent's next message; (None, {}, []) when the channel ended or the
         agent sent what the lane does not allow (then this executor ends)."""
         data, fds = receive_message(self.sock)
@@ -58,8 +58,8 @@ class AgentLink:
                 os.close(fd)
             return None, {}, []
         try:
-            message, fields = lane.decode(data, len(fds), lane.TO_EXECUTOR)
-        except lane.LaneError as exc:
+            message, fields = messages.decode(data, len(fds), messages.TO_EXECUTOR)
+        except messages.LaneError as exc:
             log.error("the agent sent a message this executor does not understand (%s); "
                       "ending", exc)
             for fd in fds:
@@ -69,7 +69,7 @@ class AgentLink:
 
     def region(self) -> tuple[int, int]:
         """(fd, size) of the VM's shared-memory device region, opened by the agent."""
-        reply = self.request(lane.REGION)
+        reply = self.request(messages.REGION)
         fd = reply.get("fd")
         if fd is None:
             raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
@@ -97,18 +97,18 @@ class RemoteQuota:
         self.link = link
 
     def reserve(self, n: int) -> None:
-        if n > lane.MAX_BYTES:  # the lane carries no such size: no GPU has it
+        if n > messages.MAX_BYTES:  # the lane carries no such size: no GPU has it
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"{n} bytes is more than any GPU has")
-        reply = self.link.request(lane.RESERVE, n=n)
+        reply = self.link.request(messages.RESERVE, n=n)
         if not reply.get("ok"):
             raise CudaError(reply.get("status", P.CUDA_ERROR_OUT_OF_MEMORY),
                             reply.get("message", ""))
 
     def release(self, n: int) -> None:
-        self.link.send(lane.RELEASE, n=n)
+        self.link.send(messages.RELEASE, n=n)
 
     def usage(self) -> tuple[int, int]:
-        reply = self.link.request(lane.USAGE)
+        reply = self.link.request(messages.USAGE)
         if "used" not in reply:
             raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
         return reply["used"], reply["limit"]
@@ -116,14 +116,14 @@ class RemoteQuota:
     def utilization(self) -> int | None:
         """The slice's GPU utilisation in percent, as the agent last measured it; None
         where it does not know (its USAGE reply has no util)."""
-        reply = self.link.request(lane.USAGE)
+        reply = self.link.request(messages.USAGE)
         if "used" not in reply:
             raise CudaError(reply.get("status", P.HV_INTERNAL), reply.get("message", ""))
         return reply.get("util")
 
     def vgpus(self) -> int:
         """How many vGPUs the slice's VM has now."""
-        return self.link.request(lane.VGPUS).get("count", 1)
+        return self.link.request(messages.VGPUS).get("count", 1)
 
 
 class Stats:
@@ -166,7 +166,7 @@ class Stats:
             totals, errors = dict(self._ended), dict(self._ended_errors)
         for session in live:
             _add(totals, errors, session.stats())
-        return {**{k: min(v, lane.MAX_COUNT) for k, v in totals.items()},
+        return {**{k: min(v, messages.MAX_COUNT) for k, v in totals.items()},
                 "errors": _commonest(errors)}
 
     def send(self) -> None:
@@ -176,7 +176,7 @@ class Stats:
             if totals == self._sent:
                 return
             try:
-                self.link.send(lane.STATS, **totals)
+                self.link.send(messages.STATS, **totals)
             except OSError:  # the agent is gone or going: nobody to tell
                 return
             self._sent = totals
@@ -204,6 +204,6 @@ def _add(totals: dict, errors: dict, counts: dict) -> None:
 def _commonest(errors: dict[int, int]) -> dict[str, int]:
     """Counts by status as the lane carries them: statuses it can name, the commonest
     if there are more than a report holds."""
-    named = [(n, s) for s, n in errors.items() if 0 < s <= lane.MAX_STATUS and n > 0]
+    named = [(n, s) for s, n in errors.items() if 0 < s <= messages.MAX_STATUS and n > 0]
     named.sort(reverse=True)
-    return {str(s): min(n, lane.MAX_COUNT) for n, s in named[:lane.STATS_STATUSES_MAX]}
+    return {str(s): min(n, messages.MAX_COUNT) for n, s in named[:messages.STATS_STATUSES_MAX]}

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hvgpu.host import launch
-from hvgpu.host.launch import ExecutorUser, ExecutorUserError, Launcher
+from hvgpu.host import spawn
+from hvgpu.host.spawn import ExecutorUser, ExecutorUserError, Launcher
 
 # Someone who is neither root, nor the owner of these files, nor in their group.
 STRANGER = ExecutorUser("hvgpu", os.getuid() + 4242, os.getgid() + 4242, switch=True)
@@ -36,7 +36,7 @@ def python_under_a_home(tmp_path):
 
 def test_the_first_directory_the_user_cannot_pass_is_named_with_the_fix(python_under_a_home):
     tmp, python = python_under_a_home
-    said = launch.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
+    said = spawn.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
     assert said is not None
     assert f"{python}, really {tmp}/root/.pyenv/versions/3.12/bin/python3.12" in said
     assert f"may not pass through the directory {tmp}/root on its way (mode 0700" in said
@@ -47,14 +47,14 @@ def test_the_first_directory_the_user_cannot_pass_is_named_with_the_fix(python_u
 def test_a_user_the_modes_let_through_is_not_blamed(python_under_a_home):
     tmp, python = python_under_a_home
     os.chmod(tmp / "root", 0o711)
-    assert launch.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)]) is None
+    assert spawn.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)]) is None
     os.chmod(tmp / "root", 0o710)  # its group may pass, others may not
-    said = launch.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
+    said = spawn.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
     assert f"`chmod o+x {tmp}/root`" in said
     os.chmod(tmp / "root", 0o711)
     real = tmp / "root" / ".pyenv" / "versions" / "3.12" / "bin" / "python3.12"
     os.chmod(real, 0o700)  # there, but not executable by others
-    said = launch.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
+    said = spawn.first_blocked(STRANGER, [("the Python interpreter", python, 0o1)])
     assert f"may not use the file {real} (mode 0700" in said
     assert f"`chmod o+x {real}`" in said
 
@@ -62,10 +62,10 @@ def test_a_user_the_modes_let_through_is_not_blamed(python_under_a_home):
 def test_the_agent_refuses_to_start_naming_that_directory(python_under_a_home, tmp_path,
                                                            monkeypatch):
     tmp, python = python_under_a_home
-    monkeypatch.setattr(launch.sys, "executable", python)
-    monkeypatch.setattr(launch, "needed_paths",
+    monkeypatch.setattr(spawn.sys, "executable", python)
+    monkeypatch.setattr(spawn, "needed_paths",
                         lambda: [("the Python interpreter", python, 0o1)])
-    monkeypatch.setattr(launch.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+    monkeypatch.setattr(spawn.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
         a, 126, "", f"[Errno 13] Permission denied: '{python}'"))
     launcher = Launcher(None, str(tmp_path / "run"), None)
     launcher.user = STRANGER
@@ -81,6 +81,6 @@ def test_the_agent_refuses_to_start_naming_that_directory(python_under_a_home, t
 
 
 def test_what_an_executor_needs_includes_the_interpreter_and_hvgpu():
-    needed = {what: path for what, path, _ in launch.needed_paths()}
+    needed = {what: path for what, path, _ in spawn.needed_paths()}
     assert needed["the Python interpreter"] == sys.executable
     assert needed["the hvgpu package"].endswith("hvgpu")

@@ -208,7 +208,7 @@ def _choose_libvirt(vm, connect):
 
 def _run(agent, gpus_fn, name, guest_socket, size, echo, gpu_note, libvirt_note, define,
          uri=None) -> int:
-    from hvgpu.host.control import ControlAPI
+    from hvgpu.host.control_api import ControlAPI
 
     api = agent.commands(ControlAPI(agent, gpus_fn), who="hvgpu demo")
     ok = True

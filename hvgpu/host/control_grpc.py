@@ -307,7 +307,7 @@ class ControlGroupError(HvgpuError):
 
 def check_group(group: str | None, executor_user) -> None:
     """Refuse a control group that contains the user executors (and the MPS server)
-    run as (launch.ExecutorUser): executors run what guests send and may be
+    run as (spawn.ExecutorUser): executors run what guests send and may be
     compromised, and the group may resize and detach every VM's slices. As its
     primary group or a supplementary one, both count; executors that run as the
     agent's own user (``switch`` false) own the socket anyway."""
