@@ -57,7 +57,9 @@ def test_a_change_the_agent_did_not_answer_in_time_is_of_unknown_outcome(dying_a
     with pytest.raises(OutcomeUnknown) as info:
         # long enough for a loaded machine to connect and send; the agent hangs anyway
         ControlClient(dying_agent, timeout=5).call("resize", vm="vm1", mem="8G")
-    assert "received `resize vm1`, and no reply came within 5 s" in str(info.value)
+    # the agent took it; whether the client then timed out or saw the call end, the
+    # outcome is unknown and said so
+    assert "received `resize vm1`" in str(info.value) and "hvgpu list" in str(info.value)
 
 
 def test_a_query_the_agent_never_answered_is_said_so_and_changed_nothing(dying_agent):
