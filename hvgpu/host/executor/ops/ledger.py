@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.device_memory import DeviceMemoryLock
+from hvgpu.host.executor.vmm import quietly  # noqa: F401  (the ops' one release helper)
 from hvgpu.virtio import protocol as P
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,6 @@ log = logging.getLogger(__name__)
 # or gives back device memory holds it shared, a measurement exclusive. Re-entrant: a
 # release can run what a graph held back (parked), which takes it again.
 DEVICE_MEMORY = DeviceMemoryLock()
-
-
-def quietly(fn, *args) -> None:
-    try:
-        fn(*args)
-    except Exception as exc:  # releasing at exit: report, never stop releasing
-        log.debug("release failed: %s", exc)
 
 
 class Ledger:
