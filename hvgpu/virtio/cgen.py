@@ -14,8 +14,11 @@ in their ``C_CONSTANTS``, with the region's header as a struct whose every offse
 checked at compile time.
 
 The launch loop's header (``hvgpu/host/executor/launch_burst.h``) gives the loop's
-interface with ``launch_burst.py``: the order of its entry points and served ops,
-and its result struct, offsets checked against ctypes' layout of it. It serves the
+interface with ``launch_burst.py`` and the executor's op table: the order of its
+entry points and served ops (those the table declares ``burst=``), each served op's
+field checks (its ``fields=``) as a table of the wire structs' members, which the
+loop applies with one routine, and its result struct, offsets checked against
+ctypes' layout of it. It serves the
 host alone, so it sits beside the loop, not in the wire's include folder.
 
 A build-time tool, not shipped to guests: it reads the Python tables and the
@@ -123,14 +126,42 @@ def render_header() -> str:
         decoders=_decoders())
 
 
+def _served_op(op) -> dict:
+    """What launch_burst.h says of a served op: its request's struct, its variable
+    fields' length members and its field checks, each by the struct's member names
+    (the C compiler gives their offsets and widths from hvgpu_wire.h)."""
+    from hvgpu.host.executor.ops import fields as F
+
+    request = P.OPS_BY_CODE[op.code].request
+    variable = [name for name, typ in request if typ in P.VARIABLE]
+    checks = []
+    for check in op.fields:
+        var = variable.index(check.field) if check.field in variable else None
+        checks.append({
+            "kind": check.kind, "member": check.field + ("_len" if var is not None else ""),
+            "size": None if check.size in (None, F.PAYLOAD) else check.size,
+            "times": check.times, "var": var,
+            "values": check.values,
+            "note": "its size: the payload" if check.size == F.PAYLOAD else ""})
+    return {"name": op.name, "struct": f"hvgpu_{op.name.lower()}_req_t",
+            "payload": int(P.OPS_BY_CODE[op.code].request_payload),
+            "vars": [name + "_len" for name in variable], "checks": checks,
+            "entries": op.burst}
+
+
 def render_burst_header() -> str:
     """The launch loop's header, launch_burst.h."""
-    # The host's module, read only here: this tool is not shipped to guests.
+    # The host's modules, read only here: this tool is not shipped to guests.
     from hvgpu.host.executor import launch_burst as B
+    from hvgpu.host.executor.ops import TABLE
+    from hvgpu.host.executor.ops import fields as F
 
     result = B.Result
+    served = [_served_op(TABLE[code]) for code in B.SERVED]
     return _environment().get_template("launch_burst.h.j2").render(
-        entries=list(B.ENTRY_NAMES.items()), served=B.SERVED_OPS,
+        entries=B.ENTRIES, served=served, kinds=list(F.KINDS.items()),
+        max_vars=max(1, *(len(op["vars"]) for op in served)),
+        max_checks=max(len(op["checks"]) for op in served),
         max_segments=B.MAX_SEGMENTS, members=_members(B.RESULT_FIELDS),
         offsets=[(name, getattr(result, name).offset) for name, _, _ in B.RESULT_FIELDS],
         size=ctypes.sizeof(result), alignment=ctypes.alignment(result))

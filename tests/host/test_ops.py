@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hvgpu.host.executor import ops, session
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.ops import table
 from hvgpu.virtio import protocol as P
 
@@ -56,3 +57,37 @@ def test_an_op_declared_by_two_families_is_refused():
 def test_an_op_the_protocol_does_not_have_cannot_be_declared():
     with pytest.raises(KeyError):
         table.Family("a").declare("NO_SUCH_OP")
+
+
+def test_an_op_served_by_the_c_loop_declares_its_checks_as_fields():
+    with pytest.raises(ValueError, match="only ops whose checks are fields"):
+        table.Family("a").declare("MEMSET", burst=("cuMemsetD8Async",))
+    with pytest.raises(ValueError, match="one-way ops only"):
+        table.Family("a").declare("STREAM_SYNCHRONIZE", fields=(F.stream("stream"),),
+                                  burst=("cuStreamSynchronize",))
+    with pytest.raises(ValueError, match="not both"):
+        table.Family("a").declare("MEMSET", check=table.as_sent, fields=(F.stream("stream"),))
+
+
+@pytest.mark.parametrize("name, fields, why", [
+    ("MEMSET", (F.stream("stream_id"),), "no request field 'stream_id'"),
+    ("MEMSET", (F.device_range("dst", "size", what="x"),), "no size field 'size'"),
+    ("MEMSET", (F.device_range("dst", F.PAYLOAD, what="x"),),
+     "a range of the payload, but it takes none"),
+    ("LAUNCH_KERNEL", (F.params("params"),), "params checked before the function"),
+    ("LAUNCH_KERNEL", (F.stream("params"),), "params is bytes, not u64"),
+    ("EVENT_RECORD", (F.event("event"), F.event("event")), "two event checks"),
+    ("MODULE_COMPILE", (F.one_of("name", (1,)),), "name is str, not a number"),
+])
+def test_field_checks_the_request_does_not_bear_out_are_refused(name, fields, why):
+    with pytest.raises(ValueError, match=why):
+        table.Family("a").declare(name, fields=fields)
+
+
+def test_a_derived_check_keeps_the_messages_of_the_hand_written_ones():
+    """The memset width message, from the one_of check's values."""
+    from hvgpu.errors import CudaError
+
+    check = ops.TABLE[P.OP["MEMSET"]].check
+    with pytest.raises(CudaError, match="memset width 3 is not 1, 2 or 4"):
+        check(None, None, 0x1000, 4, 0, 3, 0)

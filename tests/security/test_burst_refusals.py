@@ -2,8 +2,9 @@
 
 A guest may only use its own streams, events and functions, and only touch
 device memory inside its own allocations (or module variables it looked up);
-malformed frames are refused. Each hostile frame below is sent between two
-good launches, with the session's C loop and, for reference, with the Python
+malformed frames are refused. Besides the frames below, each field check the
+executor's op table declares for an op the C loop serves (``fields=``) gets frames
+that fail it. Each hostile frame is sent between two good launches, with the session's C loop and, for reference, with the Python
 path alone: both must refuse it with the same status, name the same frame at
 the next sync, leave the other guest's memory as it was, and go on serving.
 """
@@ -14,7 +15,9 @@ import struct
 
 import pytest
 
-from hvgpu.host.executor.launch_burst import unavailable_reason
+from hvgpu.host.executor import ops
+from hvgpu.host.executor.launch_burst import SERVED_OPS, unavailable_reason
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio.framing import pack_header
@@ -171,6 +174,78 @@ CASES = {
         lambda me, v: me.raw("EVENT_RECORD", struct.pack("<QQ", me.event, 0), b"x" * 8),
         P.HV_BAD_FRAME),
 }
+
+
+# -- one hostile frame per field check the op table declares for the C loop's ops -----
+# Each served op's good frame (given the attacker), and for each kind of field check
+# the values of its field that fail it (given the attacker, the victim, the check and
+# the good fields) with the status they earn: the C loop applies the check from the
+# table cgen generated, the Python path the check derived from the same declaration.
+
+def good_fields(me, name) -> tuple[dict, bytes]:
+    return {
+        "MEMCPY_HTOD": (dict(dst=me.mem, stream=me.stream), b"\xff" * 64),
+        "MEMCPY_DTOD": (dict(dst=me.mem, src=me.mem + SIZE // 2, size=64, stream=me.stream), b""),
+        "MEMSET": (dict(dst=me.mem, count=16, value=0, width=4, stream=me.stream), b""),
+        "LAUNCH_KERNEL": (dict(function=me.noop, stream=me.stream, params=b""), b""),
+        "LAUNCH_KERNEL_EX": (dict(function=me.noop, stream=me.stream, params=b"",
+                                  attrs=attr(8)), b""),
+        "STREAM_WAIT_EVENT": (dict(stream=me.stream, event=me.event, flags=0), b""),
+        "EVENT_RECORD": (dict(event=me.event, stream=me.stream), b""),
+    }[name]
+
+
+def _past_own_end(me, v, check, fields, payload):
+    n = len(payload) if check.size == F.PAYLOAD else fields[check.size]
+    return me.mem + SIZE - n * (fields[check.times] if check.times else 1) + 1
+
+
+FAILING = {  # kind -> [(what, value of the field that fails it, status)]
+    "function": [("the victim's", lambda me, v, c, f, p: v.noop, INVALID_HANDLE),
+                 ("a gone", lambda me, v, c, f, p: me.gone("function"), INVALID_HANDLE)],
+    "stream": [("the victim's", lambda me, v, c, f, p: v.stream, INVALID_HANDLE),
+               ("a destroyed", lambda me, v, c, f, p: me.gone("stream"), INVALID_HANDLE)],
+    "event": [("the victim's", lambda me, v, c, f, p: v.event, INVALID_HANDLE),
+              ("a destroyed", lambda me, v, c, f, p: me.gone("event"), INVALID_HANDLE)],
+    "range": [("in the victim's memory", lambda me, v, c, f, p: v.mem, INVALID_VALUE),
+              ("running a byte past its own allocation", _past_own_end, INVALID_VALUE),
+              ("in freed memory", lambda me, v, c, f, p: me.gone("memory"), INVALID_VALUE)],
+    "one_of": [("not allowed", lambda me, v, c, f, p: min(set(range(64)) - set(c.values)),
+                INVALID_VALUE)],
+    "params": [("of the wrong size", lambda me, v, c, f, p: b"\0" * (len(f[c.field]) + 8),
+                INVALID_VALUE)],
+    "attrs": [("not whole", lambda me, v, c, f, p: attr(8)[:70], INVALID_VALUE),
+              ("naming an event", lambda me, v, c, f, p: attr(8) + attr(
+                  P.LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT), P.CUDA_ERROR_NOT_SUPPORTED)],
+}
+
+
+def _failing_frame(name, check, fail):
+    def hostile(me, victim):
+        fields, payload = good_fields(me, name)
+        fields = dict(fields)
+        fields[check.field] = fail(me, victim, check, fields, payload)
+        values = [fields.get(n, 1 if n.startswith(("grid_", "block_")) else 0)
+                  for n in codec.REQUEST[P.OP[name]].names]
+        return me.g.oneway(name, *values, payload=payload)
+    return hostile
+
+
+DECLARED = {}  # case -> (op, check kind)
+for _name in SERVED_OPS:
+    for _check in ops.TABLE[P.OP[_name]].fields:
+        for _what, _fail, _status in FAILING[_check.kind]:
+            _case = f"{_name}: {_check.field} ({_check.kind}) {_what}"
+            CASES[_case] = (_failing_frame(_name, _check, _fail), _status)
+            DECLARED[_case] = (_name, _check.kind)
+
+
+def test_every_field_check_the_table_declares_for_the_c_loop_has_hostile_frames():
+    declared = {(name, check.kind, check.field) for name in SERVED_OPS
+                for check in ops.TABLE[P.OP[name]].fields}
+    assert declared and set(FAILING) == set(F.KINDS)
+    assert {kind for _, kind, _ in declared} == set(F.KINDS)  # each kind is exercised
+    assert {(name, kind) for name, kind, _ in declared} == set(DECLARED.values())
 
 
 def attempt(device):

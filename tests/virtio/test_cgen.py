@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from hvgpu.host.executor import launch_burst as B
+from hvgpu.host.executor import ops
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.virtio import cgen, codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
@@ -157,8 +159,8 @@ def test_the_launch_loop_interface_in_c_is_launch_burst_py(tmp_path):
     result's layout, as launch_burst.py hands them to the C loop through ctypes."""
     body = ['printf("%d %d %d\\n", N_ENTRIES, N_SERVED, MAX_SEGMENTS);']
     expected = [f"{len(B.ENTRIES)} {len(B.SERVED)} {B.MAX_SEGMENTS}"]
-    for index, (symbol, name) in enumerate(B.ENTRY_NAMES.items()):
-        body.append(f'printf("{symbol} %d\\n", E_{name});')
+    for index, symbol in enumerate(B.ENTRIES):
+        body.append(f'printf("{symbol} %d\\n", E_{symbol});')
         expected.append(f"{symbol} {index}")
     for index, name in enumerate(B.SERVED_OPS):
         body.append(f'printf("{name} %d %d\\n", S_{name}, served_index(HVGPU_OP_{name}));')
@@ -175,6 +177,67 @@ def test_the_launch_loop_interface_in_c_is_launch_burst_py(tmp_path):
         body.append(f'printf("{name} %zu %zu\\n", offsetof(struct hv_burst_result, {name}), '
                     f"sizeof(((struct hv_burst_result *)0)->{name}));")
         expected.append(f"{name} {getattr(B.Result, name).offset} {getattr(B.Result, name).size}")
+    assert _run_c(tmp_path, body, headers=("wire", "burst")) == expected
+
+
+def test_the_ops_the_loop_serves_are_those_the_op_table_declares_it_serves():
+    """An op is served by the C loop when, and only when, its declaration names the
+    driver entry points it is served with (burst=); the checked-in header says the
+    same, and every entry point the loop is given is one of theirs or its ring's."""
+    declared = {op.name for op in ops.TABLE.values() if op.burst}
+    assert declared == set(B.SERVED_OPS) and len(declared) == len(B.SERVED_OPS) >= 7
+    text = cgen.BURST_HEADER.read_text()
+    assert re.findall(r"^    S_(\w+),$", text, re.M) == list(B.SERVED_OPS)
+    assert re.findall(r"case HVGPU_OP_(\w+): return S_\1;", text) == list(B.SERVED_OPS)
+    assert re.findall(r"^    \[S_(\w+)\] = \{", text, re.M) == list(B.SERVED_OPS)
+    entries = [e for name in B.SERVED_OPS for e in ops.TABLE[P.OP[name]].burst]
+    assert set(B.ENTRIES) == set(entries) | set(B.RING_ENTRIES)
+    for op in ops.TABLE.values():
+        if op.burst:
+            assert P.OPS_BY_CODE[op.code].kind == P.ONEWAY and op.fields, op.name
+            assert op.check.fields == op.fields, op.name  # the Python check is derived
+
+
+def _packed(op_name) -> dict[str, tuple[int, int]]:
+    """member -> (offset, width) in the op's packed request, as the codec packs it."""
+    at, out = 0, {}
+    for name, typ in P.OPS_BY_NAME[op_name].request:
+        width = struct.calcsize("<" + P.SCALARS.get(typ, "I"))
+        out[name + ("_len" if typ in P.VARIABLE else "")] = (at, width)
+        at += width
+    return out
+
+
+@pytest.mark.skipif(CC is None, reason="no C compiler")
+def test_each_served_ops_field_checks_in_c_are_its_declaration(tmp_path):
+    """The loop's table of checks (hv_served) holds, for each served op, the checks
+    its declaration lists, in its order, each reading the field the codec packs there."""
+    kinds = list(F.KINDS)
+    body, expected = [], []
+    for index, name in enumerate(B.SERVED_OPS):
+        op, packed = ops.TABLE[P.OP[name]], _packed(name)
+        request = P.OPS_BY_NAME[name].request
+        variable = [f for f, typ in request if typ in P.VARIABLE]
+        body.append(f"{{ const struct hv_served_op *op = &hv_served[{index}];")
+        body.append('printf("%u %u %u %u", op->fixed, op->payload, op->n_vars, op->n_checks);')
+        body.append('for (int k = 0; k < op->n_vars; k++) printf(" v%u", op->var_len[k]);')
+        body.append('printf("\\n");')
+        body.append("for (int i = 0; i < op->n_checks; i++) { const struct hv_check *c = "
+                    "&op->checks[i]; printf(\"%u %u %u %u %u %u %u %u %llu\\n\", c->kind, "
+                    "c->at, c->width, c->size_at, c->size_width, c->times_at, c->times_width, "
+                    "c->var, (unsigned long long)c->allowed); } }")
+        expected.append(f"{codec.REQUEST[op.code].fixed.size} "
+                        f"{int(P.OPS_BY_NAME[name].request_payload)} {len(variable)} "
+                        f"{len(op.fields)}" + "".join(f" v{packed[v + '_len'][0]}"
+                                                      for v in variable))
+        for check in op.fields:
+            var = variable.index(check.field) if check.field in variable else None
+            at, width = packed[check.field + ("_len" if var is not None else "")]
+            size = (0, 0) if check.size in (None, F.PAYLOAD) else packed[check.size]
+            times = (0, 0) if check.times is None else packed[check.times]
+            expected.append(f"{kinds.index(check.kind)} {at} {width} {size[0]} {size[1]} "
+                            f"{times[0]} {times[1]} {var or 0} "
+                            f"{sum(1 << v for v in check.values)}")
     assert _run_c(tmp_path, body, headers=("wire", "burst")) == expected
 
 

@@ -5,11 +5,23 @@
  * per frame than the driver call itself. hv_burst_run walks such a run in the
  * session's receive buffer and makes the driver call of each frame through
  * the entry points it was given (libcuda's, or the test double's), checking
- * exactly what the Python path checks: the frame is a well-formed one-way
- * frame of this connection's version; its function, stream and event handles
- * belong to this guest; every device range it touches lies inside an
- * allocation (or module variable) of this guest; a parameter buffer has the
- * size the kernel takes; launch attributes are whole and name no event.
+ * exactly what the Python path checks.
+ *
+ * Which ops it serves and what it checks of their fields come from the
+ * executor's op table (hvgpu/host/executor/ops: an op declared with burst=,
+ * its checks as fields=), through launch_burst.h, which cgen generates: the
+ * served ops (S_*, served_index) and, for each, its frame's shape and field
+ * checks (hv_served), which check_frame applies with one routine: function,
+ * stream and event handles belong to this guest; every device range it
+ * touches (an address with a size field, times a width, or the payload) lies
+ * inside an allocation (or module variable) of this guest; a value is one of
+ * those allowed (a memset's width); a parameter buffer has the size the
+ * kernel takes; launch attributes are whole and name no event. The Python
+ * path's checks are derived from the same declarations (ops/fields.py).
+ * Checked here by hand, as no Python check has them: the frame is a one-way
+ * frame of this connection's version within the body limit, and the sizes
+ * this loop's own buffers take (parameters, attributes, a ring segment).
+ * The code per op below is the driver call alone, and the copy ring.
  *
  * Served: LAUNCH_KERNEL, LAUNCH_KERNEL_EX, EVENT_RECORD, STREAM_WAIT_EVENT,
  * MEMSET (1, 2, 4 bytes), MEMCPY_DTOD, and MEMCPY_HTOD whose payload is in the
@@ -38,7 +50,7 @@
 #include <string.h>
 
 #include "hvgpu_wire.h" /* the frame, each op's fixed part and limits, from the protocol table */
-#include "launch_burst.h" /* the entry points, served ops and result, from launch_burst.py */
+#include "launch_burst.h" /* entry points, served ops and their checks, result: generated */
 
 #define HV_EXPORT __attribute__((visibility("default")))
 
@@ -319,7 +331,7 @@ static int32_t ring_take(struct burst *b)
     if (got >= 0 && pending)
         /* A failure here is the earlier copy's, and that copy's stream reports it;
            the segment is free either way (as staging.py does). */
-        ((event_synchronize_fn)b->entry[E_EVENT_SYNCHRONIZE])(
+        ((event_synchronize_fn)b->entry[E_cuEventSynchronize])(
             (void *)(uintptr_t)r->events[got]);
     return got;
 }
@@ -333,7 +345,7 @@ static int ring_release(struct burst *b)
     int status = 0;
     unsigned char state = SEG_FREE;
     if (b->held_used) {
-        status = ((event_record_fn)b->entry[E_EVENT_RECORD])(
+        status = ((event_record_fn)b->entry[E_cuEventRecord])(
             (void *)(uintptr_t)r->events[i], (void *)(uintptr_t)b->held_value);
         state = status ? SEG_LOST : SEG_PENDING;
     }
@@ -381,8 +393,8 @@ HV_EXPORT void hv_burst_set_ring(struct burst *b, struct ring *ring)
 {
     if (b->ring || b->no_ring)
         return;
-    if (!ring || !b->entry[E_MEMCPY_HTOD] || !b->entry[E_EVENT_RECORD] ||
-        !b->entry[E_EVENT_SYNCHRONIZE]) {
+    if (!ring || !b->entry[E_cuMemcpyHtoDAsync] || !b->entry[E_cuEventRecord] ||
+        !b->entry[E_cuEventSynchronize]) {
         b->no_ring = 1;
         return;
     }
@@ -451,152 +463,202 @@ struct frame {
     uint32_t seq;
 };
 
-typedef hvgpu_launch_kernel_req_t launch_req;
-typedef hvgpu_launch_kernel_ex_req_t launch_ex_req;
+/* What a frame's field checks found, for its driver call. */
+struct checked {
+    const struct slot *function, *stream, *event;
+    const unsigned char *var[HV_MAX_VARS]; /* each variable field's bytes */
+    uint32_t var_len[HV_MAX_VARS];
+};
 
-static int launch(struct burst *b, const struct frame *f, int *status)
+/* A field of the fixed part, `width` bytes at `at`, as a number. */
+static uint64_t field(const unsigned char *body, uint16_t at, uint8_t width)
 {
+    switch (width) {
+    case 1: return body[at];
+    case 2: return GET(uint16_t, body + at);
+    case 4: return GET(uint32_t, body + at);
+    default: return GET(uint64_t, body + at);
+    }
+}
+
+/* The frame has the shape of its op's request (the fixed part, then each variable
+   field, nothing after) and passes each field check the op table declares for it
+   (launch_burst.h's hv_served, in the order the Python path judges them); LEFT when
+   it cannot vouch for one, so the Python path judges the frame. */
+static int check_frame(const struct burst *b, int index, const struct frame *f,
+                       struct checked *c)
+{
+    const struct hv_served_op *op = &hv_served[index];
     const unsigned char *body = f->body;
-    if (!b->entry[E_LAUNCH] || f->body_len < sizeof(launch_req))
+    if (f->body_len < op->fixed)
         return LEFT;
-    uint32_t n = FIELD(body, launch_req, params_len);
-    if ((uint64_t)sizeof(launch_req) + n != f->body_len || n > HVGPU_MAX_PARAMS)
+    uint64_t at = op->fixed;
+    for (uint8_t k = 0; k < op->n_vars; k++) {
+        c->var_len[k] = GET(uint32_t, body + op->var_len[k]);
+        c->var[k] = body + at;
+        at += c->var_len[k];
+    }
+    if (at != f->body_len)
         return LEFT;
-    const struct slot *fn = find(&b->functions, FIELD(body, launch_req, function));
-    const struct slot *stream = find(&b->streams, FIELD(body, launch_req, stream));
-    if (!fn || !stream || fn->size != n)
-        return LEFT;
-    size_t size = n;
-    void *extra[] = {(void *)1, b->params, (void *)2, &size, (void *)0};
-    if (n)
-        memcpy(b->params, body + sizeof(launch_req), n);
-    *status = ((launch_fn)b->entry[E_LAUNCH])(
-        VALUE(fn), FIELD(body, launch_req, grid_x), FIELD(body, launch_req, grid_y),
-        FIELD(body, launch_req, grid_z), FIELD(body, launch_req, block_x),
-        FIELD(body, launch_req, block_y), FIELD(body, launch_req, block_z),
-        FIELD(body, launch_req, shared_mem), VALUE(stream), NULL, n ? extra : NULL);
+    for (uint8_t i = 0; i < op->n_checks; i++) {
+        const struct hv_check *k = &op->checks[i];
+        uint64_t v = field(body, k->at, k->width);
+        switch (k->kind) {
+        case HV_CHECK_FUNCTION:
+            if (!(c->function = find(&b->functions, v)))
+                return LEFT;
+            break;
+        case HV_CHECK_STREAM:
+            if (!(c->stream = find(&b->streams, v)))
+                return LEFT;
+            break;
+        case HV_CHECK_EVENT:
+            if (!(c->event = find(&b->events, v)))
+                return LEFT;
+            break;
+        case HV_CHECK_RANGE: {
+            uint64_t n = k->size_width ? field(body, k->size_at, k->size_width) : f->payload_len;
+            if (k->times_width) {
+                uint64_t times = field(body, k->times_at, k->times_width);
+                if (times && n > UINT64_MAX / times)
+                    return LEFT;
+                n *= times;
+            }
+            if (!inside(&b->ranges, v, n))
+                return LEFT;
+            break;
+        }
+        case HV_CHECK_ONE_OF:
+            if (v >= 64 || !(k->allowed >> v & 1))
+                return LEFT;
+            break;
+        case HV_CHECK_PARAMS: /* its function is checked before it (ops/fields.py) */
+            if (v > HVGPU_MAX_PARAMS || !c->function || c->function->size != v)
+                return LEFT;
+            break;
+        case HV_CHECK_ATTRS:
+            if (v % HVGPU_LAUNCH_ATTR_SIZE || v / HVGPU_LAUNCH_ATTR_SIZE > HVGPU_MAX_LAUNCH_ATTRS)
+                return LEFT;
+            for (uint64_t a = 0; a < v; a += HVGPU_LAUNCH_ATTR_SIZE) {
+                uint32_t id = GET(uint32_t, c->var[k->var] + a);
+                if (id == HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT ||
+                    id == HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT)
+                    return LEFT;
+            }
+            break;
+        default:
+            return LEFT;
+        }
+    }
     return DONE;
 }
 
-static int launch_ex(struct burst *b, const struct frame *f, int *status)
+/* -- the driver calls: what each served op does once its frame is checked ------ */
+
+typedef hvgpu_launch_kernel_req_t launch_req;
+typedef hvgpu_launch_kernel_ex_req_t launch_ex_req;
+
+static int launch(struct burst *b, const struct frame *f, const struct checked *c, int *status)
 {
     const unsigned char *body = f->body;
-    if (!b->entry[E_LAUNCH_EX] || f->body_len < sizeof(launch_ex_req))
+    if (!b->entry[E_cuLaunchKernel] || !c->function || !c->stream)
         return LEFT;
-    uint32_t n = FIELD(body, launch_ex_req, params_len), m = FIELD(body, launch_ex_req, attrs_len);
-    if ((uint64_t)sizeof(launch_ex_req) + n + m != f->body_len || n > HVGPU_MAX_PARAMS ||
-        m % HVGPU_LAUNCH_ATTR_SIZE || m / HVGPU_LAUNCH_ATTR_SIZE > HVGPU_MAX_LAUNCH_ATTRS)
-        return LEFT;
-    const unsigned char *attrs = body + sizeof(launch_ex_req) + n;
-    for (uint32_t i = 0; i < m; i += HVGPU_LAUNCH_ATTR_SIZE) {
-        uint32_t id = GET(uint32_t, attrs + i);
-        if (id == HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT ||
-            id == HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT)
-            return LEFT;
-    }
-    const struct slot *fn = find(&b->functions, FIELD(body, launch_ex_req, function));
-    const struct slot *stream = find(&b->streams, FIELD(body, launch_ex_req, stream));
-    if (!fn || !stream || fn->size != n)
-        return LEFT;
-    size_t size = n;
-    void *extra[] = {(void *)1, b->params, (void *)2, &size, (void *)0};
+    size_t n = c->var_len[0];
+    void *extra[] = {(void *)1, b->params, (void *)2, &n, (void *)0};
     if (n)
-        memcpy(b->params, body + sizeof(launch_ex_req), n);
+        memcpy(b->params, c->var[0], n);
+    *status = ((launch_fn)b->entry[E_cuLaunchKernel])(
+        VALUE(c->function), FIELD(body, launch_req, grid_x), FIELD(body, launch_req, grid_y),
+        FIELD(body, launch_req, grid_z), FIELD(body, launch_req, block_x),
+        FIELD(body, launch_req, block_y), FIELD(body, launch_req, block_z),
+        FIELD(body, launch_req, shared_mem), VALUE(c->stream), NULL, n ? extra : NULL);
+    return DONE;
+}
+
+static int launch_ex(struct burst *b, const struct frame *f, const struct checked *c,
+                     int *status)
+{
+    const unsigned char *body = f->body;
+    if (!b->entry[E_cuLaunchKernelEx] || !c->function || !c->stream)
+        return LEFT;
+    size_t n = c->var_len[0];
+    uint32_t m = c->var_len[1];
+    void *extra[] = {(void *)1, b->params, (void *)2, &n, (void *)0};
+    if (n)
+        memcpy(b->params, c->var[0], n);
     if (m)
-        memcpy(b->attrs, attrs, m);
+        memcpy(b->attrs, c->var[1], m);
     struct launch_config config = {
         {FIELD(body, launch_ex_req, grid_x), FIELD(body, launch_ex_req, grid_y),
          FIELD(body, launch_ex_req, grid_z)},
         {FIELD(body, launch_ex_req, block_x), FIELD(body, launch_ex_req, block_y),
          FIELD(body, launch_ex_req, block_z)},
-        FIELD(body, launch_ex_req, shared_mem), VALUE(stream), b->attrs,
+        FIELD(body, launch_ex_req, shared_mem), VALUE(c->stream), b->attrs,
         m / HVGPU_LAUNCH_ATTR_SIZE};
-    *status = ((launch_ex_fn)b->entry[E_LAUNCH_EX])(&config, VALUE(fn), NULL,
-                                                     n ? extra : NULL);
+    *status = ((launch_ex_fn)b->entry[E_cuLaunchKernelEx])(&config, VALUE(c->function), NULL,
+                                                            n ? extra : NULL);
     return DONE;
 }
 
-static int event_record(struct burst *b, const struct frame *f, int *status)
+static int event_record(struct burst *b, const struct checked *c, int *status)
 {
-    if (!b->entry[E_EVENT_RECORD] || f->body_len != sizeof(hvgpu_event_record_req_t))
+    if (!b->entry[E_cuEventRecord] || !c->event || !c->stream)
         return LEFT;
-    const struct slot *event = find(&b->events, FIELD(f->body, hvgpu_event_record_req_t, event));
-    const struct slot *stream = find(&b->streams,
-                                     FIELD(f->body, hvgpu_event_record_req_t, stream));
-    if (!event || !stream)
-        return LEFT;
-    *status = ((event_record_fn)b->entry[E_EVENT_RECORD])(VALUE(event), VALUE(stream));
+    *status = ((event_record_fn)b->entry[E_cuEventRecord])(VALUE(c->event), VALUE(c->stream));
     return DONE;
 }
 
-static int stream_wait_event(struct burst *b, const struct frame *f, int *status)
+static int stream_wait_event(struct burst *b, const struct frame *f, const struct checked *c,
+                             int *status)
 {
-    typedef hvgpu_stream_wait_event_req_t req;
-    if (!b->entry[E_STREAM_WAIT_EVENT] || f->body_len != sizeof(req))
+    if (!b->entry[E_cuStreamWaitEvent] || !c->stream || !c->event)
         return LEFT;
-    const struct slot *stream = find(&b->streams, FIELD(f->body, req, stream));
-    const struct slot *event = find(&b->events, FIELD(f->body, req, event));
-    if (!stream || !event)
-        return LEFT;
-    *status = ((stream_wait_event_fn)b->entry[E_STREAM_WAIT_EVENT])(
-        VALUE(stream), VALUE(event), FIELD(f->body, req, flags));
+    *status = ((stream_wait_event_fn)b->entry[E_cuStreamWaitEvent])(
+        VALUE(c->stream), VALUE(c->event), FIELD(f->body, hvgpu_stream_wait_event_req_t, flags));
     return DONE;
 }
 
-static int memset_(struct burst *b, const struct frame *f, int *status)
+static int memset_(struct burst *b, const struct frame *f, const struct checked *c, int *status)
 {
     typedef hvgpu_memset_req_t req;
     const unsigned char *body = f->body;
-    if (f->body_len != sizeof(req))
-        return LEFT;
     uint64_t dst = FIELD(body, req, dst), count = FIELD(body, req, count);
     uint32_t value = FIELD(body, req, value), width = FIELD(body, req, width);
-    int entry = width == 1 ? E_MEMSET_D8 : width == 2 ? E_MEMSET_D16 :
-                width == 4 ? E_MEMSET_D32 : -1;
-    if (entry < 0 || !b->entry[entry] || count > UINT64_MAX / width ||
-        !inside(&b->ranges, dst, count * width))
+    /* The entry point by width (which its field check has found to be 1, 2 or 4). */
+    int entry = width == 1 ? E_cuMemsetD8Async : width == 2 ? E_cuMemsetD16Async :
+                width == 4 ? E_cuMemsetD32Async : -1;
+    void *fn = entry < 0 ? NULL : b->entry[entry];
+    if (!fn || !c->stream)
         return LEFT;
-    const struct slot *stream = find(&b->streams, FIELD(body, req, stream));
-    if (!stream)
-        return LEFT;
-    void *fn = b->entry[entry];
     if (width == 1)
-        *status = ((memset_d8_fn)fn)(dst, (unsigned char)value, count, VALUE(stream));
+        *status = ((memset_d8_fn)fn)(dst, (unsigned char)value, count, VALUE(c->stream));
     else if (width == 2)
-        *status = ((memset_d16_fn)fn)(dst, (unsigned short)value, count, VALUE(stream));
+        *status = ((memset_d16_fn)fn)(dst, (unsigned short)value, count, VALUE(c->stream));
     else
-        *status = ((memset_d32_fn)fn)(dst, value, count, VALUE(stream));
+        *status = ((memset_d32_fn)fn)(dst, value, count, VALUE(c->stream));
     return DONE;
 }
 
-static int memcpy_dtod(struct burst *b, const struct frame *f, int *status)
+static int memcpy_dtod(struct burst *b, const struct frame *f, const struct checked *c,
+                       int *status)
 {
     typedef hvgpu_memcpy_dtod_req_t req;
-    const unsigned char *body = f->body;
-    if (!b->entry[E_MEMCPY_DTOD] || f->body_len != sizeof(req))
+    if (!b->entry[E_cuMemcpyDtoDAsync] || !c->stream)
         return LEFT;
-    uint64_t dst = FIELD(body, req, dst), src = FIELD(body, req, src);
-    uint64_t size = FIELD(body, req, size);
-    if (!inside(&b->ranges, dst, size) || !inside(&b->ranges, src, size))
-        return LEFT;
-    const struct slot *stream = find(&b->streams, FIELD(body, req, stream));
-    if (!stream)
-        return LEFT;
-    *status = ((memcpy_dtod_fn)b->entry[E_MEMCPY_DTOD])(dst, src, size, VALUE(stream));
+    *status = ((memcpy_dtod_fn)b->entry[E_cuMemcpyDtoDAsync])(
+        FIELD(f->body, req, dst), FIELD(f->body, req, src), FIELD(f->body, req, size),
+        VALUE(c->stream));
     return DONE;
 }
 
-static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
-                       struct hv_burst_result *out)
+static int memcpy_htod(struct burst *b, const struct frame *f, const struct checked *c,
+                       int *status, struct hv_burst_result *out)
 {
     typedef hvgpu_memcpy_htod_req_t req;
     uint64_t n = f->payload_len;
-    if (f->body_len != sizeof(req) || !b->ring)
+    if (!b->ring || !c->stream)
         return LEFT;
     uint64_t dst = FIELD(f->body, req, dst), handle = FIELD(f->body, req, stream);
-    const struct slot *stream = find(&b->streams, handle);
-    if (!inside(&b->ranges, dst, n) || !stream)
-        return LEFT;
     struct ring *r = b->ring;
     if (b->held >= 0 && (b->held_stream != handle || b->held_used + n > r->segment)) {
         /* One event per segment covers one stream's copies only. */
@@ -613,11 +675,11 @@ static int memcpy_htod(struct burst *b, const struct frame *f, int *status,
         if (b->held < 0)
             return LEFT;
         b->held_stream = handle;
-        b->held_value = stream->value;
+        b->held_value = c->stream->value;
     }
     unsigned char *at = r->base + (uint64_t)b->held * r->segment + b->held_used;
     memcpy(at, f->body + f->body_len, n);
-    *status = ((memcpy_htod_fn)b->entry[E_MEMCPY_HTOD])(dst, at, n, VALUE(stream));
+    *status = ((memcpy_htod_fn)b->entry[E_cuMemcpyHtoDAsync])(dst, at, n, VALUE(c->stream));
     if (!*status) {
         b->held_used += n;
         b->held_seq = f->seq;
@@ -642,17 +704,17 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
             FIELD(h, hvgpu_header_t, flags) != HVGPU_FLAG_ONEWAY || index < 0 ||
             f.body_len > max_body)
             break;
+        if (f.payload_len && !hv_served[index].payload)
+            break; /* its op takes none */
         if (op == HVGPU_OP_MEMCPY_HTOD) {
             /* Small copies only: their bytes are staged in one ring segment. */
             if (!f.payload_len || (b->ring && f.payload_len > b->ring->segment))
                 break;
             if (!b->ring) {
-                out->want_ring = !b->no_ring && b->entry[E_MEMCPY_HTOD] &&
-                                 b->entry[E_EVENT_RECORD] && b->entry[E_EVENT_SYNCHRONIZE];
+                out->want_ring = !b->no_ring && b->entry[E_cuMemcpyHtoDAsync] &&
+                                 b->entry[E_cuEventRecord] && b->entry[E_cuEventSynchronize];
                 break;
             }
-        } else if (f.payload_len) {
-            break;
         }
         uint64_t size = HVGPU_HEADER_SIZE + f.body_len + f.payload_len;
         if (len - at < size) {
@@ -660,14 +722,18 @@ HV_EXPORT void hv_burst_run(struct burst *b, const unsigned char *buf, uint64_t 
             break;
         }
         int status = 0, done;
+        struct checked c = {0};
+        if (check_frame(b, index, &f, &c) != DONE)
+            break;
         switch (index) {
-        case S_LAUNCH_KERNEL: done = launch(b, &f, &status); break;
-        case S_LAUNCH_KERNEL_EX: done = launch_ex(b, &f, &status); break;
-        case S_EVENT_RECORD: done = event_record(b, &f, &status); break;
-        case S_STREAM_WAIT_EVENT: done = stream_wait_event(b, &f, &status); break;
-        case S_MEMSET: done = memset_(b, &f, &status); break;
-        case S_MEMCPY_DTOD: done = memcpy_dtod(b, &f, &status); break;
-        default: done = memcpy_htod(b, &f, &status, out); break;
+        case S_LAUNCH_KERNEL: done = launch(b, &f, &c, &status); break;
+        case S_LAUNCH_KERNEL_EX: done = launch_ex(b, &f, &c, &status); break;
+        case S_EVENT_RECORD: done = event_record(b, &c, &status); break;
+        case S_STREAM_WAIT_EVENT: done = stream_wait_event(b, &f, &c, &status); break;
+        case S_MEMSET: done = memset_(b, &f, &c, &status); break;
+        case S_MEMCPY_DTOD: done = memcpy_dtod(b, &f, &c, &status); break;
+        case S_MEMCPY_HTOD: done = memcpy_htod(b, &f, &c, &status, out); break;
+        default: done = LEFT; break; /* a served op without a driver call here */
         }
         if (done != DONE)
             break;

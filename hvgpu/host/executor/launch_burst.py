@@ -11,8 +11,11 @@ created, a device range when it is allocated or looked up, each removed when
 it goes away. Anything the C loop does not serve is left for the session's
 Python path, which applies the same checks with full error messages.
 
-This module loads a C library and calls function pointers given to it; it
-must not import CUDA, open sockets or decide what a guest may do.
+Which ops the loop serves, with which driver entry points and which field checks,
+is the executor's op table's to say (``ops``: each op declared with ``burst=`` and
+``fields=``); this module hands that to the C loop, through the header cgen
+generates. It loads a C library and calls function pointers given to it; it must
+not import CUDA, open sockets or decide what a guest may do.
 """
 
 from __future__ import annotations
@@ -22,30 +25,28 @@ import logging
 from pathlib import Path
 from typing import NamedTuple
 
+from hvgpu.host.executor.ops import TABLE
 from hvgpu.virtio import protocol as P
 
 log = logging.getLogger(__name__)
 
 LIBRARY = Path(__file__).with_name("liblaunch_burst.so")
 
-# The interface with the C loop is defined here alone: launch_burst.h, which the loop
-# includes, is generated from these tables (python -m hvgpu.virtio.cgen).
+# The interface with the C loop is defined here and in the executor's op table alone:
+# launch_burst.h, which the loop includes, is generated from them
+# (python -m hvgpu.virtio.cgen).
 #
-# The driver entry points the loop calls, in the order it takes them (each with the
-# loop's name for it, its E_ index): a device gives the addresses of those it has
-# (GpuDevice.driver_entries); an op whose entry point is missing goes through the
-# Python path.
-ENTRY_NAMES = {
-    "cuLaunchKernel": "LAUNCH", "cuLaunchKernelEx": "LAUNCH_EX", "cuEventRecord": "EVENT_RECORD",
-    "cuStreamWaitEvent": "STREAM_WAIT_EVENT", "cuEventSynchronize": "EVENT_SYNCHRONIZE",
-    "cuMemsetD8Async": "MEMSET_D8", "cuMemsetD16Async": "MEMSET_D16",
-    "cuMemsetD32Async": "MEMSET_D32", "cuMemcpyDtoDAsync": "MEMCPY_DTOD",
-    "cuMemcpyHtoDAsync": "MEMCPY_HTOD"}
-ENTRIES = tuple(ENTRY_NAMES)
-# The ops it serves, in the order of its per-op counts (its S_ indexes).
-SERVED_OPS = ("LAUNCH_KERNEL", "LAUNCH_KERNEL_EX", "EVENT_RECORD", "STREAM_WAIT_EVENT",
-              "MEMSET", "MEMCPY_DTOD", "MEMCPY_HTOD")
+# The ops it serves: those the table declares with the driver entry points the C loop
+# calls for them (``burst=``), by op code, in the order of its per-op counts (its S_
+# indexes); the C loop applies each one's declared field checks (``fields=``).
+SERVED_OPS = tuple(op.name for code, op in sorted(TABLE.items()) if op.burst)
 SERVED = tuple(P.OP[name] for name in SERVED_OPS)
+# The driver entry points it calls, in the order of its E_ indexes: the served ops',
+# then those its copy ring needs besides. A device gives the addresses of those it has
+# (GpuDevice.driver_entries); an op whose entry point is missing goes through Python.
+RING_ENTRIES = ("cuEventRecord", "cuEventSynchronize")
+ENTRIES = tuple(dict.fromkeys(
+    [entry for name in SERVED_OPS for entry in TABLE[P.OP[name]].burst] + list(RING_ENTRIES)))
 _LAUNCHES = (P.OP["LAUNCH_KERNEL"], P.OP["LAUNCH_KERNEL_EX"])
 MAX_SEGMENTS = 1024  # segments of a copy ring at most
 # What one run reports (struct hv_burst_result, naturally aligned): (field, type, count).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from hvgpu.errors import ConnectionLost, CudaError
 from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import ALREADY_REPLIED, SETTLES_FIRST, Family, RELEASES, ahead
 from hvgpu.host.executor.staging import StagingPool
@@ -78,14 +79,9 @@ def mem_free(session, hdr, dptr):
     allocation.release(session)
 
 
-def _upload(session, hdr, dst, stream) -> tuple:
-    checks.device_range(session, dst, hdr.payload_len, "destination")
-    s = checks.stream(session, stream)
-    session.graphs.refuse_if_capturing(s, "a copy from pageable host memory")
-    return dst, s
-
-
-@declare("MEMCPY_HTOD", check=_upload)
+@declare("MEMCPY_HTOD", burst=("cuMemcpyHtoDAsync",), fields=(
+    F.device_range("dst", F.PAYLOAD, what="destination"),
+    F.stream("stream", capture="a copy from pageable host memory")))
 def memcpy_htod(session, hdr, dst, s):
     n = hdr.payload_len
     staging(session).upload(session.reader.read_payload_into, dst, n, s)
@@ -129,25 +125,16 @@ def memcpy_dtoh(session, hdr, src, size, s):
     return ALREADY_REPLIED
 
 
-def _device_copy(session, hdr, dst, src, size, stream) -> tuple:
-    checks.device_range(session, dst, size, "destination")
-    checks.device_range(session, src, size, "source")
-    return dst, src, size, checks.stream(session, stream)
-
-
-@declare("MEMCPY_DTOD", check=_device_copy)
+@declare("MEMCPY_DTOD", burst=("cuMemcpyDtoDAsync",), fields=(
+    F.device_range("dst", "size", what="destination"),
+    F.device_range("src", "size", what="source"), F.stream("stream")))
 def memcpy_dtod(session, hdr, dst, src, size, s):
     session.device.memcpy_dtod_async(dst, src, size, s)
 
 
-def _memset(session, hdr, dst, count, value, width, stream) -> tuple:
-    if width not in (1, 2, 4):
-        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"memset width {width} is not 1, 2 or 4")
-    checks.device_range(session, dst, count * width, "destination")
-    return dst, count, value, width, checks.stream(session, stream)
-
-
-@declare("MEMSET", check=_memset)
+@declare("MEMSET", burst=("cuMemsetD8Async", "cuMemsetD16Async", "cuMemsetD32Async"), fields=(
+    F.one_of("width", (1, 2, 4)),
+    F.device_range("dst", "count", times="width", what="destination"), F.stream("stream")))
 def memset(session, hdr, dst, count, value, width, s):
     session.device.memset_async(dst, value, width, count, s)
 

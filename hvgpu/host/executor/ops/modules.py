@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 import struct
 
-from hvgpu.errors import CudaError, ProtocolError
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import MEASURED, RELEASES, Family
 from hvgpu.host.executor.tables import Allocations
-from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,7 @@ MAX_SOURCE = nvrtc_policy.MAX_SOURCE  # MODULE_COMPILE(_HEADERS): source and its
 # How long a compilation waits for the VM's compiler slot before it is refused: two
 # compilations that each reach their limits (compiler.py: 60 CPU s, 150 s in all).
 COMPILE_WAIT = 300.0
-_LAUNCH_FIXED = codec.REQUEST[P.OP["LAUNCH_KERNEL"]].fixed
 _LAUNCH_ATTR_SIZE = P.LAUNCH_ATTR_SIZE  # sizeof(CUlaunchAttribute)
-_EVENT_ATTRS = P.LAUNCH_EVENT_ATTRS  # they hold guest handles
 _MAX_FUNC_ATTRIBUTES = P.MAX_FUNC_ATTRIBUTES  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 
 
@@ -266,46 +264,19 @@ def tensor_map_encode_tiled(session, hdr, *fields):
 
 # -- launches ------------------------------------------------------------------------------
 
-def _launch(session, hdr, body) -> tuple:
-    """LAUNCH_KERNEL, decoded in place; the parameters go to the driver as a view."""
-    size = _LAUNCH_FIXED.size
-    if len(body) < size:
-        raise ProtocolError(f"body of {len(body)} bytes is shorter than the {size} "
-                            "its fields need", code="bad-frame")
-    function, gx, gy, gz, bx, by, bz, shared, stream, n = _LAUNCH_FIXED.unpack_from(body)
-    if len(body) != size + n:
-        raise ProtocolError(f"parameter length {n} does not match the body", code="bad-frame")
-    params = body[size:]
-    if session.graphs.origins:
-        checks.graph_reads_params(session, params)
-    return (checks.launch_params(session, function, params), (gx, gy, gz), (bx, by, bz),
-            shared, checks.stream(session, stream), params)
-
-
-@declare("LAUNCH_KERNEL", check=_launch, raw=True)
-def launch_kernel(session, hdr, fn, grid, block, shared, s, params):
-    session.device.launch(fn, grid, block, shared, s, params)
+# Served by the C loop too; a launch's frame is decoded in place (raw): its parameters
+# go to the driver as a view of the receive buffer.
+@declare("LAUNCH_KERNEL", raw=True, burst=("cuLaunchKernel",),
+         fields=(F.function("function"), F.params("params"), F.stream("stream")))
+def launch_kernel(session, hdr, fn, gx, gy, gz, bx, by, bz, shared, s, params):
+    session.device.launch(fn, (gx, gy, gz), (bx, by, bz), shared, s, params)
     session.counts["launches"] += 1
 
 
-def _launch_ex(session, hdr, function, gx, gy, gz, bx, by, bz, shared, stream, params,
-               attrs) -> tuple:
-    fn = checks.launch_params(session, function, params)
-    if len(attrs) % _LAUNCH_ATTR_SIZE:
-        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                        f"{len(attrs)} bytes of launch attributes is not a whole number")
-    for i in range(0, len(attrs), _LAUNCH_ATTR_SIZE):
-        if int.from_bytes(attrs[i:i + 4], "little") in _EVENT_ATTRS:
-            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, "launch attributes naming events")
-    if session.graphs.origins:
-        checks.graph_reads_params(session, params)
-    return (fn, (gx, gy, gz), (bx, by, bz), shared, checks.stream(session, stream), params,
-            attrs)
-
-
-@declare("LAUNCH_KERNEL_EX", check=_launch_ex)
-def launch_kernel_ex(session, hdr, fn, grid, block, shared, s, params, attrs):
-    session.device.launch_ex(fn, grid, block, shared, s, params, attrs)
+@declare("LAUNCH_KERNEL_EX", burst=("cuLaunchKernelEx",), fields=(
+    F.function("function"), F.params("params"), F.attrs("attrs"), F.stream("stream")))
+def launch_kernel_ex(session, hdr, fn, gx, gy, gz, bx, by, bz, shared, s, params, attrs):
+    session.device.launch_ex(fn, (gx, gy, gz), (bx, by, bz), shared, s, params, attrs)
     session.counts["launches"] += 1
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.ops import checks
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
 from hvgpu.host.executor.ops.table import RELEASES, SETTLES, Family
 from hvgpu.virtio import protocol as P
@@ -124,12 +125,8 @@ def stream_query(session, hdr, s):
         raise CudaError(P.CUDA_ERROR_NOT_READY)
 
 
-def _wait_event(session, hdr, stream, event, flags) -> tuple:
-    session.graphs.event_used(event)  # a capture under way may take the wait in
-    return checks.stream(session, stream), checks.event(session, event), flags
-
-
-@declare("STREAM_WAIT_EVENT", check=_wait_event)
+@declare("STREAM_WAIT_EVENT", burst=("cuStreamWaitEvent",),
+         fields=(F.stream("stream"), F.event("event")))
 def stream_wait_event(session, hdr, s, e, flags):
     session.device.stream_wait_event(s, e, flags)
 
@@ -155,12 +152,7 @@ def event_destroy(session, hdr, event):
     event.release(session)
 
 
-def _record(session, hdr, event, stream) -> tuple:
-    session.graphs.event_used(event)  # a capture under way may take the record in
-    return checks.event(session, event), checks.stream(session, stream)
-
-
-@declare("EVENT_RECORD", check=_record)
+@declare("EVENT_RECORD", burst=("cuEventRecord",), fields=(F.event("event"), F.stream("stream")))
 def event_record(session, hdr, e, s):
     session.device.event_record(e, s)
 

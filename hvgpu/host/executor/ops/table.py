@@ -7,7 +7,12 @@ Every protocol op the executor serves is one :class:`Op` in the table
   does not hold, a range outside its memory, a value CUDA would refuse) before
   anything is held or any work given to the driver (it may ask the driver, as
   whether a stream is capturing), and returns the values ``act`` takes (handles
-  resolved to the objects they name);
+  resolved to the objects they name); or, declared as data (``fields=``, see
+  ``fields.py``), the check is derived from that description;
+- ``burst`` names the driver entry points with which the executor's C loop
+  (launch_burst.c) serves the op, applying the same field checks from the table
+  ``hvgpu.virtio.cgen`` generates from ``fields``: the ops declared so are the ones
+  the C loop serves;
 - ``charge`` says what the op does to the slice's quota (:class:`Charge`); where
   the charge can be made around the action (ahead of it, or a settling of the
   pools) the table makes it, so the action cannot forget it;
@@ -27,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 
@@ -92,6 +98,8 @@ class Op:
     family: str
     raw: bool = False  # check takes the frame's body undecoded (the hot launch path)
     payload: tuple[int, str] | None = None  # the most payload bytes it takes whole, and what
+    fields: tuple[F.FieldCheck, ...] = ()  # its field checks as data (check derived from them)
+    burst: tuple[str, ...] = ()  # the driver entry points the C loop serves it with
     serve: Callable[..., Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -151,16 +159,30 @@ class Family:
         self.name = name
         self.ops: list[Op] = []
 
-    def declare(self, name: str, *, check: Callable[..., tuple] = as_sent,
+    def declare(self, name: str, *, check: Callable[..., tuple] | None = None,
                 charge: Charge = NONE, raw: bool = False,
-                payload: tuple[int, str] | None = None) -> Callable:
-        """``@family.declare("MEM_ALLOC", check=..., charge=...)`` on the action."""
+                payload: tuple[int, str] | None = None,
+                fields: tuple[F.FieldCheck, ...] = (), burst: tuple[str, ...] = ()) -> Callable:
+        """``@family.declare("MEM_ALLOC", check=..., charge=...)`` on the action;
+        ``fields=`` instead of ``check=`` derives the check from its field checks, and
+        ``burst=`` (the driver entry points it calls) has the C loop serve it too."""
         code = P.OP[name]  # KeyError: not a protocol op
+        if fields and check is not None:
+            raise ValueError(f"{name}: a check is given or derived from fields, not both")
+        if burst and not fields:
+            raise ValueError(f"{name}: the C loop serves only ops whose checks are fields")
+        if burst and P.OPS_BY_CODE[code].kind != P.ONEWAY:
+            raise ValueError(f"{name}: the C loop serves one-way ops only")
+        if fields:
+            check = F.derive(name, tuple(fields), raw=raw)
+        elif check is None:
+            check = as_sent
 
         def register(act: Callable) -> Callable:
             if charge.kind not in KINDS:
                 raise ValueError(f"{name}: no charge kind {charge.kind!r}")
-            self.ops.append(Op(code, check, charge, act, self.name, raw, payload))
+            self.ops.append(Op(code, check, charge, act, self.name, raw, payload,
+                               tuple(fields), tuple(burst)))
             return act
 
         return register
