@@ -119,6 +119,11 @@ def _sleep(dev, ms):
     time.sleep(ms / 1000)
 
 
+def _say(dev, value, lines):
+    """As a kernel's printf: into the context's buffer, out at the next synchronisation."""
+    dev.printf_buffer += b"".join(b"kernel says %d\n" % (value + i) for i in range(lines))
+
+
 # name -> (parameter layout as cuFuncGetParamInfo gives it, struct format, body)
 KERNELS = {
     "saxpy": ([(0, 4), (8, 8), (16, 8), (24, 4)], "<f4xQQi", _saxpy),
@@ -126,6 +131,7 @@ KERNELS = {
     "noop": ([], "", lambda dev: None),
     "fault": ([], "", _fault),
     "sleep_ms": ([(0, 4)], "<i", _sleep),
+    "say": ([(0, 4), (4, 4)], "<ii", _say),  # printf: value, lines
     "burn": ([(0, 8), (8, 4)], "<Qi", lambda dev, out, iters: None),  # bench/multi_tenant.py
     "clustered": ([], "", lambda dev: None),  # its cluster shape was fixed when compiled
 }
@@ -245,6 +251,7 @@ class FakeDevice:
         self.registered: dict[int, int] = {}  # host_register: address -> bytes
         self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
+        self.printf_buffer = b""  # what kernels printed, written out at a synchronisation
         self.allocated = 0
         self.freed = 0
         self.launches = 0
@@ -587,7 +594,13 @@ class FakeDevice:
         self._publish()
 
     def _synchronized(self):
-        """The driver gives pool memory back beyond each pool's release threshold."""
+        """The driver gives pool memory back beyond each pool's release threshold, and
+        writes what kernels printed to the process's standard output."""
+        out = self.printf_buffer
+        if out:
+            self.printf_buffer = b""
+            while out:
+                out = out[os.write(1, out):]
         for pool in self.pools.values():
             pool.release_beyond(pool.attrs[4])
         self._publish()

@@ -41,6 +41,11 @@ FLAG_REPLY = 0x02  # this frame answers the request with the same seq
 # timer and reads on; the real reply still follows.
 FLAG_PROGRESS = 0x04
 PROGRESS_EVERY = 1.0  # seconds between progress frames while the executor is busy
+# With FLAG_REPLY, no body: the payload is what the GPU's kernels printed (device-side
+# printf) that a synchronisation flushed, sent just before the reply of a synchronous
+# request (same op and seq) to guests that set CAP_OUTPUT. The guest writes it to its
+# standard output before the call returns, and reads on: the real reply follows.
+FLAG_OUTPUT = 0x08
 
 # Capability bits exchanged in HELLO.
 CAP_NVRTC = 1 << 0  # the agent compiles CUDA C++ source (MODULE_COMPILE)
@@ -51,6 +56,7 @@ CAP_SHM_DEVICE = 1 << 4  # the VM has a shared-memory device (ivshmem) to SHM_AT
 # The guest only looks (the NVML library, hvgpu-guest smi): its connection is not one of
 # the vGPU's processes in VGPU_PROCESSES. The agent echoes it.
 CAP_MONITOR = 1 << 5
+CAP_OUTPUT = 1 << 6  # the guest accepts FLAG_OUTPUT frames (kernel printf output)
 
 # HELLO's client: the guest software's name, then, where the guest states which of the
 # VM's processes it speaks for, "; pid PID; NAME" (its pid inside the VM and its name,

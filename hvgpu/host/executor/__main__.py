@@ -31,6 +31,7 @@ from hvgpu.host import logs
 from hvgpu.host.executor import messages, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
+from hvgpu.host.executor.kernel_output import KernelOutput
 from hvgpu.host.executor.agent_link import AgentLink, RemoteQuota, Stats
 from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.session import DEVICE_MEMORY, Session
@@ -90,7 +91,8 @@ def watch_lifeline(fd: int) -> None:
 
 
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
-                compute: int = 0, shm: int = 0, vgpu: int = 0) -> None:
+                compute: int = 0, shm: int = 0, vgpu: int = 0,
+                output: KernelOutput | None = None) -> None:
     quota = RemoteQuota(link)
     shared = regions.Shared(shm, link.region, vgpu)
     staging = StagingPool(device) if device is not None else None
@@ -125,7 +127,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             session = Session(sock, device, peer=peer, cache=cache, device_error=error,
                               quota=quota, owns_device=False, slice_name=name, compute=compute,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
-                              on_poisoned=poison, shared=shared, neighbours=neighbours)
+                              on_poisoned=poison, shared=shared, neighbours=neighbours,
+                              kernel_output=output)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             stats.add(session)
             with lock:
@@ -258,13 +261,15 @@ def main(argv=None) -> int:
     log.info("confinement: %s; uid %d, gid %d", sandbox.narrow(
         sandbox.serving_paths(args.cache_dir, args.allow_read, args.allow_write)),
         os.getuid(), os.getgid())
+    # What kernels print goes to the guests, not to the agent's log.
+    output = KernelOutput.install() if device is not None else None
     if args.control_fd is not None:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
-                    args.compute, args.shm, args.vgpu)
+                    args.compute, args.shm, args.vgpu, output)
         return 0
     shared = regions.Shared(args.shm)  # memfds only: no VM, no device region
     Session(adopt(args.fd), device, peer=args.peer, cache=cache, device_error=error,
-            heartbeat=Heartbeat(), shared=shared).serve()  # its own staging pool, closed with it
+            heartbeat=Heartbeat(), shared=shared, kernel_output=output).serve()  # its own staging pool, closed with it
     return 0
 
 

@@ -46,6 +46,7 @@ from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
+from hvgpu.host.executor.kernel_output import KernelOutput
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.ops import checks, memory
 from hvgpu.host.executor.ops.modules import MAX_MODULE_IMAGE, MAX_SOURCE  # noqa: F401
@@ -99,6 +100,7 @@ _TAKES_PAYLOAD = frozenset(op.code for op in P.OPS if op.request_payload)
 # idle as long as it likes).
 MID_FRAME_SILENCE = 60.0
 _PROGRESS_FLAGS = P.FLAG_REPLY | P.FLAG_PROGRESS
+_OUTPUT_FLAGS = P.FLAG_REPLY | P.FLAG_OUTPUT
 
 
 class Session:
@@ -112,13 +114,16 @@ class Session:
                  on_poisoned: Callable[[int], None] | None = None,
                  shared: regions.Shared | None = None,
                  neighbours: Callable[[], list] | None = None,
-                 uploads: admission.UploadBudget | None = None):
+                 uploads: admission.UploadBudget | None = None,
+                 kernel_output: KernelOutput | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.send_lock = threading.Lock()
         self.busy: tuple[float, int, int] | None = None  # (since, op, seq) of the frame in work
         self.streaming = False  # a reply's payload is being sent: no other frame may cut in
         self.progress = False  # the guest set CAP_PROGRESS
+        self.kernel_output = kernel_output  # what kernels print, for the guest (CAP_OUTPUT)
+        self.takes_output = False  # the guest set CAP_OUTPUT
         self.last_progress = 0.0
         self.tail = b""  # unsent end of a progress frame (send lock held to touch it)
         self.closed = False
@@ -428,7 +433,7 @@ class Session:
             return False
         self.version = chosen
         mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS \
-            | P.CAP_MONITOR
+            | P.CAP_MONITOR | (P.CAP_OUTPUT if self.kernel_output is not None else 0)
         if self.device is not None:
             mycaps |= self.shared.caps
             if self.reader.fds is None:  # descriptors travel on unix sockets only
@@ -438,6 +443,7 @@ class Session:
                  f"hvgpu {__version__}")
         self._send(_reply_frame(hdr.op, hdr.seq, codec.REPLY[_HELLO].encode(reply)))
         self.progress = bool(caps & P.CAP_PROGRESS)
+        self.takes_output = bool(caps & mycaps & P.CAP_OUTPUT)
         self.monitor = bool(caps & P.CAP_MONITOR)
         self.client_pid, self.client_name = P.parse_client(client)
         return True
@@ -473,8 +479,11 @@ class Session:
     # -- sending: one frame at a time on the guest's socket ------------------------
 
     def _send(self, data) -> None:
+        """A reply frame, after what kernels printed since the last one."""
         with self.send_lock:
             try:
+                if self.kernel_output is not None:
+                    self.output_locked(data)
                 self.send_locked(data)
             except (BrokenPipeError, ConnectionResetError) as exc:
                 raise ConnectionLost(f"guest went away while sending: {exc}") from None
@@ -486,6 +495,23 @@ class Session:
             self.sock.sendall(self.tail)
             self.tail = b""
         self.sock.sendall(data)
+
+    def output_locked(self, reply) -> None:
+        """Before ``reply`` (a reply's header, send lock held): what kernels printed,
+        as FLAG_OUTPUT frames of the same op and seq; dropped, with a note in the log,
+        for a guest that cannot take them."""
+        out = self.kernel_output.take()
+        if not out:
+            return
+        op, seq = reply_of(reply)
+        if not self.takes_output:
+            log.info("%s: %d bytes of kernel printf output dropped: the guest's runtime does "
+                     "not take it (an older hvgpu)", self.peer, len(out))
+            return
+        for at in range(0, len(out), P.MAX_PAYLOAD):
+            chunk = out[at:at + P.MAX_PAYLOAD]
+            self.send_locked(pack_header(op, _OUTPUT_FLAGS, seq, 0, 0, len(chunk)))
+            self.send_locked(chunk)
 
     def _last_word(self, op: int, seq: int, status: int, message: str) -> None:
         """An error reply before closing, where the frame allows one; never waits."""
@@ -593,6 +619,12 @@ class Session:
 
 # op -> serve(session, hdr, body): decode, check, charge, act (ops/table.py)
 _SERVING: dict[int, Callable] = {code: op.serve for code, op in ops.TABLE.items()}
+
+
+def reply_of(frame) -> tuple[int, int]:
+    """The op and seq of a frame's header."""
+    hdr = P.HEADER.unpack_from(frame)
+    return hdr[3], hdr[5]
 
 
 def _reply_frame(op: int, seq: int, body: bytes, status: int = 0) -> bytes:

@@ -102,9 +102,15 @@ def memcpy_dtoh(session, hdr, src, size, s):
 
     def start():
         nonlocal started
-        with lock:
-            session.streaming = started = True  # until the last byte: no progress frame cuts in
-        send(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size))
+        head = pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, size)
+        try:
+            with lock:
+                session.streaming = started = True  # until the last byte: no progress frame
+                if session.kernel_output is not None:  # a blocking copy flushes printf
+                    session.output_locked(head)
+                session.send_locked(head)
+        except OSError as exc:
+            raise ConnectionLost(f"guest went away during a copy: {exc}") from None
 
     def send(view):
         try:
