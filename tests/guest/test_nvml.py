@@ -106,6 +106,27 @@ def test_pynvml_sees_the_slice_as_its_gpu(agent):
     assert out["utilization"] == not_supported  # this agent does not measure it
 
 
+def test_nccls_start_up_questions_get_the_answers_a_gpu_without_peers_gives(agent):
+    # NCCL (torch.distributed's backend) asks every pair of devices, itself included, for
+    # P2P read and write and stops at any error; the rest it tolerates NOT_SUPPORTED for.
+    out = _pynvml(agent.vm_address("vm1"), """
+        N.nvmlInit()
+        h = N.nvmlDeviceGetHandleByIndex(0)
+        # nvmlGpuP2PCapsIndex_t READ and WRITE (pynvml's own constants are tuples)
+        out["p2p"] = [N.nvmlDeviceGetP2PStatus(h, h, i) for i in (0, 1)]
+        for name, call in [("nvlink", lambda: N.nvmlDeviceGetNvLinkState(h, 0)),
+                           ("pcie", lambda: N.nvmlDeviceGetCurrPcieLinkGeneration(h))]:
+            try:
+                call()
+                out[name] = "answered"
+            except N.NVMLError as e:
+                out[name] = e.value
+        N.nvmlShutdown()
+    """)
+    assert out["p2p"] == [pynvml.NVML_P2P_STATUS_OK] * 2
+    assert out["nvlink"] == out["pcie"] == pynvml.NVML_ERROR_NOT_SUPPORTED
+
+
 def test_pynvml_through_hvgpu_guest_run_sees_only_its_vms_processes(agent):
     agent.api.attach("vm2", "128M", allow_time_shared=True)
     with Connection(agent.vm_address("vm1")) as vm1_process:

@@ -412,6 +412,22 @@ HV_EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pc
     return NVML_SUCCESS;
 }
 
+/* Peer access between two vGPUs is not built (the CUDA shim's cuDeviceCanAccessPeer
+   says 0): NVML agrees. A device and itself: its own memory, which it always reaches.
+   NCCL asks every pair, itself included, at start and gives up on any error. */
+enum { NVML_P2P_STATUS_OK = 0, NVML_P2P_STATUS_NOT_SUPPORTED = 5 };
+enum { NVML_P2P_CAPS_INDEX_READ = 0, NVML_P2P_CAPS_INDEX_PROP = 4, NVML_P2P_CAPS_INDEX_UNKNOWN = 5 };
+
+HV_EXPORT nvmlReturn_t nvmlDeviceGetP2PStatus(nvmlDevice_t h1, nvmlDevice_t h2, int index,
+                                              int *status) {
+    DEVICE(h1, a);
+    DEVICE(h2, b);
+    if (!status || index < NVML_P2P_CAPS_INDEX_READ || index > NVML_P2P_CAPS_INDEX_UNKNOWN)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *status = a == b ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
 /* -- devices: what they hold and do ------------------------------------------------ */
 
 static nvmlReturn_t slice_memory(struct nvml_dev *dev, unsigned long long *total,
