@@ -116,6 +116,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
             ("hvgpu_client_download", i, [vp, vp, u64, u64, u64]),
             ("hvgpu_client_pinned_alloc", i, [vp, u64, ctypes.POINTER(vp)]),
             ("hvgpu_client_pinned_free", i, [vp, vp]),
+            ("hvgpu_client_pinned_where", i, [vp, vp, pu32, pu64]),
             ("hvgpu_client_lane", i, [vp, pi, ctypes.POINTER(ctypes.c_char_p)]),
             ("hvgpu_shim_frames", None, [u16, pu64, pu64])):
         fn = getattr(lib, name)
@@ -206,8 +207,9 @@ class PinnedMemory:
     A copy from it returns before the DMA has read it: change it only after a sync.
     ``view`` must not be used after :meth:`close`."""
 
-    def __init__(self, conn: "Connection", addr: int, size: int):
+    def __init__(self, conn: "Connection", addr: int, size: int, region: int, offset: int):
         self.conn, self.addr, self.size = conn, addr, size
+        self.region, self.offset = region, offset  # where the executor finds it
         self.view = memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
 
     def __repr__(self) -> str:
@@ -445,7 +447,10 @@ class Connection:
             if r:
                 self._fail(r, P.OP["SHM_ALLOC"])
             self._pinned.add(p.value)
-            return PinnedMemory(self, p.value, size)
+            region, offset = ctypes.c_uint32(), ctypes.c_uint64()
+            self.lib.hvgpu_client_pinned_where(self._w, p.value, ctypes.byref(region),
+                                               ctypes.byref(offset))
+            return PinnedMemory(self, p.value, size, region.value, offset.value)
 
     def _free_pinned(self, mem: PinnedMemory) -> None:
         with self.lock:

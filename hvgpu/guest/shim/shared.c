@@ -748,6 +748,13 @@ HV_EXPORT int hvgpu_client_pinned_free(struct wire *w, void *p) {
     return earlier ? earlier : r;
 }
 
+/* Where pinned memory at p lies: its region and offset there (1), else 0. */
+HV_EXPORT int hvgpu_client_pinned_where(struct wire *w, const void *p, uint32_t *region,
+                                        uint64_t *offset) {
+    struct lane *l = *hv_wire_lane(w);
+    return l && block_find(p, 1, l, region, offset);
+}
+
 /* The lane of w: 0 not tried yet, 1 none (why says why), 2 the VM's device region,
    3 memfds; *staged whether the staging slots are there. */
 HV_EXPORT int hvgpu_client_lane(struct wire *w, int *staged, const char **why) {

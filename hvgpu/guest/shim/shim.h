@@ -105,7 +105,8 @@ CUresult hv_wire_call_payload(struct wire *w, uint16_t op, const void *body, uin
                               void *rpayload, uint64_t rpayload_len);
 /* A standalone wire (hvgpu_client_open, wire.c's exported API): hv_wire_device is -1
    for it, and shared.c keeps its lane in *hv_wire_lane. hv_wire_take locks a wire
-   one has, as hv_wire_hold does the routed vGPU's (hv_wire_release lets go). */
+   one has, as hv_wire_hold does the routed vGPU's (hv_wire_release lets go), and
+   begins an exported call on it. */
 int hv_wire_standalone(const struct wire *w);
 void **hv_wire_lane(struct wire *w);
 CUresult hv_wire_take(struct wire *w);

@@ -887,6 +887,7 @@ void **hv_wire_lane(struct wire *w) { return &w->lane; }
 
 CUresult hv_wire_take(struct wire *w) {
     pthread_mutex_lock(&w->lock);
+    w->refused = 0; /* an exported call begins: its first refusal is what it reports */
     if (w->state == ST_READY) return CUDA_SUCCESS;
     pthread_mutex_unlock(&w->lock);
     return w->error;
