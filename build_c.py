@@ -86,12 +86,14 @@ NVML = PlainC(
 # The Python API's client (hvgpu/guest/client.py loads it with ctypes): the shim's own
 # framing, HELLO, coalescing, shared-memory lane, staging and copies, in a library whose
 # soname is not libcuda.so.1 (client.c says why).
-CLIENT_SOURCES = ["wire.c", "shared.c", "region.c", "pcopy.c", "client.c"]
+CLIENT_DIR = os.path.join("hvgpu", "guest", "clientlib")
+CLIENT_SOURCES = ["wire.c", "shared.c", "region.c", "pcopy.c"]  # of the shim's
 CLIENT = PlainC(
-    "hvgpu.guest.shim.libhvgpu_client", "libhvgpu-client.so",
-    [os.path.join(SHIM_DIR, s) for s in CLIENT_SOURCES],
+    "hvgpu.guest.shim.libhvgpu_client", "libhvgpu-client.so.1",
+    [os.path.join(CLIENT_DIR, "client.c")] + [os.path.join(SHIM_DIR, s) for s in CLIENT_SOURCES],
     depends=[os.path.join(SHIM_DIR, "shim.h")],
-    link_args=["-Wl,-soname,libhvgpu-client.so"],
+    include=[SHIM_DIR],
+    link_args=["-Wl,-soname,libhvgpu-client.so.1"],
     without="the guest's Python API (hvgpu.guest) cannot reach the agent: it raises an "
             "error saying so")
 

@@ -1,6 +1,6 @@
 """The guest end of the data lane: one connection to the host agent.
 
-The connection itself is the guest's C client library (``libhvgpu-client.so``,
+The connection itself is the guest's C client library (``libhvgpu-client.so.1``,
 built from the ``libcuda.so.1`` shim's own sources: ``shim/wire.c``,
 ``shared.c``, ``region.c``, ``pcopy.c``; docs/design/guest-client.md says why),
 called through ctypes: framing, the HELLO handshake, coalescing, the

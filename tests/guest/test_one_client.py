@@ -59,9 +59,9 @@ def test_the_python_api_runs_its_own_library_not_the_shim():
 
 def test_a_missing_library_says_what_is_missing_and_how_to_get_it(monkeypatch, tmp_path):
     monkeypatch.setattr(client, "_lib", None)
-    monkeypatch.setattr(client, "CLIENT_LIBRARY", tmp_path / "libhvgpu-client.so")
+    monkeypatch.setattr(client, "CLIENT_LIBRARY", tmp_path / "libhvgpu-client.so.1")
     with pytest.raises(client.ClientMissing) as info:
         client.Connection("unix:///nowhere")
     assert info.value.code == "client-missing"
-    assert "libhvgpu-client.so is missing" in str(info.value)
+    assert "libhvgpu-client.so.1 is missing" in str(info.value)
     assert "install a C compiler" in str(info.value)

@@ -1,5 +1,6 @@
-/* libhvgpu-client.so: the guest's client of the data lane for the Python API
- * (hvgpu/guest/client.py loads it with ctypes).
+/* libhvgpu-client.so.1: the guest's client of the data lane for the Python API
+ * (hvgpu/guest/client.py loads it with ctypes from hvgpu/guest/shim/, where it is
+ * built beside the shim).
  *
  * It is built from the shim's own wire.c, shared.c, region.c and pcopy.c (framing,
  * HELLO, coalescing, the shared-memory lane, staging, parallel copies: one
