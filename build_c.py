@@ -83,6 +83,20 @@ NVML = PlainC(
     link_args=["-Wl,-soname,libnvidia-ml.so.1"],
     without="NVML tools in the VM (nvidia-ml-py, nvitop, gpustat) will see no GPU")
 
+# The Python API's client (hvgpu/guest/client.py loads it with ctypes): the shim's own
+# framing, HELLO, coalescing, shared-memory lane, staging and copies, in a library whose
+# soname is not libcuda.so.1 (client.c says why).
+CLIENT_DIR = os.path.join("hvgpu", "guest", "clientlib")
+CLIENT_SOURCES = ["wire.c", "shared.c", "region.c", "pcopy.c"]  # of the shim's
+CLIENT = PlainC(
+    "hvgpu.guest.shim.libhvgpu_client", "libhvgpu-client.so.1",
+    [os.path.join(CLIENT_DIR, "client.c")] + [os.path.join(SHIM_DIR, s) for s in CLIENT_SOURCES],
+    depends=[os.path.join(SHIM_DIR, "shim.h")],
+    include=[SHIM_DIR],
+    link_args=["-Wl,-soname,libhvgpu-client.so.1"],
+    without="the guest's Python API (hvgpu.guest) cannot reach the agent: it raises an "
+            "error saying so")
+
 EXECUTOR_DIR = os.path.join("hvgpu", "host", "executor")
 BURST = PlainC(
     "hvgpu.host.executor.liblaunch_burst", "liblaunch_burst.so",
@@ -91,7 +105,7 @@ BURST = PlainC(
     without="the executor will serve every frame through its slower Python path")
 
 # Everything a VM needs: both distributions build these.
-GUEST_LIBRARIES = [SHIM, NVML]
+GUEST_LIBRARIES = [SHIM, NVML, CLIENT]
 # The host's alone: only the hvgpu distribution builds these.
 HOST_LIBRARIES = [BURST]
 

@@ -28,6 +28,10 @@ LIBRARIES = {
                      sorted((ROOT / "hvgpu" / "guest" / "nvml").glob("*.[ch]"))
                      + [ROOT / "hvgpu" / "guest" / "nvml" / "nvml_api.def", SHIM / "wire.c",
                         SHIM / "shim.h", WIRE_HEADER]),
+    "client library": (SHIM / "libhvgpu-client.so.1",
+                       [ROOT / "hvgpu" / "guest" / "clientlib" / "client.c", SHIM / "shim.h",
+                        WIRE_HEADER] + [SHIM / s for s in ("wire.c", "shared.c", "region.c",
+                                                            "pcopy.c")]),
     "launch loop": (EXECUTOR / "liblaunch_burst.so", [EXECUTOR / "launch_burst.c",
                                                       EXECUTOR / "launch_burst.h", WIRE_HEADER]),
 }

@@ -35,7 +35,7 @@ from click.shell_completion import CompletionItem
 
 from hvgpu import __version__
 from hvgpu.errors import CudaError, HvgpuError, TransportError
-from hvgpu.guest import region
+from hvgpu.guest import install as shm_install
 from hvgpu.guest.client import ENV_ADDRESS, Connection, default_address
 from hvgpu.guest.device import Device
 from hvgpu.virtio import protocol as P
@@ -77,7 +77,7 @@ def collect(agent: str | None = None) -> dict:
 def shm_devices() -> list[dict]:
     """The VM's shared-memory devices, and whether this user may map them."""
     return [{"address": d.address, "resource": str(d.resource), "size": d.size,
-             "accessible": d.accessible()} for d in region.devices()]
+             "accessible": d.accessible()} for d in shm_install.devices()]
 
 
 def shm_text(devices: list[dict]) -> list[str]:
@@ -86,7 +86,7 @@ def shm_text(devices: list[dict]) -> list[str]:
     return [f"shared memory: device {d['address']}, {_gib(d['size'])}, "
             + ("readable and writable by this user" if d["accessible"] else
                f"not accessible to this user ({d['resource']}: as root, `hvgpu-guest install`, "
-               f"then join group {region.GROUP})") for d in devices]
+               f"then join group {shm_install.GROUP})") for d in devices]
 
 
 def _vgpu(index: int, conn: Connection) -> tuple[str, dict]:

@@ -98,9 +98,7 @@ class Device:
         (``hvgpu attach --shm``; on a unix socket, a memfd), so copies from and to it
         are DMA on the host and carry no bytes on the socket. CudaError
         CUDA_ERROR_NOT_SUPPORTED where no region can be had."""
-        with self.conn.lock:
-            self.conn._check_open()
-            return self.conn._shared_lane().allocate(size)
+        return self.conn.pinned(int(size))
 
     def create_stream(self, *, non_blocking: bool = True) -> "Stream":
         handle, = self.conn.call("STREAM_CREATE", _STREAM_NON_BLOCKING if non_blocking else 0)

@@ -8,13 +8,18 @@ giving group ``hvgpu`` read and write on that file whenever such a device appear
 and gives it the devices already there, since udev applies a new rule only to
 devices it sees afterwards.
 
+It also lists the VM's ivshmem devices (``devices``, which ``hvgpu-guest info``
+shows); finding and mapping the one an agent hands a token for is the C client's
+(``hvgpu/guest/shim/region.c``), which the Python API uses.
+
 Must not: touch anything but the rule file, the group and the ``resource2`` files
-of ivshmem devices; change the running system when asked to install into another
-root (an image being built, a test's directory).
+of ivshmem devices; map a device; change the running system when asked to install
+into another root (an image being built, a test's directory).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import grp
 import os
 import shutil
@@ -22,14 +27,63 @@ import subprocess
 from pathlib import Path
 
 from hvgpu.errors import HvgpuError
-from hvgpu.guest import region
-from hvgpu.guest.region import GROUP, RULE, SharedDevice
+from hvgpu.virtio import region as layout
+from hvgpu.virtio import tuning as T
 
+GROUP = "hvgpu"  # the group the packaged udev rule gives the device to
+RULE = "/etc/udev/rules.d/70-hvgpu-shm.rules"  # where `hvgpu-guest install` puts it
 RULE_SOURCE = Path(__file__).resolve().parent / "data" / Path(RULE).name
 
 
 class InstallError(HvgpuError):
     code = "guest-install"
+
+
+def sysfs_root(sysfs: str | os.PathLike | None = None) -> Path:
+    """$HVGPU_SYSFS_ROOT or /sys (tests build a tree of regular files in its place; the
+    C client's region.c reads the same)."""
+    return Path(sysfs if sysfs is not None else os.environ.get(T.ENV_SYSFS_ROOT) or "/sys")
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedDevice:
+    """One ivshmem-plain device: its PCI address and the file that maps its memory."""
+
+    address: str  # e.g. 0000:00:03.0
+    resource: Path
+    size: int
+
+    def accessible(self) -> bool:
+        """Whether this process may map it read/write."""
+        return os.access(self.resource, os.R_OK | os.W_OK)
+
+
+def _hex(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip(), 16)
+    except (OSError, ValueError):
+        return None
+
+
+def devices(sysfs: str | os.PathLike | None = None) -> list[SharedDevice]:
+    """Every ivshmem-plain device of this VM (PCI 1af4:1110 with its memory BAR), by
+    PCI address."""
+    base = sysfs_root(sysfs) / "bus" / "pci" / "devices"
+    try:
+        entries = sorted(base.iterdir())
+    except OSError:
+        return []  # no PCI bus (or no sysfs): no device
+    found = []
+    for d in entries:
+        if _hex(d / "vendor") != layout.PCI_VENDOR or _hex(d / "device") != layout.PCI_DEVICE:
+            continue
+        resource = d / f"resource{layout.PCI_BAR}"
+        try:
+            size = resource.stat().st_size
+        except OSError:
+            continue  # an ivshmem device without its memory BAR (not "plain")
+        found.append(SharedDevice(d.name, resource, size))
+    return found
 
 
 def rule_text() -> str:
@@ -71,7 +125,7 @@ def ensure_group(name: str = GROUP) -> tuple[int, bool]:
 def grant(gid: int, sysfs: str | os.PathLike | None = None) -> list[SharedDevice]:
     """Gives group ``gid`` read and write on every shared-memory device there now, as
     the rule does for those that come later."""
-    found = region.devices(sysfs)
+    found = devices(sysfs)
     for dev in found:
         os.chown(dev.resource, -1, gid)
         os.chmod(dev.resource, 0o660)

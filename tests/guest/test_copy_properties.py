@@ -184,7 +184,7 @@ def _pattern(n: int, seed: int) -> bytes:
 def test_every_copy_through_the_python_api_is_exact(python_device, n, soff, doff, seed, kind,
                                                     form, threads):
     dev = python_device
-    os.environ["HVGPU_COPY_THREADS"] = threads  # read per copy by parallel_copy
+    os.environ["HVGPU_COPY_THREADS"] = threads  # the C library reads it at its first large copy
     try:
         want = _pattern(n, seed)
         stream = dev.create_stream() if form == "async" else None

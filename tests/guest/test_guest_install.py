@@ -15,7 +15,7 @@ import pytest
 
 from hvgpu.guest import install as guest_install
 from hvgpu.guest.cli import main
-from hvgpu.guest.region import GROUP, RULE
+from hvgpu.guest.install import GROUP, RULE
 from hvgpu.virtio import region as layout
 from hvgpu.virtio.tuning import ENV_SYSFS_ROOT
 from tests.guest.fake_sysfs import MiB, add_device, as_user
@@ -112,3 +112,20 @@ def test_a_group_that_cannot_be_created_is_said_with_the_tools_words(tmp_path, m
                              "cannot lock /etc/group"):
         guest_install.ensure_group("hvgpu-test-no-such-group")
     assert guest_install.ensure_group("root") == (0, False)  # an existing group is kept
+
+
+def test_only_ivshmem_plain_devices_are_listed(tmp_path):
+    add_device(tmp_path, "0000:00:01.0", device=0x1000)  # virtio-net: same vendor
+    add_device(tmp_path, "0000:00:02.0", vendor=0x8086, device=0x1110)
+    add_device(tmp_path, "0000:00:03.0", bars=(0,))  # ivshmem without BAR 2
+    add_device(tmp_path, "0000:00:04.0", size=16 * MiB)
+    found = guest_install.devices(tmp_path)
+    assert [(d.address, d.size) for d in found] == [("0000:00:04.0", 16 * MiB)]
+    assert found[0].resource.name == "resource2"
+    assert guest_install.devices(tmp_path / "no-such-sysfs") == []
+
+
+def test_the_sysfs_root_comes_from_the_environment(tmp_path, monkeypatch):
+    add_device(tmp_path, "0000:00:03.0")
+    monkeypatch.setenv(ENV_SYSFS_ROOT, str(tmp_path))
+    assert [d.address for d in guest_install.devices()] == ["0000:00:03.0"]

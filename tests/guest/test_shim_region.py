@@ -1,5 +1,5 @@
 """The shim's own lookup of the VM's shared-memory device (hvgpu/guest/shim/region.c)
-finds what hvgpu/guest/region.py finds, in headers that hvgpu/virtio/region.py packs:
+finds, in headers that hvgpu/virtio/region.py packs (the Python API uses the same code):
 the C layout and the Python one are the same."""
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import socket
 import threading
 import time
 
@@ -291,13 +292,36 @@ def test_header_layout_is_32_bytes_little_endian():
     assert head[:2] == b"HG"
 
 
+def _client_socket(conn) -> int:
+    """The descriptor of conn's socket, which the C library holds: the one whose peer
+    is the agent's address."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            probe = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        with probe:
+            try:
+                peer = probe.getpeername()
+            except OSError:
+                continue
+        if peer == conn.address.path:
+            return int(name)
+    raise AssertionError("no socket connected to the agent")
+
+
 def test_a_lone_launch_reaches_the_gpu_without_a_sync(fake_agent):
     conn = Connection(fake_agent.address)
+    fd = _client_socket(conn)
     kernel = Program('extern "C" __global__ void noop() {}', connection=conn).compile() \
         .get_kernel("noop")
     launch(kernel, LaunchConfig())
     time.sleep(0.5)  # no sync, no close: only the flusher can have sent it
-    conn.sock.close()
+    hangup = socket.socket(fileno=fd)
+    hangup.shutdown(socket.SHUT_RDWR)  # the agent's end sees EOF; nothing more is sent
+    hangup.detach()
     report, = reports(fake_agent, 1)
     assert report["launches"] == 1
 

@@ -1,5 +1,6 @@
 """Runs in the guest: finds the VM's shared-memory device (QEMU's ivshmem-plain) by
-its region's token with hvgpu.guest.region, reads its header and writes a pattern
+its region's token with the guest's C client library (hvgpu_region_find, the code
+the Python API's lane and the shim both run), reads its header and writes a pattern
 the host reads back from the /dev/shm file behind the device (tests/vm/vm.py).
 
     guest_shm.py TOKEN_FILE root         as root: map, check, write PATTERN at PATTERN_OFFSET
@@ -12,6 +13,8 @@ Prints one line per fact; exits 1 when the region is not found or cannot be mapp
 The host also imports :func:`pattern` and the offsets, to check what came back.
 """
 
+import ctypes
+import errno
 import hashlib
 import sys
 
@@ -77,8 +80,25 @@ def shim(want: bytes) -> int:
     return 0
 
 
+def find(lib, want: bytes):
+    """(base, size) of the device carrying want for vGPU 0, or None having said why."""
+    lib.hvgpu_region_error.restype = ctypes.c_char_p
+    base, size = ctypes.c_void_p(), ctypes.c_uint64()
+    rc = lib.hvgpu_region_find(want, 0, ctypes.byref(base), ctypes.byref(size))
+    if rc == 0:
+        return base.value, size.value
+    said = lib.hvgpu_region_error().decode()
+    if rc == -errno.ENOENT:
+        print(f"no device carries the token: {said}", flush=True)
+    else:
+        code = "shm-permission" if rc in (-errno.EACCES, -errno.EPERM) else "shm-device"
+        print(f"RegionError {code}: {said}", flush=True)
+    return None
+
+
 def main(argv: list[str]) -> int:
-    from hvgpu.guest.region import RegionError, devices, find_device_region
+    from hvgpu.guest.client import library
+    from hvgpu.guest.install import devices
 
     want = token(argv[1])
     if argv[2] == "shim":
@@ -87,28 +107,23 @@ def main(argv: list[str]) -> int:
         become(argv[3])
     for dev in devices():
         print(f"device {dev.address}: {dev.resource}, {dev.size} bytes", flush=True)
-    try:
-        region = find_device_region(want, 0)
-    except RegionError as exc:
-        print(f"RegionError {exc.code}: {exc}", flush=True)
+    found = find(library(), want)
+    if found is None:
         return 1
-    if region is None:
-        print("no device carries the token", flush=True)
-        return 1
-    with region:
-        size, got, device = region.header()
-        print(f"found {region.device.address}: header size {size}, vGPU {device}, "
-              f"token {'matches' if got == want else 'DIFFERS'}, mapped {region.size} bytes "
-              f"at {region.address:#x}", flush=True)
-        if argv[2] == "user":
-            region.mmap[USER_OFFSET:USER_OFFSET + len(USER_MARK)] = USER_MARK
-            print(f"wrote {len(USER_MARK)} bytes at {USER_OFFSET}", flush=True)
-        else:
-            region.mmap[PATTERN_OFFSET:PATTERN_OFFSET + PATTERN_SIZE] = pattern(want)
-            region.mmap[region.size - len(TAIL_MARK):] = TAIL_MARK
-            back = region.mmap[PATTERN_OFFSET:PATTERN_OFFSET + PATTERN_SIZE]
-            print(f"wrote {PATTERN_SIZE} bytes at {PATTERN_OFFSET} and the tail; read "
-                  f"back {'the same' if back == pattern(want) else 'OTHER BYTES'}", flush=True)
+    base, mapped = found
+    size, got, device = layout.unpack_header(ctypes.string_at(base, layout.HEADER.size))
+    print(f"found: header size {size}, vGPU {device}, token "
+          f"{'matches' if got == want else 'DIFFERS'}, mapped {mapped} bytes at {base:#x}",
+          flush=True)
+    if argv[2] == "user":
+        ctypes.memmove(base + USER_OFFSET, USER_MARK, len(USER_MARK))
+        print(f"wrote {len(USER_MARK)} bytes at {USER_OFFSET}", flush=True)
+    else:
+        ctypes.memmove(base + PATTERN_OFFSET, pattern(want), PATTERN_SIZE)
+        ctypes.memmove(base + mapped - len(TAIL_MARK), TAIL_MARK, len(TAIL_MARK))
+        back = ctypes.string_at(base + PATTERN_OFFSET, PATTERN_SIZE)
+        print(f"wrote {PATTERN_SIZE} bytes at {PATTERN_OFFSET} and the tail; read "
+              f"back {'the same' if back == pattern(want) else 'OTHER BYTES'}", flush=True)
     return 0
 
 

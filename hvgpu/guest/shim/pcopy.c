@@ -24,8 +24,8 @@
 
 #include "shim.h"
 
-/* Its numbers (HVGPU_PARALLEL_COPY_*) are hvgpu/virtio/tuning.py's, as for
-   hvgpu/guest/parallel_copy.py. */
+/* Its numbers (HVGPU_PARALLEL_COPY_*) are hvgpu/virtio/tuning.py's, for the shim and
+   the Python API (which calls this library) alike. */
 
 static pthread_mutex_t busy = PTHREAD_MUTEX_INITIALIZER; /* one copy on the helpers */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;

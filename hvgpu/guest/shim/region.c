@@ -1,4 +1,4 @@
-/* The VM's shared-memory device, found and mapped as hvgpu/guest/region.py does.
+/* The VM's shared-memory device, found and mapped (for the shim and the Python API).
  *
  * An ivshmem-plain device (PCI 1af4:1110) needs no kernel driver: its memory is
  * BAR 2, mapped from sysfs (/sys/bus/pci/devices/ADDR/resource2). The executor

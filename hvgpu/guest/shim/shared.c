@@ -1,6 +1,6 @@
 /* The shared-memory lane: pinned host memory, and copies that name offsets in a
- * region the guest and its executor both map (hvgpu/virtio/region.py), as
- * hvgpu/guest/shm.py does for the Python API.
+ * region the guest and its executor both map (hvgpu/virtio/region.py), for the shim
+ * and for the Python API alike.
  *
  * A connection (one per vGPU) whose agent offers a region gets one on its first
  * pinned allocation or pageable copy of HVGPU_STAGE_MIN bytes or more:
@@ -26,6 +26,9 @@
  * caller carries the bytes on the socket; pinned memory is ordinary memory then.
  * HVGPU_SHIM_TRACE says once per vGPU why.
  *
+ * The same lane serves a standalone wire (wire.c's hvgpu_client_*, the Python
+ * API's connections): hvgpu_client_upload, _download and _pinned_* below.
+ *
  * Must not map anything but its own memfds and what region.c found, and must not
  * read anything from a region but the bytes of a copy (the header is advisory).
  */
@@ -42,13 +45,17 @@
 #include "shim.h"
 
 /* The region's numbers (HVGPU_REGION_*) and the staging (HVGPU_STAGE_*) are
-   hvgpu/virtio/region.py's and tuning.py's, as for hvgpu/guest/shm.py. */
+   hvgpu/virtio/region.py's and tuning.py's. */
 /* region.c: the VM's shared-memory device whose header carries token; 0 when found.
    Weak: a shim built without it finds none, and uses a memfd or the socket. */
 int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device, void **base,
                       uint64_t *size)
     __attribute__((weak));
 const char *hvgpu_region_error(void) __attribute__((weak));
+/* state.c's table of the program's page-locked memory: the shim's alone (weak: the
+   Python API's library keeps none). */
+void hv_host_add(void *ptr, size_t size, unsigned flags) __attribute__((weak));
+int hv_host_remove(void *ptr) __attribute__((weak));
 
 enum { LANE_NONE, LANE_DEVICE, LANE_MEMFD };
 
@@ -64,6 +71,8 @@ struct lane {
     uint32_t stage_region;
     uint64_t stage_offset;    /* of slot 0 in stage_region */
     char *stage;              /* slot 0 in this process */
+    int device;               /* the vGPU, for what the trace says; -1: a standalone wire's */
+    char why[512];            /* why there is no region, once tried without one */
 };
 
 static struct lane lanes[HV_MAX_DEVICES];
@@ -76,7 +85,7 @@ struct block {
     size_t size;
     size_t mapped;     /* whole: the memfd mapping's length, unmapped at free */
     int whole;         /* a memfd region of its own (SHM_DETACH) or room (SHM_FREE) */
-    int device;
+    const struct lane *owner; /* the lane it was made on; NULL: that connection closed */
     unsigned epoch;
     uint32_t region;
     uint64_t offset;
@@ -132,8 +141,10 @@ static int block_take(uintptr_t p, struct block *out) {
     return found;
 }
 
-/* The block of this process's connections holding [p, p + n); device < 0: any vGPU's. */
-static int block_find(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
+/* The block of this process's connections holding [p, p + n), made on lane `owner`
+   (NULL: any open connection's). */
+static int block_find(const void *p, size_t n, const struct lane *owner, uint32_t *region,
+                      uint64_t *offset) {
     if (!__atomic_load_n(&live, __ATOMIC_ACQUIRE) || !p || !n) return 0;
     uintptr_t a = (uintptr_t)p;
     pthread_mutex_lock(&blocks_lock);
@@ -142,7 +153,7 @@ static int block_find(const void *p, size_t n, int device, uint32_t *region, uin
     if (i > 0) {
         struct block *b = &blocks[i - 1];
         found = a - b->addr < b->size && n <= b->size - (a - b->addr) && b->epoch == epoch &&
-                (device < 0 || b->device == device);
+                b->owner && (!owner || b->owner == owner);
         if (found && region) *region = b->region;
         if (found && offset) *offset = b->offset + (a - b->addr);
     }
@@ -150,10 +161,28 @@ static int block_find(const void *p, size_t n, int device, uint32_t *region, uin
     return found;
 }
 
-int hv_shm_holds(const void *p, size_t n) { return block_find(p, n, -1, NULL, NULL); }
+int hv_shm_holds(const void *p, size_t n) { return block_find(p, n, NULL, NULL, NULL); }
 
 int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
-    return block_find(p, n, device, region, offset);
+    return device >= 0 && device < HV_MAX_DEVICES &&
+           block_find(p, n, &lanes[device], region, offset);
+}
+
+/* A wire's lane (held): the routed vGPU's, or a standalone wire's own, made here. */
+static struct lane *lane_of(struct wire *w) {
+    if (!hv_wire_standalone(w)) {
+        struct lane *l = &lanes[hv_wire_device(w)];
+        l->device = hv_wire_device(w);
+        return l;
+    }
+    void **slot = hv_wire_lane(w);
+    if (!*slot) {
+        struct lane *l = calloc(1, sizeof *l);
+        if (!l) return NULL;
+        l->device = -1;
+        *slot = l;
+    }
+    return *slot;
 }
 
 static void child_after_fork(void) {
@@ -162,10 +191,14 @@ static void child_after_fork(void) {
     epoch++;
 }
 
-static struct wire *hold(CUresult *r) {
+static void forks_handled(void) {
     static int atfork_done;
     if (!__atomic_exchange_n(&atfork_done, 1, __ATOMIC_ACQ_REL))
         pthread_atfork(NULL, NULL, child_after_fork);
+}
+
+static struct wire *hold(CUresult *r) {
+    forks_handled();
     return hv_wire_hold(r);
 }
 
@@ -274,7 +307,7 @@ static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
     uint64_t caps = hv_wire_caps(w);
     if ((caps & HVGPU_CAP_SHM_DEVICE) && !attach_device(w, l, why, sizeof why, earlier) &&
         hv_trace_enabled())
-        hv_log("device %d: the VM's shared-memory device cannot be used: %s", hv_wire_device(w),
+        hv_log("device %d: the VM's shared-memory device cannot be used: %s", l->device,
                why);
     if (l->mode == LANE_NONE && (caps & HVGPU_CAP_SHM_MEMFD) && hv_wire_passes_fds(w))
         l->mode = LANE_MEMFD;
@@ -282,15 +315,16 @@ static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
         snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_SHM_MEMFD)
                  ? "the agent offers memfd regions, which travel only on a unix socket to it"
                  : "the agent offers no shared-memory region");
+    snprintf(l->why, sizeof l->why, "%s", why);
     __atomic_store_n(&l->tried, 1, __ATOMIC_RELEASE); /* route() reads it without the lock */
     if (hv_trace_enabled()) {
         if (l->mode != LANE_NONE)
             hv_log("device %d: pinned memory and large copies go through a shared-memory "
-                   "region (%s)", hv_wire_device(w),
+                   "region (%s)", l->device,
                    l->mode == LANE_DEVICE ? "the VM's device" : "memfds");
         else
             hv_log("device %d: %s; copies travel on the socket and pinned memory is ordinary "
-                   "memory", hv_wire_device(w), why);
+                   "memory", l->device, why);
     }
 }
 
@@ -326,88 +360,103 @@ static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
     }
     __atomic_store_n(&l->stage_tried, 1, __ATOMIC_RELEASE);
     if (!l->staged && hv_trace_enabled())
-        hv_log("device %d: large pageable copies travel on the socket: %s", hv_wire_device(w),
+        hv_log("device %d: large pageable copies travel on the socket: %s", l->device,
                why);
     return l->staged;
 }
 
 /* -- pinned memory ---------------------------------------------------------------- */
 
-int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
-    CUresult e;
-    struct wire *w = hold(&e);
-    if (!w) return 0; /* no agent: ordinary memory, as without the lane */
-    int device = hv_wire_device(w);
-    struct lane *l = &lanes[device];
-    CUresult earlier = CUDA_SUCCESS;
-    attach(w, l, &earlier);
-    struct block b = { 0, size, 0, 0, device, epoch, 0, 0 };
-    char why[512] = "";
+/* Pinned memory of `size` bytes on w's lane (w held): its address, or NULL (*refused:
+   the agent's status where it refused, why: a sentence). An earlier one-way frame's
+   error met on the way goes to *earlier, and then nothing is handed out. */
+static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *earlier,
+                        CUresult *refused, char *why, size_t whylen) {
+    attach(w, l, earlier);
+    struct block b = { 0, size, 0, 0, l, epoch, 0, 0 };
     if (l->mode == LANE_DEVICE) {
         hvgpu_shm_alloc_req_t q = { l->device_region, 0, size };
         hvgpu_shm_alloc_rep_t v;
         uint32_t got = 0;
-        CUresult s = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, &earlier);
+        CUresult s = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
         if (!s && got == sizeof v && v.offset <= l->device_size &&
             size <= l->device_size - v.offset) {
             b.addr = (uintptr_t)(l->device_base + v.offset);
             b.region = l->device_region;
             b.offset = v.offset;
         } else {
-            snprintf(why, sizeof why, "SHM_ALLOC failed (CUDA error %d)", s);
+            *refused = s;
+            snprintf(why, whylen, "SHM_ALLOC failed (CUDA error %d)", s);
         }
     } else if (l->mode == LANE_MEMFD) {
         void *map;
         b.mapped = align_up(size);
-        if (memfd_region(w, b.mapped, &b.region, &map, why, sizeof why)) {
+        if (memfd_region(w, b.mapped, &b.region, &map, why, whylen)) {
             b.addr = (uintptr_t)map;
             b.whole = 1;
         }
+    } else {
+        snprintf(why, whylen, "%s", l->why);
     }
-    if (b.addr && (earlier || !block_add(&b))) { /* not handed out: given back */
+    if (b.addr && (*earlier || !block_add(&b))) { /* not handed out: given back */
         if (b.whole) {
             hvgpu_shm_detach_req_t q = { b.region };
-            lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, &earlier);
+            lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
             munmap((void *)b.addr, b.mapped);
         } else {
             hvgpu_shm_free_req_t q = { b.region, 0, b.offset };
-            lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, &earlier);
+            lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
         }
         b.addr = 0;
     }
+    return (void *)b.addr;
+}
+
+int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0; /* no agent: ordinary memory, as without the lane */
+    struct lane *l = lane_of(w);
+    CUresult earlier = CUDA_SUCCESS, refused = CUDA_SUCCESS;
+    char why[512] = "";
+    void *p = lane_alloc(w, l, size, &earlier, &refused, why, sizeof why);
     hv_wire_release(w);
     if (earlier) { /* a synchronous call reports it, and does not do its own work */
         *r = earlier;
         return 1;
     }
-    if (!b.addr) {
+    if (!p) {
         if (l->mode != LANE_NONE && hv_trace_enabled())
-            hv_log("device %d: pinned memory of %zu bytes is ordinary memory: %s", device, size,
-                   why[0] ? why : "out of memory");
+            hv_log("device %d: pinned memory of %zu bytes is ordinary memory: %s", l->device,
+                   size, why[0] ? why : "out of memory");
         return 0;
     }
-    hv_host_add((void *)b.addr, size, flags);
-    *pp = (void *)b.addr;
+    if (hv_host_add) hv_host_add(p, size, flags);
+    *pp = p;
     *r = CUDA_SUCCESS;
     return 1;
+}
+
+/* Gives a block back on w (held); the agent's status. */
+static CUresult block_free(struct wire *w, const struct block *b, CUresult *earlier) {
+    if (b->whole) {
+        hvgpu_shm_detach_req_t q = { b->region };
+        return lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
+    }
+    hvgpu_shm_free_req_t q = { b->region, 0, b->offset };
+    return lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
 }
 
 int hv_shm_host_free(void *p, CUresult *r) {
     struct block b;
     if (!p || !block_take((uintptr_t)p, &b)) return 0;
-    hv_host_remove(p);
+    if (hv_host_remove) hv_host_remove(p);
     CUresult s = CUDA_SUCCESS, earlier = CUDA_SUCCESS, e;
-    if (b.epoch == epoch) {
-        int previous = hv_route(b.device);
+    if (b.epoch == epoch && b.owner) {
+        int previous = hv_route(((const struct lane *)b.owner)->device);
         struct wire *w = hold(&e);
         if (w) { /* the executor waits for the device before giving it back */
-            if (b.whole) {
-                hvgpu_shm_detach_req_t q = { b.region };
-                s = lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, &earlier);
-            } else {
-                hvgpu_shm_free_req_t q = { b.region, 0, b.offset };
-                s = lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, &earlier);
-            }
+            s = block_free(w, &b, &earlier);
             hv_wire_release(w);
         } /* else the connection is gone, and the agent let go of everything */
         hv_route(previous);
@@ -516,31 +565,24 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
     return err;
 }
 
-/* What a copy of n bytes whose host side is p may use: 1 pinned memory (region and
-   offset set), 2 the slots (the connection still to be held and asked), 0 neither. */
-static int route(const void *p, size_t n, uint32_t *region, uint64_t *offset) {
-    int device = hv_routed_device();
-    if (block_find(p, n, device, region, offset)) return 1;
+/* What a copy of n bytes whose host side is p may use on lane l (NULL: not made yet):
+   1 pinned memory (region and offset set), 2 the slots (the connection still to be
+   held and asked), 0 neither. */
+static int route(struct lane *l, const void *p, size_t n, uint32_t *region, uint64_t *offset) {
+    if (l && block_find(p, n, l, region, offset)) return 1;
     if (n < HVGPU_STAGE_MIN) return 0;
-    struct lane *l = &lanes[device];
     /* read without the lock: once tried without a region or slots, it stays so (a
        fork's child starts again, with one thread) */
-    if ((__atomic_load_n(&l->tried, __ATOMIC_ACQUIRE) && l->mode == LANE_NONE) ||
-        (__atomic_load_n(&l->stage_tried, __ATOMIC_ACQUIRE) &&
-         !__atomic_load_n(&l->staged, __ATOMIC_ACQUIRE)))
+    if (l && ((__atomic_load_n(&l->tried, __ATOMIC_ACQUIRE) && l->mode == LANE_NONE) ||
+              (__atomic_load_n(&l->stage_tried, __ATOMIC_ACQUIRE) &&
+               !__atomic_load_n(&l->staged, __ATOMIC_ACQUIRE))))
         return 0;
     return 2;
 }
 
-int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
-                CUresult *r) {
-    uint32_t region = 0;
-    uint64_t offset = 0;
-    int how = n && src ? route(src, n, &region, &offset) : 0;
-    if (!how) return 0;
-    CUresult e;
-    struct wire *w = hold(&e);
-    if (!w) return 0; /* the socket path says the same */
+/* A copy on w (held), `how` as route() said: 0 where the lane did not take it. */
+static int htod_held(struct wire *w, int how, uint32_t region, uint64_t offset, CUdeviceptr dst,
+                     const void *src, size_t n, CUstream stream, int wait, CUresult *r) {
     CUresult err = CUDA_SUCCESS;
     if (how == 1) {
         hvgpu_memcpy_htod_shm_req_t q = { dst, region, 0, offset, n, hv_untag(stream) };
@@ -548,26 +590,16 @@ int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int
         /* CUDA: the synchronous form from pinned memory returns once the copy is done */
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
-        struct lane *l = &lanes[hv_wire_device(w)];
-        if (!staging(w, l, &err) && !err) {
-            hv_wire_release(w);
-            return 0;
-        }
+        struct lane *l = lane_of(w);
+        if (!l || (!staging(w, l, &err) && !err)) return 0;
         if (!err) err = staged_htod(w, l, dst, src, n, stream);
     }
-    hv_wire_release(w);
     *r = err;
     return 1;
 }
 
-int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
-    uint32_t region = 0;
-    uint64_t offset = 0;
-    int how = n && dst ? route(dst, n, &region, &offset) : 0;
-    if (!how) return 0;
-    CUresult e;
-    struct wire *w = hold(&e);
-    if (!w) return 0;
+static int dtoh_held(struct wire *w, int how, uint32_t region, uint64_t offset, void *dst,
+                     CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
     CUresult err = CUDA_SUCCESS;
     if (how == 1) {
         /* the async form returns now: the bytes are there after the program's next
@@ -577,14 +609,179 @@ int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait,
         err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
-        struct lane *l = &lanes[hv_wire_device(w)];
-        if (!staging(w, l, &err) && !err) {
-            hv_wire_release(w);
-            return 0;
-        }
+        struct lane *l = lane_of(w);
+        if (!l || (!staging(w, l, &err) && !err)) return 0;
         if (!err) err = staged_dtoh(w, l, dst, src, n, stream);
     }
-    hv_wire_release(w);
     *r = err;
     return 1;
+}
+
+static struct lane *routed_lane(void) {
+    int device = hv_routed_device();
+    return device >= 0 && device < HV_MAX_DEVICES ? &lanes[device] : NULL;
+}
+
+int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
+                CUresult *r) {
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    int how = n && src ? route(routed_lane(), src, n, &region, &offset) : 0;
+    if (!how) return 0;
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0; /* the socket path says the same */
+    int done = htod_held(w, how, region, offset, dst, src, n, stream, wait, r);
+    hv_wire_release(w);
+    return done;
+}
+
+int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    int how = n && dst ? route(routed_lane(), dst, n, &region, &offset) : 0;
+    if (!how) return 0;
+    CUresult e;
+    struct wire *w = hold(&e);
+    if (!w) return 0;
+    int done = dtoh_held(w, how, region, offset, dst, src, n, stream, wait, r);
+    hv_wire_release(w);
+    return done;
+}
+
+/* -- a standalone wire's lane: the Python API's (wire.c's hvgpu_client_*) -----------
+ *
+ * As for the shim, with a wire the caller names. Statuses are returned as the rest of
+ * that API returns them (wire.c says how to tell a lost connection and a refusal).
+ */
+
+static int lane_ready(struct wire *w) { /* may the lane be asked at all */
+    return (hv_wire_caps(w) & (HVGPU_CAP_SHM_DEVICE | HVGPU_CAP_SHM_MEMFD)) != 0;
+}
+
+/* Host to device: through the lane where it takes the copy (pinned memory, a large
+   staged copy), else as MEMCPY_HTOD frames on the socket. Asynchronous, as
+   cuMemcpyHtoDAsync: src may be reused on return unless it is pinned memory. */
+HV_EXPORT int hvgpu_client_upload(struct wire *w, uint64_t dst, const void *src, uint64_t n,
+                                  uint64_t stream) {
+    if (!n) return CUDA_SUCCESS;
+    CUresult r = hv_wire_take(w);
+    if (r) return r;
+    forks_handled();
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    void *tagless = (void *)(uintptr_t)stream;
+    struct lane *l = *hv_wire_lane(w);
+    int how = lane_ready(w) ? route(l, src, (size_t)n, &region, &offset) : 0;
+    if (!how || !htod_held(w, how, region, offset, dst, src, (size_t)n, tagless, 0, &r)) {
+        const char *p = src;
+        r = CUDA_SUCCESS;
+        while (n && !r) {
+            uint64_t k = n < HVGPU_MAX_PAYLOAD ? n : HVGPU_MAX_PAYLOAD;
+            hvgpu_memcpy_htod_req_t q = { dst, stream };
+            r = hv_wire_oneway_payload(w, HVGPU_OP_MEMCPY_HTOD, &q, sizeof q, p, k);
+            dst += k; p += k; n -= k;
+        }
+    }
+    hv_wire_release(w);
+    return r;
+}
+
+/* Device to host, waiting for the stream: into pinned memory by the host's DMA, a large
+   one staged through the lane, else as MEMCPY_DTOH replies. */
+HV_EXPORT int hvgpu_client_download(struct wire *w, void *dst, uint64_t src, uint64_t n,
+                                    uint64_t stream) {
+    if (!n) return CUDA_SUCCESS;
+    CUresult r = hv_wire_take(w);
+    if (r) return r;
+    forks_handled();
+    uint32_t region = 0;
+    uint64_t offset = 0;
+    void *tagless = (void *)(uintptr_t)stream;
+    struct lane *l = *hv_wire_lane(w);
+    int how = lane_ready(w) ? route(l, dst, (size_t)n, &region, &offset) : 0;
+    if (!how || !dtoh_held(w, how, region, offset, dst, src, (size_t)n, tagless, 1, &r)) {
+        char *p = dst;
+        r = CUDA_SUCCESS;
+        while (n && !r) {
+            uint64_t k = n < HVGPU_MAX_PAYLOAD ? n : HVGPU_MAX_PAYLOAD;
+            hvgpu_memcpy_dtoh_req_t q = { src, k, stream };
+            r = hv_wire_call_payload(w, HVGPU_OP_MEMCPY_DTOH, &q, sizeof q, p, k);
+            src += k; p += k; n -= k;
+        }
+    }
+    hv_wire_release(w);
+    return r;
+}
+
+/* Pinned memory in the lane's region: *p, or a status; CUDA_ERROR_NOT_SUPPORTED where
+   no region can be had (hvgpu_client_lane says why). */
+HV_EXPORT int hvgpu_client_pinned_alloc(struct wire *w, uint64_t size, void **p) {
+    *p = NULL;
+    if (!size) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_wire_take(w);
+    if (r) return r;
+    forks_handled();
+    struct lane *l = lane_of(w);
+    CUresult earlier = CUDA_SUCCESS, refused = CUDA_SUCCESS;
+    char why[512] = "";
+    if (l) *p = lane_alloc(w, l, (size_t)size, &earlier, &refused, why, sizeof why);
+    hv_wire_release(w);
+    if (earlier) return earlier;
+    if (refused) return refused;
+    if (!*p && l && l->mode != LANE_NONE && !l->why[0])
+        snprintf(l->why, sizeof l->why, "%s", why[0] ? why : "out of memory");
+    return *p ? CUDA_SUCCESS : l ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Gives back pinned memory of w (or of a closed wire's: w NULL, then it is only
+   unmapped where it was its own memfd; the agent let go of its side already). */
+HV_EXPORT int hvgpu_client_pinned_free(struct wire *w, void *p) {
+    struct block b;
+    if (!p || !block_take((uintptr_t)p, &b)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_SUCCESS, earlier = CUDA_SUCCESS;
+    if (w && b.owner && b.epoch == epoch && hv_wire_take(w) == CUDA_SUCCESS) {
+        r = b.owner == *hv_wire_lane(w) ? block_free(w, &b, &earlier) : CUDA_ERROR_INVALID_VALUE;
+        hv_wire_release(w);
+    }
+    if (b.whole) munmap((void *)b.addr, b.mapped);
+    return earlier ? earlier : r;
+}
+
+/* Where pinned memory at p lies: its region and offset there (1), else 0. */
+HV_EXPORT int hvgpu_client_pinned_where(struct wire *w, const void *p, uint32_t *region,
+                                        uint64_t *offset) {
+    struct lane *l = *hv_wire_lane(w);
+    return l && block_find(p, 1, l, region, offset);
+}
+
+/* The lane of w: 0 not tried yet, 1 none (why says why), 2 the VM's device region,
+   3 memfds; *staged whether the staging slots are there. */
+HV_EXPORT int hvgpu_client_lane(struct wire *w, int *staged, const char **why) {
+    struct lane *l = *hv_wire_lane(w);
+    *staged = l && l->staged;
+    *why = l ? l->why : "";
+    if (!l || !l->tried) return 0;
+    return l->mode == LANE_DEVICE ? 2 : l->mode == LANE_MEMFD ? 3 : 1;
+}
+
+/* wire.c, closing a standalone wire (held): its pinned blocks stay mapped for the
+   program (their views may still be read) but name no region any more; its staging
+   slots, and the device region where nothing in it is handed out, are unmapped. */
+void hv_lane_close(struct wire *w) {
+    struct lane *l = *hv_wire_lane(w);
+    if (!l) return;
+    int in_device = 0;
+    pthread_mutex_lock(&blocks_lock);
+    for (size_t i = 0; i < nblocks; i++) {
+        if (blocks[i].owner != l) continue;
+        blocks[i].owner = NULL;
+        in_device |= !blocks[i].whole;
+    }
+    pthread_mutex_unlock(&blocks_lock);
+    if (l->staged && l->mode == LANE_MEMFD)
+        munmap(l->stage, HVGPU_STAGE_SLOTS * HVGPU_STAGE_CHUNK);
+    if (l->mode == LANE_DEVICE && !in_device) munmap(l->device_base, l->device_size);
+    free(l);
+    *hv_wire_lane(w) = NULL;
 }

@@ -99,6 +99,17 @@ uint64_t hv_wire_caps(const struct wire *w);
 int hv_wire_passes_fds(const struct wire *w);
 unsigned hv_wire_failures(const struct wire *w); /* as hv_oneway_failures() */
 CUresult hv_wire_oneway(struct wire *w, uint16_t op, const void *body, uint32_t body_len);
+CUresult hv_wire_oneway_payload(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                                const void *payload, uint64_t payload_len);
+CUresult hv_wire_call_payload(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                              void *rpayload, uint64_t rpayload_len);
+/* A standalone wire (hvgpu_client_open, wire.c's exported API): hv_wire_device is -1
+   for it, and shared.c keeps its lane in *hv_wire_lane. hv_wire_take locks a wire
+   one has, as hv_wire_hold does the routed vGPU's (hv_wire_release lets go), and
+   begins an exported call on it. */
+int hv_wire_standalone(const struct wire *w);
+void **hv_wire_lane(struct wire *w);
+CUresult hv_wire_take(struct wire *w);
 CUresult hv_wire_send(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
                       int pass, uint32_t *seq);
 CUresult hv_wire_reply(struct wire *w, uint16_t op, uint32_t seq, void *reply,

@@ -65,11 +65,25 @@ struct wire {
     uint64_t caps;           /* what HELLO agreed on */
     int passes_fds;          /* a unix socket to the agent itself: descriptors can travel */
     char address[512];
+    /* A standalone wire (hvgpu_client_open, the Python API's): its own timeout, the
+       agent's statuses unmapped, and nothing said on stderr (the caller raises). */
+    int standalone;
+    double timeout;          /* seconds; 0: none */
+    void *lane;              /* shared.c's state of its shared-memory lane */
+    int refused;             /* the first refusal since the exported call began: */
+    int refused_status;
+    uint16_t refused_op;
+    uint32_t refused_seq;
+    int refused_earlier;     /* ... an earlier one-way frame's */
+    char *refused_message;
+    uint32_t refused_len;
+    char lost_why[1024];     /* why the connection was lost, in a sentence */
+    void *body_heap;         /* the last reply's body or payload beyond the caller's buffer */
+    void *payload_heap;
 };
 
 static struct wire wires[HV_MAX_DEVICES] = {
-    [0 ... HV_MAX_DEVICES - 1] = { PTHREAD_MUTEX_INITIALIZER, ST_NEW, 0, -1, 0, NULL, 0, 0, 0,
-                                   0, "" }
+    [0 ... HV_MAX_DEVICES - 1] = { .lock = PTHREAD_MUTEX_INITIALIZER, .state = ST_NEW, .fd = -1 }
 };
 static int trace_level = -1;
 static double timeout_s = -1; /* $HVGPU_TIMEOUT once read; 0: no timeout */
@@ -96,11 +110,20 @@ static int stats_enabled(void) {
 
 int hv_stats_enabled(void) { return stats_enabled(); }
 
+/* Counted always (printed only under HVGPU_SHIM_STATS): one relaxed add is nothing
+   beside a send, and hvgpu_shim_frames answers from them. */
 static void count_frame(uint16_t op, int oneway) {
     if (!oneway) __atomic_add_fetch(&round_trips, 1, __ATOMIC_RELAXED);
-    if (stats_enabled())
-        __atomic_add_fetch(&(oneway ? stats_oneway : stats_sync)[op < STATS_OPS ? op : STATS_OPS - 1],
-                           1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&(oneway ? stats_oneway : stats_sync)[op < STATS_OPS ? op : STATS_OPS - 1],
+                       1, __ATOMIC_RELAXED);
+}
+
+/* Frames of op this process has sent so far, all connections together: synchronous
+   requests and one-way frames (what a test or a benchmark checks took a path). */
+HV_EXPORT void hvgpu_shim_frames(uint16_t op, uint64_t *sync, uint64_t *oneway) {
+    int at = op < STATS_OPS ? op : STATS_OPS - 1;
+    *sync = __atomic_load_n(&stats_sync[at], __ATOMIC_RELAXED);
+    *oneway = __atomic_load_n(&stats_oneway[at], __ATOMIC_RELAXED);
 }
 
 /* Synchronous round trips this process has made to the agent so far, all vGPUs
@@ -169,6 +192,13 @@ int hv_routed_device(void) {
 
 static struct wire *target(void) { return &wires[hv_routed_device()]; }
 
+/* A reply's body or payload longer than the caller's buffer: a standalone wire's
+   exported calls keep it whole on the heap (until the next call), the shim's are cut. */
+struct grow {
+    uint32_t body_len;       /* the whole body's length */
+    uint64_t payload_len;    /* the whole payload's */
+};
+
 int hv_trace_enabled(void) {
     if (trace_level < 0) {
         const char *t = getenv("HVGPU_SHIM_TRACE");
@@ -224,6 +254,9 @@ static const char *address_of(struct wire *w) {
 
 const char *hv_agent_address(void) { return address_of(&wires[0]); }
 
+static double timeout_seconds(void);
+static double wire_timeout(const struct wire *w);
+
 static double timeout_seconds(void) {
     if (timeout_s < 0) {
         const char *t = getenv(HVGPU_ENV_TIMEOUT);
@@ -239,17 +272,20 @@ static double timeout_seconds(void) {
     return timeout_s;
 }
 
-/* Blocking calls on fd give up (EAGAIN) after the timeout without progress. */
-static void set_timeouts(int fd) {
-    double t = timeout_seconds();
+static double wire_timeout(const struct wire *w) {
+    return w->standalone ? w->timeout : timeout_seconds();
+}
+
+/* Blocking calls on fd give up (EAGAIN) after t seconds without progress (0: never). */
+static void set_timeouts(int fd, double t) {
     struct timeval tv = { (time_t)t, (suseconds_t)((t - (double)(time_t)t) * 1e6) };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
 
-static int new_socket(int domain, int type) {
+static int new_socket(int domain, int type, double t) {
     int fd = socket(domain, type | SOCK_CLOEXEC, 0);
-    if (fd >= 0) set_timeouts(fd); /* connect() waits no longer either */
+    if (fd >= 0) set_timeouts(fd, t); /* connect() waits no longer either */
     return fd;
 }
 
@@ -354,14 +390,27 @@ static int discard(int fd, uint64_t n) {
 
 /* The connection is gone: every later call fails the same clear way. */
 static CUresult lost(struct wire *w, const char *what) {
-    if (w->state != ST_LOST && timed_out(errno)) {
+    int e = errno;
+    if (w->state != ST_LOST && timed_out(e)) {
+        snprintf(w->lost_why, sizeof w->lost_why, "the hvgpu agent at %s did not answer for "
+                 "%g s (HVGPU_TIMEOUT) while %s; the connection is closed", address_of(w),
+                 wire_timeout(w), what);
+    } else if (w->state != ST_LOST) {
+        snprintf(w->lost_why, sizeof w->lost_why, "lost the connection to the hvgpu agent at "
+                 "%s (%s while %s: %s); the GPU work of this connection is gone",
+                 address_of(w), e == EPROTO ? "broke the protocol" : "went away", what,
+                 e == EPROTO ? "not the reply awaited" : strerror(e));
+    }
+    if (w->standalone) {
+        /* the caller raises lost_why */
+    } else if (w->state != ST_LOST && timed_out(e)) {
         hv_log("the hvgpu agent at %s did not answer for %g s (HVGPU_TIMEOUT) while %s; "
                "the connection is closed, GPU work of this process is gone, calls now fail "
                "with CUDA_ERROR_DEVICE_UNAVAILABLE", address_of(w), timeout_seconds(), what);
     } else if (w->state != ST_LOST) {
         hv_log("lost the connection to the hvgpu agent at %s (%s: %s); GPU work of this "
                "process is gone, calls now fail with CUDA_ERROR_DEVICE_UNAVAILABLE",
-               address_of(w), what, strerror(errno));
+               address_of(w), what, strerror(e));
     }
     if (w->state != ST_LOST) {
         if (w->fd >= 0) close(w->fd);
@@ -372,12 +421,12 @@ static CUresult lost(struct wire *w, const char *what) {
     return w->error;
 }
 
-static int connect_unix(const char *path) {
+static int connect_unix(const char *path, double t) {
     struct sockaddr_un a = {0};
     if (strlen(path) >= sizeof a.sun_path) { errno = ENAMETOOLONG; return -1; }
     a.sun_family = AF_UNIX;
     strcpy(a.sun_path, path);
-    int fd = new_socket(AF_UNIX, SOCK_STREAM);
+    int fd = new_socket(AF_UNIX, SOCK_STREAM, t);
     if (fd < 0) return -1;
     if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
         int e = errno; close(fd); errno = e; return -1;
@@ -386,17 +435,17 @@ static int connect_unix(const char *path) {
 }
 
 /* Parses the forms hvgpu.virtio.address documents and connects. */
-static int open_socket(const char *addr, char *why, size_t whylen) {
+static int open_socket(const char *addr, char *why, size_t whylen, double t) {
     char buf[512];
     snprintf(buf, sizeof buf, "%s", addr);
     if (!strncmp(buf, "unix://", 7)) {
-        return connect_unix(buf + 7);
+        return connect_unix(buf + 7, t);
     }
     if (!strncmp(buf, "hvsock://", 9)) {
         char *colon = strrchr(buf + 9, ':');
         if (!colon) { snprintf(why, whylen, "hvsock address needs :PORT"); errno = EINVAL; return -1; }
         *colon = 0;
-        int fd = connect_unix(buf + 9);
+        int fd = connect_unix(buf + 9, t);
         if (fd < 0) return -1;
         char line[64];
         int n = snprintf(line, sizeof line, "CONNECT %s\n", colon + 1);
@@ -421,7 +470,7 @@ static int open_socket(const char *addr, char *why, size_t whylen) {
         a.svm_family = AF_VSOCK;
         a.svm_cid = !strcmp(buf + 8, "host") ? HVGPU_HOST_CID : (unsigned)strtoul(buf + 8, NULL, 10);
         a.svm_port = (unsigned)strtoul(colon + 1, NULL, 10);
-        int fd = new_socket(AF_VSOCK, SOCK_STREAM);
+        int fd = new_socket(AF_VSOCK, SOCK_STREAM, t);
         if (fd < 0) return -1;
         if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
             int e = errno; close(fd); errno = e; return -1;
@@ -439,7 +488,7 @@ static int open_socket(const char *addr, char *why, size_t whylen) {
         if (rc) { snprintf(why, whylen, "%s", gai_strerror(rc)); errno = EINVAL; return -1; }
         int fd = -1;
         for (struct addrinfo *r = res; r; r = r->ai_next) {
-            fd = new_socket(r->ai_family, r->ai_socktype);
+            fd = new_socket(r->ai_family, r->ai_socktype, t);
             if (fd >= 0 && connect(fd, r->ai_addr, r->ai_addrlen) == 0) break;
             if (fd >= 0) close(fd);
             fd = -1;
@@ -490,6 +539,28 @@ static CUresult to_cuda(int status, const char *message) {
     }
 }
 
+/* What a refusal returns: the agent's own status on a standalone wire (its caller
+   reads the rest with hvgpu_client_refusal), the CUDA error for the shim. */
+static CUresult refusal(struct wire *w, int status, uint16_t op, uint32_t seq, int earlier,
+                        const char *message, uint32_t len) {
+    if (!w->standalone) return to_cuda(status, message);
+    if (!w->refused) { /* the first one is what the call reports */
+        char *m = realloc(w->refused_message, (size_t)len + 1);
+        if (m) {
+            memcpy(m, message, len);
+            m[len] = 0;
+            w->refused_message = m;
+        }
+        w->refused_len = m ? len : 0;
+        w->refused = 1;
+        w->refused_status = status;
+        w->refused_op = op;
+        w->refused_seq = seq;
+        w->refused_earlier = earlier;
+    }
+    return status;
+}
+
 /* A synchronous request, sent without waiting for its reply (read_reply_locked reads
    it; replies come in the order of their requests); `pass` >= 0: a descriptor rides
    on the frame's first byte. */
@@ -510,9 +581,11 @@ static CUresult send_request_locked(struct wire *w, uint16_t op, const void *bod
     return CUDA_SUCCESS;
 }
 
-static CUresult read_reply_locked(struct wire *w, uint16_t op, uint32_t seq, void *reply,
-                                  uint32_t reply_cap, uint32_t *reply_len, void *rpayload,
-                                  uint64_t rpayload_len) {
+/* g: a standalone wire's exported call, which keeps a body or payload beyond the
+   caller's buffers whole (body_heap, payload_heap) and learns their lengths. */
+static CUresult read_reply_grow(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                                uint32_t reply_cap, uint32_t *reply_len, void *rpayload,
+                                uint64_t rpayload_len, struct grow *g) {
     if (w->state != ST_READY) return w->error;
     hvgpu_header_t h;
     for (;;) {
@@ -522,46 +595,92 @@ static CUresult read_reply_locked(struct wire *w, uint16_t op, uint32_t seq, voi
         if (discard(w->fd, h.body_len) < 0 || discard(w->fd, h.payload_len) < 0)
             return lost(w, "waiting for a reply");
     }
-    if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_REPLY) || h.seq != seq || h.op != op) {
+    if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_REPLY) || h.seq != seq || h.op != op ||
+        h.body_len > HVGPU_MAX_BODY) {
         errno = EPROTO;
         return lost(w, "reading a reply");
     }
     if (h.status != 0) {
-        char msg[1024] = "";
-        unsigned char eb[1024 + sizeof(hvgpu_error_rep_t)];
-        uint32_t n = h.body_len < sizeof eb ? h.body_len : (uint32_t)sizeof eb;
+        unsigned char small[1024 + sizeof(hvgpu_error_rep_t)];
+        /* a standalone wire keeps the whole message (a compile log), the shim 1 KiB */
+        uint32_t n = w->standalone || h.body_len < sizeof small ? h.body_len
+                                                                 : (uint32_t)sizeof small;
+        unsigned char *eb = n <= sizeof small ? small : malloc(n);
+        if (!eb) {
+            n = sizeof small;
+            eb = small;
+        }
         if (recv_all(w->fd, eb, n) < 0 || discard(w->fd, h.body_len - n) < 0 ||
-            discard(w->fd, h.payload_len) < 0)
+            discard(w->fd, h.payload_len) < 0) {
+            if (eb != small) free(eb);
             return lost(w, "reading an error");
+        }
         int earlier = 0; /* the error of a one-way frame, kept for this call */
+        uint16_t failed_op = op;
+        uint32_t failed_seq = seq, len = 0;
+        const char *msg = "";
         hvgpu_error_rep_view_t e;
         if (hvgpu_error_rep_decode(eb, n, &e) >= 0) { /* a long message is cut */
-            uint32_t len = e.message.len < sizeof msg - 1 ? e.message.len : sizeof msg - 1;
-            memcpy(msg, e.message.data, len);
-            msg[len] = 0;
+            msg = (const char *)e.message.data;
+            len = e.message.len;
+            failed_op = e.fixed.op;
+            failed_seq = e.fixed.seq;
             earlier = e.fixed.seq != seq || e.fixed.op != op;
             if (earlier) __atomic_add_fetch(&w->failures, 1, __ATOMIC_RELEASE);
         }
+        char text[1024];
+        snprintf(text, sizeof text, "%.*s", (int)len, msg);
         if (hv_trace_enabled()) {
             const char *name = hvgpu_op_name(op);
             hv_log("%s%s failed with %d: %s", name ? name : "an op",
-                   earlier ? " reported an earlier one-way frame that" : "", h.status, msg);
+                   earlier ? " reported an earlier one-way frame that" : "", h.status, text);
         }
-        return to_cuda(h.status, msg);
+        CUresult r = refusal(w, h.status, failed_op, failed_seq, earlier,
+                             w->standalone ? msg : text, w->standalone ? len : (uint32_t)strlen(text));
+        if (eb != small) free(eb);
+        return r;
     }
     uint32_t keep = h.body_len < reply_cap ? h.body_len : reply_cap;
-    if (recv_all(w->fd, reply, keep) < 0 || discard(w->fd, h.body_len - keep) < 0)
+    if (g) {
+        g->body_len = h.body_len;
+        g->payload_len = h.payload_len;
+    }
+    if (g && h.body_len > reply_cap) { /* whole, on the heap */
+        void *big = realloc(w->body_heap, h.body_len);
+        if (!big) {
+            errno = ENOMEM;
+            return lost(w, "reading a reply");
+        }
+        w->body_heap = big;
+        if (recv_all(w->fd, big, h.body_len) < 0) return lost(w, "reading a reply");
+        keep = h.body_len;
+    } else if (recv_all(w->fd, reply, keep) < 0 || discard(w->fd, h.body_len - keep) < 0) {
         return lost(w, "reading a reply");
+    }
     if (reply_len) *reply_len = keep;
     if (h.payload_len) {
         if (rpayload && h.payload_len <= rpayload_len) {
             if (recv_all(w->fd, rpayload, (size_t)h.payload_len) < 0) return lost(w, "receiving data");
+        } else if (g && !rpayload && h.payload_len <= HVGPU_MAX_PAYLOAD) {
+            void *big = realloc(w->payload_heap, (size_t)h.payload_len);
+            if (!big) {
+                errno = ENOMEM;
+                return lost(w, "receiving data");
+            }
+            w->payload_heap = big;
+            if (recv_all(w->fd, big, (size_t)h.payload_len) < 0) return lost(w, "receiving data");
         } else {
             if (discard(w->fd, h.payload_len) < 0) return lost(w, "receiving data");
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
     return CUDA_SUCCESS;
+}
+
+static CUresult read_reply_locked(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                                  uint32_t reply_cap, uint32_t *reply_len, void *rpayload,
+                                  uint64_t rpayload_len) {
+    return read_reply_grow(w, op, seq, reply, reply_cap, reply_len, rpayload, rpayload_len, NULL);
 }
 
 static CUresult call_locked(struct wire *w, uint16_t op, const void *body, uint32_t body_len, const void *payload,
@@ -601,7 +720,7 @@ static void flush_at_exit(void) {
 static CUresult handshake_locked(struct wire *w) {
     char why[256] = "";
     const char *addr = address_of(w);
-    w->fd = open_socket(addr, why, sizeof why);
+    w->fd = open_socket(addr, why, sizeof why, timeout_seconds());
     if (w->fd < 0 && !why[0] && timed_out(errno)) {
         hv_log("the hvgpu agent at %s did not accept a connection within %g s (HVGPU_TIMEOUT); "
                "calls fail with CUDA_ERROR_DEVICE_UNAVAILABLE", addr, timeout_seconds());
@@ -760,7 +879,19 @@ struct wire *hv_wire_hold(CUresult *r) {
 
 void hv_wire_release(struct wire *w) { pthread_mutex_unlock(&w->lock); }
 
-int hv_wire_device(const struct wire *w) { return (int)(w - wires); }
+int hv_wire_device(const struct wire *w) { return w->standalone ? -1 : (int)(w - wires); }
+
+int hv_wire_standalone(const struct wire *w) { return w->standalone; }
+
+void **hv_wire_lane(struct wire *w) { return &w->lane; }
+
+CUresult hv_wire_take(struct wire *w) {
+    pthread_mutex_lock(&w->lock);
+    w->refused = 0; /* an exported call begins: its first refusal is what it reports */
+    if (w->state == ST_READY) return CUDA_SUCCESS;
+    pthread_mutex_unlock(&w->lock);
+    return w->error;
+}
 
 uint64_t hv_wire_caps(const struct wire *w) { return w->state == ST_READY ? w->caps : 0; }
 
@@ -772,6 +903,16 @@ unsigned hv_wire_failures(const struct wire *w) {
 
 CUresult hv_wire_oneway(struct wire *w, uint16_t op, const void *body, uint32_t body_len) {
     return oneway_locked(w, op, body, body_len, NULL, 0);
+}
+
+CUresult hv_wire_oneway_payload(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                                const void *payload, uint64_t payload_len) {
+    return oneway_locked(w, op, body, body_len, payload, payload_len);
+}
+
+CUresult hv_wire_call_payload(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                              void *rpayload, uint64_t rpayload_len) {
+    return call_locked(w, op, body, body_len, NULL, 0, NULL, 0, NULL, rpayload, rpayload_len);
 }
 
 CUresult hv_wire_send(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
@@ -800,4 +941,214 @@ CUresult hv_unsupported(const char *api, int *once) {
         hv_log("%s is not implemented by the hvgpu shim; it returns CUDA_ERROR_NOT_SUPPORTED "
                "(hvgpu-guest coverage lists what is)", api);
     return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+/* -- standalone connections: the Python API's (hvgpu/guest/client.py) ------------
+ *
+ * A wire of its own, to an address the caller names, with its own timeout, HELLO's
+ * client text and capabilities. Each call below takes the wire's lock for itself;
+ * a caller that pairs hvgpu_client_send with hvgpu_client_reply keeps other threads
+ * out between them. Each returns 0 or a status: where hvgpu_client_lost says a
+ * sentence, the connection is gone (and every later call fails so); else where
+ * hvgpu_client_refusal has one, the agent refused (its status, raw, as it sent it);
+ * else the status is this library's own (CUDA_ERROR_INVALID_VALUE: a reply payload
+ * larger than the buffer given for it). Nothing is said on stderr.
+ */
+
+HV_EXPORT void hvgpu_client_close(struct wire *w);
+
+/* hvgpu_client_open's *status where it returns NULL: 0 the address cannot be reached,
+   HVGPU_CLIENT_TIMED_OUT it did not accept within the timeout, HVGPU_CLIENT_LOST the
+   connection broke during HELLO, else the agent's refusal of HELLO (why: its message). */
+#define HVGPU_CLIENT_TIMED_OUT (-2)
+#define HVGPU_CLIENT_LOST (-1)
+
+static void begin(struct wire *w) {
+    w->refused = 0;
+}
+
+HV_EXPORT struct wire *hvgpu_client_open(const char *address, double timeout_s, uint64_t caps,
+                                         const char *client, uint32_t client_len, void *hello,
+                                         uint32_t hello_cap, uint32_t *hello_len, int *status,
+                                         char *why, uint32_t whylen) {
+    *status = 0;
+    why[0] = 0;
+    struct wire *w = calloc(1, sizeof *w);
+    unsigned char *batch = malloc(HVGPU_BATCH_BYTES);
+    if (!w || !batch) {
+        free(w);
+        free(batch);
+        *status = CUDA_ERROR_OUT_OF_MEMORY;
+        snprintf(why, whylen, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&w->lock, NULL);
+    w->batch = batch;
+    w->standalone = 1;
+    w->timeout = timeout_s > 0 ? timeout_s : 0;
+    w->state = ST_NEW;
+    w->error = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    snprintf(w->address, sizeof w->address, "%s", address);
+    char said[256] = "";
+    errno = 0;
+    w->fd = open_socket(address, said, sizeof said, w->timeout);
+    if (w->fd < 0) {
+        int e = errno;
+        if (!said[0] && timed_out(e)) {
+            *status = HVGPU_CLIENT_TIMED_OUT;
+            snprintf(why, whylen, "the hvgpu agent at %s did not accept a connection within "
+                     "%g s (HVGPU_TIMEOUT)", address, w->timeout);
+        } else { /* status stays 0: unreachable */
+            snprintf(why, whylen, "cannot connect to %s: %s%s", address,
+                     said[0] ? said : strerror(e),
+                     e == ECONNREFUSED || e == ENOENT || e == ECONNRESET
+                         ? ": is the hvgpu agent running and listening there?" : "");
+        }
+        hvgpu_client_close(w);
+        return NULL;
+    }
+    w->passes_fds = !strncmp(address, "unix://", 7);
+    w->state = ST_READY;
+    if (client_len > HVGPU_MAX_BODY - sizeof(hvgpu_hello_req_t)) client_len = 0;
+    unsigned char *body = malloc(sizeof(hvgpu_hello_req_t) + client_len);
+    if (!body) {
+        *status = CUDA_ERROR_OUT_OF_MEMORY;
+        snprintf(why, whylen, "out of memory");
+        hvgpu_client_close(w);
+        return NULL;
+    }
+    hvgpu_hello_req_t req = { HVGPU_PROTOCOL_VERSION, HVGPU_PROTOCOL_MIN_VERSION, caps, client_len };
+    memcpy(body, &req, sizeof req);
+    memcpy(body + sizeof req, client, client_len);
+    begin(w);
+    CUresult r = call_locked(w, HVGPU_OP_HELLO, body, (uint32_t)(sizeof req + client_len), NULL, 0,
+                             hello, hello_cap, hello_len, NULL, 0);
+    free(body);
+    if (r) {
+        *status = w->state == ST_LOST ? HVGPU_CLIENT_LOST : r;
+        if (w->state == ST_LOST)
+            snprintf(why, whylen, "%s", w->lost_why);
+        else
+            snprintf(why, whylen, "%.*s", (int)w->refused_len,
+                     w->refused_message ? w->refused_message : "");
+        hvgpu_client_close(w);
+        return NULL;
+    }
+    hvgpu_hello_rep_view_t v;
+    hvgpu_hello_rep_decode(hello, *hello_len, &v); /* too short: no capabilities */
+    w->caps = v.fixed.caps;
+    return w;
+}
+
+/* A synchronous call (pass >= 0: a descriptor travels with it). The reply's body goes
+   to reply (reply_cap bytes; *reply_len its whole length, and hvgpu_client_reply_body
+   holds it all where it is longer); its payload to rpayload (rpayload_cap bytes), or,
+   where rpayload is NULL, to hvgpu_client_reply_payload (*rpayload_len its length). */
+HV_EXPORT int hvgpu_client_call(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                                const void *payload, uint64_t payload_len, int pass, void *reply,
+                                uint32_t reply_cap, uint32_t *reply_len, void *rpayload,
+                                uint64_t rpayload_cap, uint64_t *rpayload_len) {
+    pthread_mutex_lock(&w->lock);
+    begin(w);
+    uint32_t seq;
+    struct grow g = { 0, 0 };
+    CUresult r = send_request_locked(w, op, body, body_len, payload, payload_len, pass, &seq);
+    if (!r) r = read_reply_grow(w, op, seq, reply, reply_cap, NULL, rpayload, rpayload_cap, &g);
+    *reply_len = g.body_len;
+    *rpayload_len = g.payload_len;
+    pthread_mutex_unlock(&w->lock);
+    return r;
+}
+
+/* A synchronous request sent without waiting; its seq for hvgpu_client_reply. */
+HV_EXPORT int hvgpu_client_send(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                                int pass, uint32_t *seq) {
+    pthread_mutex_lock(&w->lock);
+    begin(w);
+    CUresult r = send_request_locked(w, op, body, body_len, NULL, 0, pass, seq);
+    pthread_mutex_unlock(&w->lock);
+    return r;
+}
+
+/* The reply to seq (replies come in the order of their requests); a payload goes to
+   hvgpu_client_reply_payload. */
+HV_EXPORT int hvgpu_client_reply(struct wire *w, uint16_t op, uint32_t seq, void *reply,
+                                 uint32_t reply_cap, uint32_t *reply_len, uint64_t *rpayload_len) {
+    pthread_mutex_lock(&w->lock);
+    begin(w);
+    struct grow g = { 0, 0 };
+    CUresult r = read_reply_grow(w, op, seq, reply, reply_cap, NULL, NULL, 0, &g);
+    *reply_len = g.body_len;
+    *rpayload_len = g.payload_len;
+    pthread_mutex_unlock(&w->lock);
+    return r;
+}
+
+/* A one-way frame, coalesced with others until a call, hvgpu_client_flush or a full
+   batch sends them; its error surfaces at a later call. */
+HV_EXPORT int hvgpu_client_post(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
+                                const void *payload, uint64_t payload_len) {
+    pthread_mutex_lock(&w->lock);
+    begin(w);
+    CUresult r = oneway_locked(w, op, body, body_len, payload, payload_len);
+    pthread_mutex_unlock(&w->lock);
+    return r;
+}
+
+HV_EXPORT int hvgpu_client_flush(struct wire *w) {
+    pthread_mutex_lock(&w->lock);
+    begin(w);
+    CUresult r = w->state == ST_READY ? flush_locked(w) : w->error;
+    pthread_mutex_unlock(&w->lock);
+    return r;
+}
+
+/* Whether one-way frames wait in the batch. */
+HV_EXPORT int hvgpu_client_pending(struct wire *w) {
+    return __atomic_load_n(&w->batch_len, __ATOMIC_RELAXED) != 0;
+}
+
+/* Why the connection was lost, or "" while it is not. */
+HV_EXPORT const char *hvgpu_client_lost(const struct wire *w) {
+    return w->state == ST_LOST ? w->lost_why : "";
+}
+
+/* The refusal the last call met (the first, where several): 1 and its parts, else 0.
+   earlier: it is an earlier one-way frame's error, surfaced at this call. */
+HV_EXPORT int hvgpu_client_refusal(const struct wire *w, int *status, uint32_t *op,
+                                   uint32_t *seq, int *earlier, const char **message,
+                                   uint32_t *message_len) {
+    if (!w->refused) return 0;
+    *status = w->refused_status;
+    *op = w->refused_op;
+    *seq = w->refused_seq;
+    *earlier = w->refused_earlier;
+    *message = w->refused_message ? w->refused_message : "";
+    *message_len = w->refused_len;
+    return 1;
+}
+
+HV_EXPORT const void *hvgpu_client_reply_body(const struct wire *w) { return w->body_heap; }
+
+HV_EXPORT const void *hvgpu_client_reply_payload(const struct wire *w) { return w->payload_heap; }
+
+/* shared.c: lets go of a standalone wire's lane (weak: a library without the lane). */
+void hv_lane_close(struct wire *w) __attribute__((weak));
+
+/* Sends what is coalesced, closes the socket and frees the wire. */
+HV_EXPORT void hvgpu_client_close(struct wire *w) {
+    if (!w) return;
+    pthread_mutex_lock(&w->lock);
+    if (w->state == ST_READY) flush_locked(w); /* work already issued still reaches the GPU */
+    if (w->lane && hv_lane_close) hv_lane_close(w);
+    if (w->fd >= 0) close(w->fd);
+    w->fd = -1;
+    w->state = ST_LOST;
+    pthread_mutex_unlock(&w->lock);
+    pthread_mutex_destroy(&w->lock);
+    free(w->batch);
+    free(w->refused_message);
+    free(w->body_heap);
+    free(w->payload_heap);
+    free(w);
 }

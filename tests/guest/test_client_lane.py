@@ -1,7 +1,9 @@
 """The guest Python API over the shared-memory lane (a memfd on a unix socket),
 end to end through an agent with the GPU test double: pinned memory, copies that
 name offsets, pageable copies staged in pipelined chunks, and the socket where no
-region is offered."""
+region is offered. The lane is the C client library's (shim/shared.c, the code
+the libcuda shim runs; tests/guest/test_shim_shared.py tests it under the shim):
+these check what the Python API's user sees of it."""
 
 from __future__ import annotations
 
@@ -14,13 +16,16 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
-from hvgpu.guest import shm
+from hvgpu.guest.client import frames_sent
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.session import Session
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio.tuning import STAGE_CHUNK, STAGE_MIN
 from tests.fake_gpu import FakeDevice
 
 MiB = 1 << 20
+COPIES = ("MEMCPY_HTOD", "MEMCPY_DTOH", "MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM",
+          "STREAM_SYNCHRONIZE")
 
 
 @pytest.fixture
@@ -30,21 +35,17 @@ def dev(fake_agent):
     conn.close()
 
 
-def _ops(conn, monkeypatch) -> list[str]:
-    sent: list[str] = []
-    post, send_request = conn.post, conn.send_request
+class Sent:
+    """Frames of the copy ops this process sends from now on (the library counts them)."""
 
-    def spy_post(op, *values, **kw):
-        sent.append(op)
-        return post(op, *values, **kw)
+    def __init__(self):
+        self.before = {op: sum(frames_sent(op)) for op in COPIES}
 
-    def spy_request(code, body, fds=()):
-        sent.append(P.op_name(code))
-        return send_request(code, body, fds)
+    def count(self, op: str) -> int:
+        return sum(frames_sent(op)) - self.before[op]
 
-    monkeypatch.setattr(conn, "post", spy_post)
-    monkeypatch.setattr(conn, "send_request", spy_request)
-    return sent
+    def ops(self) -> list[str]:
+        return [op for op in COPIES if self.count(op)]
 
 
 def test_pinned_memory_copies_name_offsets_both_ways(dev, monkeypatch):
@@ -54,37 +55,38 @@ def test_pinned_memory_copies_name_offsets_both_ways(dev, monkeypatch):
     host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
     back = dev.pinned(pinned.size)
     buf = dev.allocate(pinned.size)
-    sent = _ops(dev.conn, monkeypatch)
+    sent = Sent()
     buf.copy_from(host)
     buf.copy_to(back.view)
     assert bytes(back.view) == bytes(pinned.view)
-    assert sent == ["MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM", "STREAM_SYNCHRONIZE"]
+    assert sent.ops() == ["MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM", "STREAM_SYNCHRONIZE"]
+    assert sent.count("MEMCPY_HTOD_SHM") == 1 == sent.count("MEMCPY_DTOH_SHM")
     # a slice of pinned memory is pinned memory too
     buf.copy_to(back.view[4096:8192], offset=100)
     assert bytes(back.view[4096:8192]) == bytes(pinned.view[100:4196])
     pinned.close()
     back.close()
-    assert not dev.conn.shared.pinned
+    assert dev.conn.pinned_count == 0
 
 
-@pytest.mark.parametrize("size", [shm.STAGE_MIN, 3 * shm.STAGE_CHUNK + 12345])
-def test_large_pageable_copies_are_staged_in_chunks(dev, monkeypatch, size):
+@pytest.mark.parametrize("size", [STAGE_MIN, 3 * STAGE_CHUNK + 12345])
+def test_large_pageable_copies_are_staged_in_chunks(dev, size):
     data = os.urandom(size)
-    sent = _ops(dev.conn, monkeypatch)
+    sent = Sent()
     buf = dev.allocate(size)
     buf.copy_from(data)
     back = buf.copy_to()
     assert bytes(back) == data
-    chunks = -(-size // shm.STAGE_CHUNK)
+    chunks = -(-size // STAGE_CHUNK)
     assert sent.count("MEMCPY_HTOD_SHM") == chunks == sent.count("MEMCPY_DTOH_SHM")
-    assert "MEMCPY_HTOD" not in sent and "MEMCPY_DTOH" not in sent
+    assert "MEMCPY_HTOD" not in sent.ops() and "MEMCPY_DTOH" not in sent.ops()
 
 
-def test_small_copies_stay_on_the_socket_and_one_way(dev, monkeypatch):
-    sent = _ops(dev.conn, monkeypatch)
+def test_small_copies_stay_on_the_socket_and_one_way(dev):
+    sent = Sent()
     buf = dev.allocate(64 << 10)
     buf.copy_from(b"x" * (64 << 10))
-    assert "STREAM_SYNCHRONIZE" not in sent and dev.conn.shared is None
+    assert sent.ops() == ["MEMCPY_HTOD"] and dev.conn.lane()[0] is None  # no region asked
     assert bytes(buf.copy_to()) == b"x" * (64 << 10)
 
 
@@ -98,24 +100,11 @@ def test_a_staged_copy_reports_an_earlier_error_and_the_connection_goes_on(dev):
     assert bytes(buf.copy_to()[:4]) == b"\2\2\2\2"
 
 
-def test_without_a_region_pinned_memory_is_refused_and_copies_use_the_socket(fake_agent):
-    conn = Connection(fake_agent.address)
-    conn.caps &= ~(P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE)  # as an agent without the lane
-    dev = Device(connection=conn)
-    with pytest.raises(CudaError) as info:
-        dev.pinned(MiB)
-    assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
-    buf = dev.allocate(2 * MiB)
-    buf.copy_from(b"z" * (2 * MiB))
-    assert bytes(buf.copy_to()) == b"z" * (2 * MiB)
-    conn.close()
-
-
 def test_pinned_memory_freed_after_a_one_way_error_is_freed_and_the_error_kept(dev):
     pinned = dev.pinned(MiB)
     dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
     pinned.close()  # the lane's bookkeeping: neither refused nor eating the error
-    assert not dev.conn.shared.pinned
+    assert dev.conn.pinned_count == 0
     with pytest.raises(CudaError) as info:
         dev.sync()
     assert info.value.status == P.CUDA_ERROR_INVALID_VALUE and info.value.deferred
@@ -123,7 +112,7 @@ def test_pinned_memory_freed_after_a_one_way_error_is_freed_and_the_error_kept(d
 
 
 def test_a_staged_download_of_many_chunks_reports_an_earlier_error(dev):
-    size = 3 * shm.STAGE_CHUNK + 4096
+    size = 3 * STAGE_CHUNK + 4096
     buf = dev.allocate(size)
     buf.copy_from(b"\3" * size)
     dev.conn.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
@@ -229,13 +218,21 @@ def test_after_a_staged_copy_fails_its_slots_are_idle_before_they_are_reused(lat
     assert bytes(a.copy_to()) in (b"A" * size, b"a" * size)  # never what went to b
 
 
+def _memfds() -> int:
+    with open("/proc/self/maps") as f:
+        return f.read().count("memfd:hvgpu-pinned")
+
+
 def test_pinned_memory_freed_after_the_connection_ended_lets_go_of_its_memfd(fake_agent):
+    before = _memfds()
     conn = Connection(fake_agent.address)
     pinned = Device(connection=conn).pinned(MiB)
-    mapping = pinned.mapping
+    pinned.view[:4] = b"kept"
+    assert _memfds() == before + 1
     conn.close()
+    assert bytes(pinned.view[:4]) == b"kept"  # still the program's until it lets go
     pinned.close()
-    assert mapping.fd is None and mapping.mem.closed
+    assert _memfds() == before
 
 
 def test_a_guest_that_cannot_pass_descriptors_does_not_ask_for_memfd_regions(tmp_path):
@@ -248,6 +245,8 @@ def test_a_guest_that_cannot_pass_descriptors_does_not_ask_for_memfd_regions(tmp
         with pytest.raises(CudaError) as info:
             dev.pinned(MiB)
         assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
+        assert "no pinned memory without a shared-memory region" in str(info.value)
+        assert dev.conn.lane()[0] == "none"
         buf = dev.allocate(2 * MiB)
         buf.copy_from(b"t" * (2 * MiB))
         assert bytes(buf.copy_to()) == b"t" * (2 * MiB)
