@@ -250,6 +250,8 @@ class Connection:
         self._reply = ctypes.create_string_buffer(REPLY_BYTES)
         self._pinned: set[int] = set()
         wanted = P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS | P.CAP_SHM_DEVICE
+        if not monitor:  # what kernels print comes to this process's stdout
+            wanted |= P.CAP_OUTPUT
         if self.address.scheme == "unix":  # descriptors (memfds) travel on these alone
             wanted |= P.CAP_SHM_MEMFD
         if monitor:

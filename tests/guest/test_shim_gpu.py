@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent / "cuda"
 NVCC = toolkit.nvcc()
 PROGRAMS = ["vector_add", "matmul_tiled", "streams_events", "copies_memset", "cublas_sgemm",
-            "func_attributes"]
+            "func_attributes", "kernel_printf"]
 
 
 def _report(name: str, text: str) -> None:
@@ -161,3 +161,17 @@ def test_one_program_uses_two_vgpus_through_the_shim(built, tmp_path):
         "uva_mismatches=0" in shimmed.stdout
     assert "is an address on device" not in shimmed.stderr  # each vGPU its own addresses
     assert pids[0] and pids[1] and pids[0] != pids[1]
+
+
+def test_torch_distributed_nccl_at_world_size_one_runs_through_the_shim(gpu_agent):
+    pytest.importorskip("torch")
+    script = [sys.executable, str(HERE / "ddp_one.py")]
+    native = _run(script, _native_env())
+    shimmed = _run(script, _shim_env(gpu_agent))
+    _report("ddp_one.txt", f"native (rc {native.returncode}):\n{native.stdout}{native.stderr}"
+            f"\nshim (rc {shimmed.returncode}):\n{shimmed.stdout}{shimmed.stderr}")
+    print(f"ddp: native: {native.stdout.strip()} | shim: {shimmed.stdout.strip()} "
+          f"| {shimmed.stderr.strip()[-600:]}")
+    assert native.returncode == 0, native.stderr
+    assert shimmed.returncode == 0, shimmed.stderr[-3000:]
+    assert shimmed.stdout == native.stdout

@@ -388,6 +388,23 @@ static int discard(int fd, uint64_t n) {
     return 0;
 }
 
+/* What the GPU's kernels printed (device printf), which the executor sends before the
+   reply of the call whose synchronisation flushed it: onto this process's stdout, through
+   stdio as the driver's own output would go, so it keeps its place among the program's
+   lines, and flushed, as the call has not returned yet. */
+static int kernel_output(int fd, uint64_t n) {
+    char buf[1 << 16];
+    while (n) {
+        size_t k = n < sizeof buf ? (size_t)n : sizeof buf;
+        if (recv_all(fd, buf, k) < 0) return -1;
+        size_t wrote = fwrite(buf, 1, k, stdout); /* short only if stdout is closed */
+        (void)wrote;
+        n -= k;
+    }
+    fflush(stdout);
+    return 0;
+}
+
 /* The connection is gone: every later call fails the same clear way. */
 static CUresult lost(struct wire *w, const char *what) {
     int e = errno;
@@ -590,6 +607,11 @@ static CUresult read_reply_grow(struct wire *w, uint16_t op, uint32_t seq, void 
     hvgpu_header_t h;
     for (;;) {
         if (recv_all(w->fd, &h, sizeof h) < 0) return lost(w, "waiting for a reply");
+        if (h.magic == HVGPU_MAGIC && (h.flags & HVGPU_FLAG_OUTPUT) &&
+            (h.flags & HVGPU_FLAG_REPLY) && !h.body_len) {
+            if (kernel_output(w->fd, h.payload_len) < 0) return lost(w, "receiving kernel output");
+            continue; /* what kernels printed; the reply follows */
+        }
         if (h.magic != HVGPU_MAGIC || !(h.flags & HVGPU_FLAG_PROGRESS)) break;
         /* still working on it: the clock starts again */
         if (discard(w->fd, h.body_len) < 0 || discard(w->fd, h.payload_len) < 0)
