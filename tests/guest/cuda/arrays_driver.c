@@ -45,6 +45,14 @@ int cuTexObjectCreate(unsigned long long *t, const void *res, const void *tex, c
 int cuTexObjectDestroy(unsigned long long t);
 int cuSurfObjectCreate(unsigned long long *s, const void *res);
 int cuSurfObjectDestroy(unsigned long long s);
+int cuStreamSynchronize(void *stream);
+int cuGraphCreate(void **graph, unsigned flags);
+int cuGraphAddMemcpyNode(void **node, void *graph, void *const *deps, size_t ndeps,
+                         const M3D *p, void *ctx);
+int cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags);
+int cuGraphLaunch(void *exec, void *stream);
+int cuGraphExecDestroy(void *exec);
+int cuGraphDestroy(void *graph);
 
 enum { HOST = 1, DEVICE = 2, ARRAY = 3, FLOAT = 0x20, U8 = 0x01, SURFACE = 0x02 };
 static int failed;
@@ -144,6 +152,31 @@ int main(void) {
     check("objects_destroyed", !st, st);
     st = cuTexObjectDestroy(t);
     check("second_destroy_refused", st == 1, st);
+
+    /* a graph built by hand copies pageable memory into the array and a box back out,
+       reading and writing the program's memory at each launch */
+    void *graph, *exec, *up, *down;
+    unsigned char gin[3][4], gout[2][2];
+    M3D gup = { { 0, 0, 0, 0, HOST, gin, 0, NULL, NULL, 4, 3 },
+                { 0, 0, 0, 0, ARRAY, NULL, 0, volume, NULL, 0, 0 }, 4, 3, 1 };
+    M3D gdown = { { 2, 1, 0, 0, ARRAY, NULL, 0, volume, NULL, 0, 0 },
+                  { 0, 0, 0, 0, HOST, gout, 0, NULL, NULL, 2, 2 }, 2, 2, 1 };
+    st = cuGraphCreate(&graph, 0);
+    if (!st) st = cuGraphAddMemcpyNode(&up, graph, NULL, 0, &gup, ctx);
+    if (!st) st = cuGraphAddMemcpyNode(&down, graph, &up, 1, &gdown, ctx);
+    if (!st) st = cuGraphInstantiateWithFlags(&exec, graph, 0);
+    same = !st;
+    for (int round = 0; round < 2 && same; round++) {
+        for (int i = 0; i < 12; i++) ((unsigned char *)gin)[i] = (unsigned char)(i + 40 * round);
+        memset(gout, 0, sizeof gout);
+        st = cuGraphLaunch(exec, NULL);
+        if (!st) st = cuStreamSynchronize(NULL);
+        same = !st && gout[0][0] == gin[1][2] && gout[0][1] == gin[1][3] &&
+               gout[1][0] == gin[2][2] && gout[1][1] == gin[2][3];
+    }
+    if (!st) st = cuGraphExecDestroy(exec);
+    if (!st) st = cuGraphDestroy(graph);
+    check("graph_copy_nodes", same && !st, st);
 
     /* a mipmapped cubemap-free 2D array: a level is an array of its own size */
     A3D md = { 64, 64, 0, FLOAT, 4, 0 };
