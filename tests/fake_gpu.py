@@ -111,6 +111,12 @@ def _matmul(dev, a, b, c, n):
     dev.array(c, n * n, np.float32).reshape(n, n)[:] = A @ B
 
 
+def _tex_copy(dev, tex, out, n):
+    """Reads n floats through texture object ``tex`` (its first bytes, row-major) into out:
+    what a kernel given the object's value as its parameter can reach."""
+    dev.array(out, n, np.float32)[:] = np.frombuffer(dev.texture_bytes(tex, n * 4), np.float32)
+
+
 def _fault(dev):
     dev.sticky = CudaError(S.ILLEGAL_ADDRESS, "fake kernel accessed an illegal address")
 
@@ -134,6 +140,7 @@ KERNELS = {
     "say": ([(0, 4), (4, 4)], "<ii", _say),  # printf: value, lines
     "burn": ([(0, 8), (8, 4)], "<Qi", lambda dev, out, iters: None),  # bench/multi_tenant.py
     "clustered": ([], "", lambda dev: None),  # its cluster shape was fixed when compiled
+    "tex_copy": ([(0, 8), (8, 8), (16, 4)], "<QQi", _tex_copy),
 }
 
 # CUfunction_attribute 0..15 (cuda.h 13.0): what cuFuncGetAttribute answers for a kernel
@@ -232,6 +239,35 @@ class Node:
         self.index = index
 
 
+# CUarray_format -> bytes of a channel, as the driver knows them
+ARRAY_FORMATS = {0x01: 1, 0x02: 2, 0x03: 4, 0x08: 1, 0x09: 2, 0x0A: 4, 0x10: 2, 0x20: 4}
+ARRAY_LAYERED, ARRAY_SURFACE_LDST, ARRAY_CUBEMAP = 0x01, 0x02, 0x04
+FIRST_TEXTURE = 0x1000  # the double's texture and surface object values count from here
+
+
+class FakeArray:
+    """A CUDA array: its rows packed (the driver's layout is its own; copies and
+    textures see rows of width * element bytes), height and depth at least 1."""
+
+    def __init__(self, width, height, depth, fmt, channels, flags):
+        self.desc = (width, height, depth, fmt, channels, flags)
+        self.row = width * ARRAY_FORMATS[fmt] * channels
+        self.rows, self.slices = max(height, 1), max(depth, 1)
+        self.data = bytearray(self.row * self.rows * self.slices)
+
+
+def _array_extent(width, height, depth, fmt, channels, flags):
+    """The driver's refusals of a descriptor (CUDA_ERROR_INVALID_VALUE)."""
+    if fmt not in ARRAY_FORMATS or channels not in (1, 2, 4) or not width:
+        raise CudaError(S.INVALID_VALUE, f"fake cuArray3DCreate: {width}x{height}x{depth}, "
+                                         f"format 0x{fmt:x}, {channels} channels")
+    layers_ok = depth % 6 == 0 and depth if flags & ARRAY_LAYERED else depth == 6
+    if flags & ARRAY_CUBEMAP and (width != height or not layers_ok):
+        raise CudaError(S.INVALID_VALUE, "fake cuArray3DCreate: a cubemap is square, 6 deep")
+    if max(width, height, depth) > 1 << 16:
+        raise CudaError(S.INVALID_VALUE, "fake cuArray3DCreate: past the device's limits")
+
+
 class FakeDevice:
     caps = 3
 
@@ -276,6 +312,11 @@ class FakeDevice:
         self.exec_bytes = GRAPH_EXEC_BYTES
         self.events_destroyed = 0
         self.modules_unloaded = 0
+        self.arrays: dict[int, FakeArray] = {}  # id -> a live array (mipmap levels too)
+        self.array_taken: dict[int, int] = {}  # array or mipmapped array id -> bytes taken
+        self.textures: dict[int, tuple] = {}  # value -> (bytes of its resource: fn(n))
+        self.surfaces: dict[int, FakeArray] = {}
+        self.object_values = FIRST_TEXTURE
 
     def _on(self, stream, work) -> None:
         """Run work now, or record it into the capture its stream is in."""
@@ -381,6 +422,7 @@ class FakeDevice:
 
     def _used(self):
         return (self.alloc_bytes + sum(self.module_bytes.values())
+                + sum(self.array_taken.values())
                 + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
                 + sum(p.reserved for p in self.pools.values()))
@@ -1101,6 +1143,164 @@ class FakeDevice:
                                               "recorded")
         return (end.t - start.t) * 1000.0
 
+    # -- arrays, texture and surface objects, 3D copies --------------------------------
+
+    def _take_array_memory(self, key, n):
+        taken = self.footprint(n)
+        if self._used() + taken > TOTAL:
+            raise CudaError(S.OUT_OF_MEMORY, f"fake: an array of {n} bytes does not fit")
+        self.array_taken[key] = taken
+        self._publish()
+
+    def array_create(self, width, height, depth, fmt, channels, flags):
+        self._check()
+        _array_extent(width, height, depth, fmt, channels, flags)
+        array = FakeArray(width, height, depth, fmt, channels, flags)
+        self._take_array_memory(id(array), len(array.data))
+        self.arrays[id(array)] = array
+        return array
+
+    def array_destroy(self, array):
+        if self.arrays.pop(id(array), None) is None or id(array) not in self.array_taken:
+            raise CudaError(S.INVALID_HANDLE, "fake cuArrayDestroy: not an array")
+        del self.array_taken[id(array)]
+        self._publish()
+
+    def array_descriptor(self, array):
+        if id(array) not in self.arrays:
+            raise CudaError(S.INVALID_HANDLE, "fake cuArray3DGetDescriptor: not an array")
+        return array.desc
+
+    def mipmap_create(self, width, height, depth, fmt, channels, flags, levels):
+        self._check()
+        _array_extent(width, height, depth, fmt, channels, flags)
+        if levels > max(width, height, depth).bit_length():
+            raise CudaError(S.INVALID_VALUE, f"fake cuMipmappedArrayCreate: {levels} levels")
+        layered = flags & ARRAY_LAYERED
+        mipmap = [FakeArray(max(1, width >> i), height and max(1, height >> i),
+                            depth if layered else depth and max(1, depth >> i), fmt, channels,
+                            flags) for i in range(levels)]
+        self._take_array_memory(id(mipmap), sum(len(a.data) for a in mipmap))
+        for level in mipmap:
+            self.arrays[id(level)] = level
+        return mipmap
+
+    def mipmap_destroy(self, mipmap):
+        if self.array_taken.pop(id(mipmap), None) is None:
+            raise CudaError(S.INVALID_HANDLE, "fake cuMipmappedArrayDestroy: not one")
+        for level in mipmap:
+            self.arrays.pop(id(level), None)
+        self._publish()
+
+    def mipmap_level(self, mipmap, level):
+        if id(mipmap) not in self.array_taken or not 0 <= level < len(mipmap):
+            raise CudaError(S.INVALID_VALUE, f"fake cuMipmappedArrayGetLevel: level {level}")
+        return mipmap[level]
+
+    def _object_value(self):
+        self.object_values += 1
+        return self.object_values
+
+    def tex_create(self, res_type, resource, fmt, channels, width, height, pitch, res_flags,
+                   tex_desc, view_desc):
+        self._check()
+        if len(tex_desc) != 104 or len(view_desc) not in (0, 112):
+            raise CudaError(S.INVALID_VALUE, "fake cuTexObjectCreate: descriptions")
+        if res_type == 0:
+            if id(resource) not in self.arrays:
+                raise CudaError(S.INVALID_VALUE, "fake cuTexObjectCreate: not an array")
+            data = resource.data
+            read = lambda n: bytes(data[:n])  # noqa: E731
+        elif res_type == 1:
+            data = resource[0].data
+            read = lambda n: bytes(data[:n])  # noqa: E731
+        elif res_type == 2:
+            self._copy_range(resource, width, "cuTexObjectCreate")
+            read = lambda n: self._load(resource, min(n, width))  # noqa: E731
+        else:
+            row = width * ARRAY_FORMATS.get(fmt, 1) * channels
+            if pitch < row:
+                raise CudaError(S.INVALID_VALUE, "fake cuTexObjectCreate: pitch below a row")
+            self._copy_range(resource, pitch * (height - 1) + row, "cuTexObjectCreate")
+            read = lambda n: b"".join(  # noqa: E731
+                self._load(resource + i * pitch, row) for i in range(height))[:n]
+        value = self._object_value()
+        self.textures[value] = read
+        return value
+
+    def texture_bytes(self, value, n):
+        """What a kernel reads through texture object ``value``: its first n bytes."""
+        read = self.textures.get(value)
+        if read is None:
+            self.sticky = CudaError(S.ILLEGAL_ADDRESS, f"fake: {value} is no texture object")
+            return bytes(n)
+        return read(n).ljust(n, b"\0")
+
+    def tex_destroy(self, value):
+        if self.textures.pop(value, None) is None:
+            raise CudaError(S.INVALID_VALUE, f"fake cuTexObjectDestroy: {value}")
+
+    def surf_create(self, array):
+        if id(array) not in self.arrays or not array.desc[5] & ARRAY_SURFACE_LDST:
+            raise CudaError(S.INVALID_VALUE, "fake cuSurfObjectCreate: not a surface array")
+        value = self._object_value()
+        self.surfaces[value] = array
+        return value
+
+    def surf_destroy(self, value):
+        if self.surfaces.pop(value, None) is None:
+            raise CudaError(S.INVALID_VALUE, f"fake cuSurfObjectDestroy: {value}")
+
+    def _side_rows(self, side, width, height, depth, what):
+        """(load(i), store(i, bytes)) of row i (slice-major) of a copy side, checked as the
+        driver checks a cuMemcpy3D's side."""
+        kind, where, x, y, z, pitch, rows_per_slice = side
+        if kind == 3:
+            array = where
+            if id(array) not in self.arrays:
+                raise CudaError(S.INVALID_VALUE, f"fake cuMemcpy3D {what}: not an array")
+            if x + width > array.row or y + height > array.rows or z + depth > array.slices:
+                raise CudaError(S.INVALID_VALUE, f"fake cuMemcpy3D {what}: past the array")
+            data = array.data
+
+            def at(i):
+                return ((z + i // height) * array.rows + y + i % height) * array.row + x
+
+            def load(i):
+                return bytes(data[at(i):at(i) + width])
+
+            def store(i, b):
+                data[at(i):at(i) + width] = b
+            return load, store
+        if (height > 1 or depth > 1) and pitch < x + width:
+            raise CudaError(S.INVALID_VALUE, f"fake cuMemcpy3D {what}: pitch below the width")
+
+        def addr(i):
+            return where + x + ((z + i // height) * rows_per_slice + y + i % height) * pitch
+        if kind == 2:
+            self._copy_range(addr(0), addr(height * depth - 1) - addr(0) + width,
+                             f"cuMemcpy3D {what}")
+            return (lambda i: self._load(addr(i), width)), (lambda i, b: self._store(addr(i), b))
+        if kind == 1:
+            return ((lambda i: ctypes.string_at(addr(i), width)),
+                    (lambda i, b: ctypes.memmove(addr(i), b, width)))
+        raise CudaError(S.INVALID_VALUE, f"fake cuMemcpy3D {what}: memory type {kind}")
+
+    def memcpy_3d(self, src, dst, width, height, depth, stream):
+        self._check()
+        load, _ = self._side_rows(src, width, height, depth, "source")
+        _, store = self._side_rows(dst, width, height, depth, "destination")
+        rows = height * depth
+
+        def work():
+            for i in range(rows):
+                store(i, load(i))
+        if src[0] == 1 and stream not in self.captures:  # pageable: taken at the call
+            taken = [load(i) for i in range(rows)]
+            self._on(stream, lambda: [store(i, b) for i, b in enumerate(taken)])
+        else:
+            self._on(stream, work)
+
     def synchronize(self):
         self._check()
         self._synchronized()
@@ -1110,7 +1310,8 @@ class FakeDevice:
         if report:
             os.makedirs(report, exist_ok=True)
             left = len(self.mem) + len(self.reservations) + len(self.physical) \
-                + len(self.mapped) + len(self.pools)
+                + len(self.mapped) + len(self.pools) + len(self.array_taken) \
+                + len(self.textures) + len(self.surfaces)
             what = {"allocated": self.allocated, "freed": self.freed, "left": left,
                     "launches": self.launches, "c_launches": self.c_launches}
             if os.environ.get("HVGPU_FAKE_REPORT_GRAPHS"):

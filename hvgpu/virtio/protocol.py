@@ -377,6 +377,59 @@ OPS: tuple[Op, ...] = (
        _f("u32 result, u32 reserved, u64 error_node"),
        doc="cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails "
            "(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs."),
+    # CUDA arrays, mipmapped arrays, texture and surface objects, 2D/3D copies (issue 27).
+    # An array is the executor's, named by a handle of this connection; a texture or
+    # surface object is named by the driver's own value (a kernel reads it as a
+    # parameter), which the executor serves only to the connection that made it. A copy
+    # side is (kind, where, x in bytes, y, z, pitch, height) with kind CUmemorytype's
+    # number: 2 device memory (where: its address), 3 an array (where: its handle).
+    Op(0xC0, "ARRAY_CREATE", SYNC,
+       _f("u64 width, u64 height, u64 depth, u32 format, u32 channels, u32 flags"),
+       _f("u64 array"),
+       doc="cuArray3DCreate (cuArrayCreate: depth 0, flags 0), charged what it took."),
+    Op(0xC1, "ARRAY_DESTROY", SYNC, _f("u64 array"), doc="cuArrayDestroy."),
+    Op(0xC2, "ARRAY_GET_DESCRIPTOR", SYNC, _f("u64 array"),
+       _f("u64 width, u64 height, u64 depth, u32 format, u32 channels, u32 flags"),
+       doc="cuArray3DGetDescriptor of an array of this connection (a mipmap level too)."),
+    Op(0xC3, "MIPMAPPED_ARRAY_CREATE", SYNC,
+       _f("u64 width, u64 height, u64 depth, u32 format, u32 channels, u32 flags, u32 levels"),
+       _f("u64 mipmap"), doc="cuMipmappedArrayCreate, charged what it took."),
+    Op(0xC4, "MIPMAPPED_ARRAY_DESTROY", SYNC, _f("u64 mipmap"),
+       doc="cuMipmappedArrayDestroy: its levels' handles go with it."),
+    Op(0xC5, "MIPMAPPED_ARRAY_GET_LEVEL", SYNC, _f("u64 mipmap, u32 level"), _f("u64 array"),
+       doc="cuMipmappedArrayGetLevel: an array handle, not destroyable on its own."),
+    Op(0xC6, "TEX_OBJECT_CREATE", SYNC,
+       _f("u32 res_type, u32 format, u64 resource, u64 width, u64 height, u64 pitch, "
+          "u32 channels, u32 res_flags, bytes tex_desc, bytes view_desc"), _f("u64 object"),
+       doc="cuTexObjectCreate. res_type is CUresourcetype's number: 0 array, 1 mipmapped "
+           "array (resource: its handle), 2 linear (resource: a device address, width its "
+           "size in bytes), 3 pitch2D (resource: a device address, width in elements); "
+           "tex_desc is CUDA_TEXTURE_DESC as cuda.h lays it out (TEX_DESC_SIZE bytes), "
+           "view_desc CUDA_RESOURCE_VIEW_DESC (VIEW_DESC_SIZE bytes) or empty. object is the "
+           "driver's CUtexObject value."),
+    Op(0xC7, "TEX_OBJECT_DESTROY", SYNC, _f("u64 object"), doc="cuTexObjectDestroy."),
+    Op(0xC8, "SURF_OBJECT_CREATE", SYNC, _f("u64 array"), _f("u64 object"),
+       doc="cuSurfObjectCreate of an array of this connection (made with "
+           "CUDA_ARRAY3D_SURFACE_LDST); object is the driver's CUsurfObject value."),
+    Op(0xC9, "SURF_OBJECT_DESTROY", SYNC, _f("u64 object"), doc="cuSurfObjectDestroy."),
+    Op(0xCA, "MEMCPY_3D", ONEWAY,
+       _f("u32 src_kind, u32 dst_kind, u64 src, u64 src_x, u64 src_y, u64 src_z, "
+          "u64 src_pitch, u64 src_height, u64 dst, u64 dst_x, u64 dst_y, u64 dst_z, "
+          "u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, u64 stream"),
+       doc="cuMemcpy3DAsync between device memory and arrays of this connection: depth "
+           "slices of height rows of width bytes."),
+    Op(0xCB, "MEMCPY_3D_TO", ONEWAY,
+       _f("u32 dst_kind, u32 reserved, u64 dst, u64 dst_x, u64 dst_y, u64 dst_z, "
+          "u64 dst_pitch, u64 dst_height, u64 width, u64 height, u64 depth, u64 stream"),
+       request_payload=True,
+       doc="cuMemcpy3DAsync from the guest's memory: the payload is the rows, width bytes "
+           "each, packed (width * height * depth bytes, at most MAX_COPY_3D)."),
+    Op(0xCC, "MEMCPY_3D_FROM", SYNC,
+       _f("u32 src_kind, u32 reserved, u64 src, u64 src_x, u64 src_y, u64 src_z, "
+          "u64 src_pitch, u64 src_height, u64 width, u64 height, u64 depth, u64 stream"),
+       reply_payload=True,
+       doc="cuMemcpy3DAsync to the guest's memory, after the stream's earlier work: the "
+           "reply payload is the rows, width bytes each, packed (at most MAX_COPY_3D)."),
 )
 
 # Body of every reply whose status is not success.
@@ -409,6 +462,12 @@ FIRST_HANDLE = 16
 MEMCPY_NODE_DEVICE = 0  # device to device
 MEMCPY_NODE_FROM_REGION = 1  # src is an offset in the region
 MEMCPY_NODE_TO_REGION = 2  # dst is an offset in the region
+# Arrays and textures (issue 27)
+MEMORY_DEVICE = 2  # a copy side's kind: CUmemorytype's CU_MEMORYTYPE_DEVICE
+MEMORY_ARRAY = 3  # CU_MEMORYTYPE_ARRAY
+MAX_COPY_3D = 8 << 20  # bytes one MEMCPY_3D_TO or MEMCPY_3D_FROM carries at most
+TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
+VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
 
 # name -> C type of what the C header carries besides the op table (cgen), as
 # HVGPU_<name> ("i32": a plain int literal, as C writes small counts).
@@ -421,6 +480,8 @@ C_CONSTANTS = (
     ("MAX_GRAPH_NODES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
     ("MEMCPY_NODE_FROM_REGION", "i32"), ("MEMCPY_NODE_TO_REGION", "i32"),
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
+    ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),
+    ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent / "cuda"
 NVCC = toolkit.nvcc()
 PROGRAMS = ["vector_add", "matmul_tiled", "streams_events", "copies_memset", "cublas_sgemm",
-            "func_attributes", "kernel_printf"]
+            "func_attributes", "kernel_printf", "textures_surfaces"]
 
 
 def _report(name: str, text: str) -> None:

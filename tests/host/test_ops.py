@@ -34,15 +34,18 @@ def test_what_takes_device_memory_says_how_it_is_charged():
     kinds = {op.name: op.charge.kind for op in ops.TABLE.values()}
     assert kinds["MEM_ALLOC"] == "ahead"
     assert {kinds[n] for n in ("MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS",
-                               "GRAPH_INSTANTIATE")} == {"measured"}
+                               "GRAPH_INSTANTIATE", "ARRAY_CREATE",
+                               "MIPMAPPED_ARRAY_CREATE")} == {"measured"}
     assert kinds["MEM_CREATE"] == kinds["MEM_ALLOC_ASYNC"] == "books"
     assert {kinds[n] for n in ("MEM_FREE", "MODULE_UNLOAD", "GRAPH_EXEC_DESTROY",
-                               "MEM_RELEASE", "MEM_POOL_DESTROY", "SHM_DETACH")} == {"releases"}
+                               "MEM_RELEASE", "MEM_POOL_DESTROY", "SHM_DETACH", "ARRAY_DESTROY",
+                               "MIPMAPPED_ARRAY_DESTROY")} == {"releases"}
 
 
 def test_only_the_ops_that_take_a_payload_whole_declare_its_limit():
     limited = {op.name for op in ops.TABLE.values() if op.payload}
-    assert limited == {"MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS"}
+    assert limited == {"MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS",
+                       "MEMCPY_3D_TO"}
     assert all(P.OPS_BY_NAME[name].request_payload for name in limited)
 
 

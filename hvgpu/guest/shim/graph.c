@@ -770,6 +770,30 @@ static int side(const memcpy_side *s, size_t n, int device, uint64_t *addr, uint
     return 0;
 }
 
+CUresult cuMemcpy3D_v2(const memcpy3d *p); /* array.c */
+
+static void run_copy(void *p) {
+    CUresult r = cuMemcpy3D_v2(p);
+    if (r) hv_log("a graph's copy node (run in the guest) failed: CUDA error %d", r);
+}
+
+/* A copy the executor's graph cannot hold (pageable memory, arrays, 2D or 3D) in a graph
+   built by cuGraphCreate: a host node that makes the copy at each launch, in the
+   launching thread once the nodes it depends on have run, as the driver's node would
+   (pageable bytes read or written then). Its parameters are kept for the process's life. */
+static CUresult copy_as_host_node(void **node, void *graph, void *const *deps, size_t ndeps,
+                                  const memcpy3d *p) {
+    memcpy3d *kept = malloc(sizeof *kept);
+    if (!kept) return CUDA_ERROR_OUT_OF_MEMORY;
+    *kept = *p;
+    if (!hv_shadow_add(graph, NULL, deps, ndeps, node)) {
+        free(kept);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    hv_shadow_set_host(*node, run_copy, kept);
+    return CUDA_SUCCESS;
+}
+
 HV_EXPORT CUresult cuGraphAddMemcpyNode(void **node, void *graph, void *const *deps, size_t ndeps,
                                         const memcpy3d *p, void *ctx) {
     (void)ctx;
@@ -784,12 +808,15 @@ HV_EXPORT CUresult cuGraphAddMemcpyNode(void **node, void *graph, void *const *d
                : s == 2 && d == 1 ? HVGPU_MEMCPY_NODE_FROM_REGION
                : s == 1 && d == 2 ? HVGPU_MEMCPY_NODE_TO_REGION
                                   : -1;
+    if (kind < 0 && hv_shadow_hosts(graph) >= 0)
+        return copy_as_host_node(node, graph, deps, ndeps, p);
     if (kind < 0) {
         static int once;
         if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
-            hv_log("cuGraphAddMemcpyNode: hvgpu builds copy nodes of one row between device "
-                   "memory and device or pinned (cudaMallocHost) memory; this one is refused "
-                   "with CUDA_ERROR_NOT_SUPPORTED (pageable memory, arrays, 2D or 3D)");
+            hv_log("cuGraphAddMemcpyNode: in a captured graph hvgpu adds copy nodes of one row "
+                   "between device memory and device or pinned (cudaMallocHost) memory; this "
+                   "one is refused with CUDA_ERROR_NOT_SUPPORTED (pageable memory, arrays, "
+                   "2D or 3D)");
         return CUDA_ERROR_NOT_SUPPORTED;
     }
     hvgpu_graph_add_memcpy_node_req_t q = {

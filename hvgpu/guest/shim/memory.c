@@ -422,10 +422,14 @@ typedef struct {
 enum { MT_HOST = 1, MT_DEVICE = 2, MT_ARRAY = 3, MT_UNIFIED = 4 };
 
 static CUresult copy2d(const hv_memcpy2d *c, CUstream stream, int wait) {
-    static int once;
     if (!c) return CUDA_ERROR_INVALID_VALUE;
-    if (c->src_type == MT_ARRAY || c->dst_type == MT_ARRAY)
-        return hv_unsupported("cuMemcpy2D with CUDA arrays", &once);
+    if (c->src_type == MT_ARRAY || c->dst_type == MT_ARRAY) { /* array.c */
+        struct hv_copy_side s = { c->src_type, c->src_host, c->src_dev, c->src_array, c->src_x,
+                                  c->src_y, 0, c->src_pitch, 0 };
+        struct hv_copy_side d = { c->dst_type, c->dst_host, c->dst_dev, c->dst_array, c->dst_x,
+                                  c->dst_y, 0, c->dst_pitch, 0 };
+        return hv_copy3d(&s, &d, c->width, c->height, 1, stream, wait);
+    }
     uintptr_t src = c->src_type == MT_HOST ? (uintptr_t)c->src_host : (uintptr_t)c->src_dev;
     uintptr_t dst = c->dst_type == MT_HOST ? (uintptr_t)c->dst_host : (uintptr_t)c->dst_dev;
     src += c->src_y * c->src_pitch + c->src_x;

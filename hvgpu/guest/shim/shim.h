@@ -324,4 +324,16 @@ CUresult hv_unsupported(const char *api, int *once);
    once)) for host and NUMA locations, CUDA_ERROR_INVALID_DEVICE for no such vGPU. */
 CUresult hv_device_location(const void *location, int *device, const char *api, int *once);
 
+/* array.c: one side of a 2D or 3D copy (CUmemorytype's numbers: host, device, array,
+   unified), as CUDA_MEMCPY2D/3D name it, and the copy (wait: the synchronous form). */
+struct hv_copy_side {
+    int type;
+    const void *host;
+    CUdeviceptr device;
+    void *array;
+    size_t x, y, z, pitch, height;
+};
+CUresult hv_copy3d(const struct hv_copy_side *src, const struct hv_copy_side *dst, size_t width,
+                   size_t height, size_t depth, CUstream stream, int wait);
+
 #endif

@@ -157,6 +157,12 @@ class Session:
         self.functions = Handles("function")
         self.streams = Handles("stream")
         self.events = Handles("event")
+        # CUDA arrays and mipmapped arrays (ops/arrays.py), and the driver's values of
+        # the texture and surface objects this guest made
+        self.arrays = Handles("array")
+        self.mipmaps = Handles("mipmapped array")
+        self.textures: set[int] = set()
+        self.surfaces: set[int] = set()
         self.layouts: dict[int, list] = {}
         self.graphs = Graphs(device)  # captures, graphs, what a graph may still reach
         self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,

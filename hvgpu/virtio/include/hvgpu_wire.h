@@ -150,6 +150,19 @@ enum hvgpu_op {
     HVGPU_OP_GRAPH_ADD_DEPENDENCIES = 0xaf,  /* cuGraphAddDependencies: edges from_nodes[i] -> to_nodes[i]. */
     HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS = 0xb0,  /* cuGraphExecKernelNodeSetParams: the kernel node's parameters in an instantiated graph (node is a node of the graph it was made from). */
     HVGPU_OP_GRAPH_EXEC_UPDATE = 0xb1,  /* cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs. */
+    HVGPU_OP_ARRAY_CREATE = 0xc0,  /* cuArray3DCreate (cuArrayCreate: depth 0, flags 0), charged what it took. */
+    HVGPU_OP_ARRAY_DESTROY = 0xc1,  /* cuArrayDestroy. */
+    HVGPU_OP_ARRAY_GET_DESCRIPTOR = 0xc2,  /* cuArray3DGetDescriptor of an array of this connection (a mipmap level too). */
+    HVGPU_OP_MIPMAPPED_ARRAY_CREATE = 0xc3,  /* cuMipmappedArrayCreate, charged what it took. */
+    HVGPU_OP_MIPMAPPED_ARRAY_DESTROY = 0xc4,  /* cuMipmappedArrayDestroy: its levels' handles go with it. */
+    HVGPU_OP_MIPMAPPED_ARRAY_GET_LEVEL = 0xc5,  /* cuMipmappedArrayGetLevel: an array handle, not destroyable on its own. */
+    HVGPU_OP_TEX_OBJECT_CREATE = 0xc6,  /* cuTexObjectCreate. res_type is CUresourcetype's number: 0 array, 1 mipmapped array (resource: its handle), 2 linear (resource: a device address, width its size in bytes), 3 pitch2D (resource: a device address, width in elements); tex_desc is CUDA_TEXTURE_DESC as cuda.h lays it out (TEX_DESC_SIZE bytes), view_desc CUDA_RESOURCE_VIEW_DESC (VIEW_DESC_SIZE bytes) or empty. object is the driver's CUtexObject value. */
+    HVGPU_OP_TEX_OBJECT_DESTROY = 0xc7,  /* cuTexObjectDestroy. */
+    HVGPU_OP_SURF_OBJECT_CREATE = 0xc8,  /* cuSurfObjectCreate of an array of this connection (made with CUDA_ARRAY3D_SURFACE_LDST); object is the driver's CUsurfObject value. */
+    HVGPU_OP_SURF_OBJECT_DESTROY = 0xc9,  /* cuSurfObjectDestroy. */
+    HVGPU_OP_MEMCPY_3D = 0xca,  /* cuMemcpy3DAsync between device memory and arrays of this connection: depth slices of height rows of width bytes. */
+    HVGPU_OP_MEMCPY_3D_TO = 0xcb,  /* cuMemcpy3DAsync from the guest's memory: the payload is the rows, width bytes each, packed (width * height * depth bytes, at most MAX_COPY_3D). */
+    HVGPU_OP_MEMCPY_3D_FROM = 0xcc,  /* cuMemcpy3DAsync to the guest's memory, after the stream's earlier work: the reply payload is the rows, width bytes each, packed (at most MAX_COPY_3D). */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -169,6 +182,8 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
     case HVGPU_OP_GRAPH_LAUNCH:
     case HVGPU_OP_GRAPH_UPLOAD:
+    case HVGPU_OP_MEMCPY_3D:
+    case HVGPU_OP_MEMCPY_3D_TO:
         return 1;
     default:
         return 0;
@@ -272,6 +287,19 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_GRAPH_ADD_DEPENDENCIES: return "GRAPH_ADD_DEPENDENCIES";
     case HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: return "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS";
     case HVGPU_OP_GRAPH_EXEC_UPDATE: return "GRAPH_EXEC_UPDATE";
+    case HVGPU_OP_ARRAY_CREATE: return "ARRAY_CREATE";
+    case HVGPU_OP_ARRAY_DESTROY: return "ARRAY_DESTROY";
+    case HVGPU_OP_ARRAY_GET_DESCRIPTOR: return "ARRAY_GET_DESCRIPTOR";
+    case HVGPU_OP_MIPMAPPED_ARRAY_CREATE: return "MIPMAPPED_ARRAY_CREATE";
+    case HVGPU_OP_MIPMAPPED_ARRAY_DESTROY: return "MIPMAPPED_ARRAY_DESTROY";
+    case HVGPU_OP_MIPMAPPED_ARRAY_GET_LEVEL: return "MIPMAPPED_ARRAY_GET_LEVEL";
+    case HVGPU_OP_TEX_OBJECT_CREATE: return "TEX_OBJECT_CREATE";
+    case HVGPU_OP_TEX_OBJECT_DESTROY: return "TEX_OBJECT_DESTROY";
+    case HVGPU_OP_SURF_OBJECT_CREATE: return "SURF_OBJECT_CREATE";
+    case HVGPU_OP_SURF_OBJECT_DESTROY: return "SURF_OBJECT_DESTROY";
+    case HVGPU_OP_MEMCPY_3D: return "MEMCPY_3D";
+    case HVGPU_OP_MEMCPY_3D_TO: return "MEMCPY_3D_TO";
+    case HVGPU_OP_MEMCPY_3D_FROM: return "MEMCPY_3D_FROM";
     default:
         return 0;
     }
@@ -1162,6 +1190,166 @@ typedef struct __attribute__((packed)) hvgpu_graph_exec_update_rep {
 } hvgpu_graph_exec_update_rep_t;
 _Static_assert(sizeof(hvgpu_graph_exec_update_rep_t) == 16, "hvgpu_graph_exec_update_rep_t");
 
+typedef struct __attribute__((packed)) hvgpu_array_create_req {
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint32_t format;
+    uint32_t channels;
+    uint32_t flags;
+} hvgpu_array_create_req_t;
+_Static_assert(sizeof(hvgpu_array_create_req_t) == 36, "hvgpu_array_create_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_create_rep {
+    uint64_t array;
+} hvgpu_array_create_rep_t;
+_Static_assert(sizeof(hvgpu_array_create_rep_t) == 8, "hvgpu_array_create_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_destroy_req {
+    uint64_t array;
+} hvgpu_array_destroy_req_t;
+_Static_assert(sizeof(hvgpu_array_destroy_req_t) == 8, "hvgpu_array_destroy_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_get_descriptor_req {
+    uint64_t array;
+} hvgpu_array_get_descriptor_req_t;
+_Static_assert(sizeof(hvgpu_array_get_descriptor_req_t) == 8, "hvgpu_array_get_descriptor_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_get_descriptor_rep {
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint32_t format;
+    uint32_t channels;
+    uint32_t flags;
+} hvgpu_array_get_descriptor_rep_t;
+_Static_assert(sizeof(hvgpu_array_get_descriptor_rep_t) == 36, "hvgpu_array_get_descriptor_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mipmapped_array_create_req {
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint32_t format;
+    uint32_t channels;
+    uint32_t flags;
+    uint32_t levels;
+} hvgpu_mipmapped_array_create_req_t;
+_Static_assert(sizeof(hvgpu_mipmapped_array_create_req_t) == 40, "hvgpu_mipmapped_array_create_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mipmapped_array_create_rep {
+    uint64_t mipmap;
+} hvgpu_mipmapped_array_create_rep_t;
+_Static_assert(sizeof(hvgpu_mipmapped_array_create_rep_t) == 8, "hvgpu_mipmapped_array_create_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mipmapped_array_destroy_req {
+    uint64_t mipmap;
+} hvgpu_mipmapped_array_destroy_req_t;
+_Static_assert(sizeof(hvgpu_mipmapped_array_destroy_req_t) == 8, "hvgpu_mipmapped_array_destroy_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mipmapped_array_get_level_req {
+    uint64_t mipmap;
+    uint32_t level;
+} hvgpu_mipmapped_array_get_level_req_t;
+_Static_assert(sizeof(hvgpu_mipmapped_array_get_level_req_t) == 12, "hvgpu_mipmapped_array_get_level_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mipmapped_array_get_level_rep {
+    uint64_t array;
+} hvgpu_mipmapped_array_get_level_rep_t;
+_Static_assert(sizeof(hvgpu_mipmapped_array_get_level_rep_t) == 8, "hvgpu_mipmapped_array_get_level_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_tex_object_create_req {
+    uint32_t res_type;
+    uint32_t format;
+    uint64_t resource;
+    uint64_t width;
+    uint64_t height;
+    uint64_t pitch;
+    uint32_t channels;
+    uint32_t res_flags;
+    uint32_t tex_desc_len;
+    uint32_t view_desc_len;
+} hvgpu_tex_object_create_req_t;
+_Static_assert(sizeof(hvgpu_tex_object_create_req_t) == 56, "hvgpu_tex_object_create_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_tex_object_create_rep {
+    uint64_t object;
+} hvgpu_tex_object_create_rep_t;
+_Static_assert(sizeof(hvgpu_tex_object_create_rep_t) == 8, "hvgpu_tex_object_create_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_tex_object_destroy_req {
+    uint64_t object;
+} hvgpu_tex_object_destroy_req_t;
+_Static_assert(sizeof(hvgpu_tex_object_destroy_req_t) == 8, "hvgpu_tex_object_destroy_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_surf_object_create_req {
+    uint64_t array;
+} hvgpu_surf_object_create_req_t;
+_Static_assert(sizeof(hvgpu_surf_object_create_req_t) == 8, "hvgpu_surf_object_create_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_surf_object_create_rep {
+    uint64_t object;
+} hvgpu_surf_object_create_rep_t;
+_Static_assert(sizeof(hvgpu_surf_object_create_rep_t) == 8, "hvgpu_surf_object_create_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_surf_object_destroy_req {
+    uint64_t object;
+} hvgpu_surf_object_destroy_req_t;
+_Static_assert(sizeof(hvgpu_surf_object_destroy_req_t) == 8, "hvgpu_surf_object_destroy_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_3d_req {
+    uint32_t src_kind;
+    uint32_t dst_kind;
+    uint64_t src;
+    uint64_t src_x;
+    uint64_t src_y;
+    uint64_t src_z;
+    uint64_t src_pitch;
+    uint64_t src_height;
+    uint64_t dst;
+    uint64_t dst_x;
+    uint64_t dst_y;
+    uint64_t dst_z;
+    uint64_t dst_pitch;
+    uint64_t dst_height;
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint64_t stream;
+} hvgpu_memcpy_3d_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_3d_req_t) == 136, "hvgpu_memcpy_3d_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_3d_to_req {
+    uint32_t dst_kind;
+    uint32_t reserved;
+    uint64_t dst;
+    uint64_t dst_x;
+    uint64_t dst_y;
+    uint64_t dst_z;
+    uint64_t dst_pitch;
+    uint64_t dst_height;
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint64_t stream;
+} hvgpu_memcpy_3d_to_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_3d_to_req_t) == 88, "hvgpu_memcpy_3d_to_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_memcpy_3d_from_req {
+    uint32_t src_kind;
+    uint32_t reserved;
+    uint64_t src;
+    uint64_t src_x;
+    uint64_t src_y;
+    uint64_t src_z;
+    uint64_t src_pitch;
+    uint64_t src_height;
+    uint64_t width;
+    uint64_t height;
+    uint64_t depth;
+    uint64_t stream;
+} hvgpu_memcpy_3d_from_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_3d_from_req_t) == 88, "hvgpu_memcpy_3d_from_req_t");
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -1190,6 +1378,11 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MEMCPY_NODE_TO_REGION 2
 #define HVGPU_MAX_VGPUS 8
 #define HVGPU_CLIENT_FORMAT "%s; pid %d; %s"
+#define HVGPU_MEMORY_DEVICE 2
+#define HVGPU_MEMORY_ARRAY 3
+#define HVGPU_MAX_COPY_3D 8388608
+#define HVGPU_TEX_DESC_SIZE 104
+#define HVGPU_VIEW_DESC_SIZE 112
 
 /* -- replies with variable-length fields -------------------------------------------- */
 

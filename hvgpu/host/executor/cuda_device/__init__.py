@@ -8,7 +8,8 @@ so every executor process has its own) and turns every non-success
 families, one module each, as the session's ops do: ``memory`` (allocations,
 copies, VMM, pools), ``modules`` (modules, functions, launches, the C loop's
 entry points), ``streams`` (streams and events), ``graphs`` (capture and
-graphs); the context and device queries are here. It must not validate guest
+graphs), ``arrays`` (arrays, texture and surface objects, 3D copies); the
+context and device queries are here. It must not validate guest
 input beyond what the driver does: the session has already checked handles
 and address ranges.
 
@@ -29,6 +30,7 @@ from hvgpu.errors import CudaError
 from hvgpu.host.executor.cuda_device.driver import (IMPORT_ERROR, MAX_PARAMS, cu,
                                                     device_memory, driver_library, fail, ok,
                                                     result_code)
+from hvgpu.host.executor.cuda_device.arrays import ArrayCalls
 from hvgpu.host.executor.cuda_device.graphs import GraphCalls
 from hvgpu.host.executor.cuda_device.memory import MappedWindow, MemoryCalls, driver_footprint
 from hvgpu.host.executor.cuda_device.modules import ModuleCalls
@@ -44,7 +46,7 @@ _MPS_NOT_READY_WAIT = 30.0
 __all__ = ["CudaDevice", "driver_footprint"]
 
 
-class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls):
+class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls, ArrayCalls):
     """One GPU, one context, in this executor process."""
 
     caps = P.CAP_NVRTC | P.CAP_PARAM_INFO
