@@ -450,7 +450,9 @@ class FakeDevice:
         taken = self.footprint(size)
         if self._used() + taken > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
-        align = GRANULARITY if self.window else 256  # a window maps whole pages
+        # a window maps whole pages; larger allocations take whole pages of their own,
+        # which the driver hands out page-aligned
+        align = GRANULARITY if self.window or size > SMALL_ALLOCATION else 256
         ptr = -(-self.next // align) * align
         self.next = ptr + taken + 256  # a gap: no allocation touches the next
         self.mem[ptr] = bytearray(size)

@@ -196,7 +196,7 @@ HV_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
 HV_EXPORT CUresult cuCtxSynchronize(void) {
     CUresult r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
     if (!r) hv_graph_synced_device(hv_routed_device()); /* graphs' pageable copies land */
-    return r;
+    return r ? r : hv_managed_synced(hv_routed_device(), NULL, 1);
 }
 
 HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {

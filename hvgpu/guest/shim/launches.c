@@ -164,6 +164,7 @@ static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz,
     CUresult r = launch_target(f, stream, &device, &handle);
     if (!r) r = checked(f, device, handle, gx, gy, gz, bx, by, bz, smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
+    if (!r) r = hv_managed_before(device, stream);
     if (r) return r;
     hvgpu_launch_kernel_req_t q = { handle, gx, gy, gz, bx, by, bz, smem, hv_untag(stream), need };
     memcpy(body, &q, sizeof q);
@@ -217,6 +218,7 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
     CUresult r = launch_target(f, c->stream, &device, &handle);
     if (!r) r = checked(f, device, handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
+    if (!r) r = hv_managed_before(device, c->stream);
     if (r) return r;
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
     memcpy(body + sizeof(hvgpu_launch_kernel_ex_req_t) + need, c->attrs, attrs_len);

@@ -313,4 +313,13 @@ CUresult hv_unsupported(const char *api, int *once);
    once)) for host and NUMA locations, CUDA_ERROR_INVALID_DEVICE for no such vGPU. */
 CUresult hv_device_location(const void *location, int *device, const char *api, int *once);
 
+/* managed.c: managed memory (its docstring says how its bytes move). Before GPU work on
+   a stream, the guest's changes reach the device; at a synchronisation point (of one
+   stream, or of everything on the device), the device's come back. */
+int hv_managed_any(void);
+int hv_managed_find(CUdeviceptr p, CUdeviceptr *base, size_t *size);
+CUresult hv_managed_before(int device, CUstream stream);
+CUresult hv_managed_synced(int device, CUstream stream, int everything);
+int hv_managed_free(CUdeviceptr ptr, CUresult *r);
+
 #endif
