@@ -15,7 +15,7 @@ from tests.guest.test_shim_gpu import NVCC, _native_env, _report, _run, _shim_en
 
 pytestmark = pytest.mark.gpu
 HERE = Path(__file__).parent / "cuda"
-PROGRAMS = ["limits_cooperative"]
+PROGRAMS = ["limits_cooperative", "managed_memory"]
 
 
 @pytest.fixture(scope="module")
