@@ -60,6 +60,8 @@ GRAPH_EXEC_BYTES = 0
 # on the driver (a whole new page, or nothing); many together take the same.
 SMALL_ALLOCATION = 1 << 20
 SMALL_STEP = 512
+# CUlimit -> its value in a new context (cuCtxGetLimit; 7, 8 are a CIG context's).
+LIMITS = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
 HOST_PAGE = 4096  # what cuMemAddressReserve asks of a size and a hint
 
 
@@ -317,6 +319,8 @@ class FakeDevice:
         self.textures: dict[int, tuple] = {}  # value -> (bytes of its resource: fn(n))
         self.surfaces: dict[int, FakeArray] = {}
         self.object_values = FIRST_TEXTURE
+        self.limits = dict(LIMITS)  # CUlimit -> its value in this context
+        self.limit_bytes = 0  # what limits above their defaults reserve
 
     def _on(self, stream, work) -> None:
         """Run work now, or record it into the capture its stream is in."""
@@ -396,7 +400,8 @@ class FakeDevice:
     def attribute(self, attrib):
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
                   8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152,
-                  102: 1, 115: 1}  # VMM and memory pools
+                  102: 1, 115: 1,  # VMM and memory pools
+                  83: 1, 95: 1}  # managed memory, cooperative launches
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
@@ -415,13 +420,36 @@ class FakeDevice:
         return TOTAL
 
     def ctx_limit(self, limit):
-        values = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
-        if limit not in values:
+        if limit not in self.limits:
             raise CudaError(S.INVALID_VALUE, f"fake: unknown limit {limit}")
-        return values[limit]
+        return self.limits[limit]
+
+    def _limit_bytes(self, limits) -> int:
+        """What the limits reserve of device memory beyond the defaults: a stack for every
+        thread that can be resident (2048 on each of the SMs), the printf FIFO, the heap."""
+        threads = 2048 * self.attribute(16)
+        return (max(0, limits[0] - LIMITS[0]) * threads + max(0, limits[1] - LIMITS[1])
+                + max(0, limits[2] - LIMITS[2]))
+
+    def ctx_set_limit(self, limit, value):
+        self._check()
+        if limit in (7, 8):  # CIG's: they can only be queried
+            raise CudaError(S.UNSUPPORTED_LIMIT, f"fake: limit {limit} cannot be set")
+        if limit not in self.limits:
+            raise CudaError(S.INVALID_VALUE, f"fake: unknown limit {limit}")
+        if limit == 5 and value not in (0, 32, 64, 128):
+            raise CudaError(S.INVALID_VALUE, "fake: an L2 fetch granularity of 0..128")
+        changed = {**self.limits, limit: value}
+        if limit == 0:  # the driver rounds a stack up to 16 bytes
+            changed[0] = -(-value // 16) * 16
+        if self._used() - self.limit_bytes + self._limit_bytes(changed) > TOTAL:
+            raise CudaError(S.OUT_OF_MEMORY, f"fake: limit {limit} = {value} does not fit")
+        self.limits = changed
+        self.limit_bytes = self._limit_bytes(changed)
+        self._publish()
 
     def _used(self):
-        return (self.alloc_bytes + sum(self.module_bytes.values())
+        return (self.alloc_bytes + sum(self.module_bytes.values()) + self.limit_bytes
                 + sum(self.array_taken.values())
                 + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
@@ -471,7 +499,9 @@ class FakeDevice:
         taken = self.footprint(size)
         if self._used() + taken > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
-        align = GRANULARITY if self.window else 256  # a window maps whole pages
+        # a window maps whole pages; larger allocations take whole pages of their own,
+        # which the driver hands out page-aligned
+        align = GRANULARITY if self.window or size > SMALL_ALLOCATION else 256
         ptr = -(-self.next // align) * align
         self.next = ptr + taken + 256  # a gap: no allocation touches the next
         self.mem[ptr] = bytearray(size)
@@ -907,6 +937,18 @@ class FakeDevice:
 
     def launch_ex(self, function, grid, block, shared_mem, stream, params, attrs):
         self.launch_ex_attrs.append(bytes(attrs))
+        attrs = bytes(attrs)
+        if any(int.from_bytes(attrs[i:i + 4], "little") == P.LAUNCH_ATTR_COOPERATIVE
+               and int.from_bytes(attrs[i + 8:i + 12], "little")
+               for i in range(0, len(attrs), P.LAUNCH_ATTR_SIZE)):
+            # every block resident at once: the occupancy on each SM, times the SMs
+            self._check()
+            threads = block[0] * block[1] * block[2]
+            most = self.occupancy_max_blocks(function, threads, shared_mem, 0) \
+                * self.attribute(16)
+            if grid[0] * grid[1] * grid[2] > most:
+                raise CudaError(S.COOPERATIVE_LAUNCH_TOO_LARGE,
+                                f"fake: {grid} blocks of {threads} threads, {most} resident")
         self.launch(function, grid, block, shared_mem, stream, params)
 
     def occupancy_available_smem(self, function, blocks, block_size):

@@ -168,6 +168,17 @@ OPS: tuple[Op, ...] = (
     Op(0x21, "MEM_GET_INFO", SYNC, (), _f("u64 free, u64 total")),
     Op(0x28, "CTX_GET_LIMIT", SYNC, _f("i32 limit"), _f("u64 value"),
        doc="cuCtxGetLimit of the executor's context; limit is CUlimit's number."),
+    # Context limits and cooperative launches (issue 27).
+    Op(0xD0, "CTX_SET_LIMIT", SYNC, _f("i32 limit, u64 value"), _f("u64 value"),
+       doc="cuCtxSetLimit of the executor's context, charged what the driver's free memory "
+           "fell by; replies what cuCtxGetLimit then says (the driver may round it)."),
+    Op(0xD1, "LAUNCH_COOPERATIVE", SYNC,
+       _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
+          "u32 block_z, u32 shared_mem, u64 stream, bytes params, bytes attrs"),
+       doc="cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE set (attrs as in "
+           "LAUNCH_KERNEL_EX, the cooperative one included), answered: the driver's refusal "
+           "of a grid larger than can be resident at once "
+           "(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) comes back at the call."),
     Op(0x22, "MEM_ALLOC", SYNC, _f("u64 size"), _f("u64 dptr"),
        doc="Returns the real device address in the executor's context."),
     Op(0x23, "MEM_FREE", SYNC, _f("u64 dptr")),
@@ -445,6 +456,7 @@ MAX_LAUNCH_ATTRS = 32  # attributes a guest sends with one launch (the executor'
 # event is the executor's), and the executor refuses them.
 LAUNCH_ATTR_PROGRAMMATIC_EVENT = 7
 LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT = 12
+LAUNCH_ATTR_COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE: its value is an int, 0 or not
 LAUNCH_EVENT_ATTRS = frozenset({LAUNCH_ATTR_PROGRAMMATIC_EVENT,
                                 LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT})
 MAX_DEVICE_ATTRIBUTES = 1024  # DEVICE_GET_ATTRIBUTES's count at most
@@ -475,6 +487,7 @@ C_CONSTANTS = (
     ("MAX_PARAMS", "i32"), ("LAUNCH_ATTR_SIZE", "i32"),
     ("MAX_LAUNCH_ATTRS", "i32"), ("LAUNCH_ATTR_PROGRAMMATIC_EVENT", "i32"),
     ("LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT", "i32"), ("MAX_DEVICE_ATTRIBUTES", "i32"),
+    ("LAUNCH_ATTR_COOPERATIVE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
     ("MAX_GRAPH_NODES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
@@ -507,8 +520,10 @@ STATUSES: dict[int, tuple[str, str]] = {
     200: ("CUDA_ERROR_INVALID_IMAGE", "the module image is not valid"),
     201: ("CUDA_ERROR_INVALID_CONTEXT", "invalid context"),
     209: ("CUDA_ERROR_NO_BINARY_FOR_GPU", "no kernel image for this GPU"),
+    215: ("CUDA_ERROR_UNSUPPORTED_LIMIT", "the context limit is not supported by the device"),
     218: ("CUDA_ERROR_INVALID_PTX", "the PTX could not be compiled"),
     222: ("CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the PTX version is newer than the driver"),
+    224: ("CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY", "the execution affinity is not supported"),
     300: ("CUDA_ERROR_INVALID_SOURCE", "the source could not be compiled"),
     301: ("CUDA_ERROR_FILE_NOT_FOUND", "file not found"),
     400: ("CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"),
@@ -527,6 +542,8 @@ STATUSES: dict[int, tuple[str, str]] = {
     717: ("CUDA_ERROR_INVALID_ADDRESS_SPACE", "a kernel accessed an invalid address space"),
     718: ("CUDA_ERROR_INVALID_PC", "a kernel's program counter became invalid"),
     719: ("CUDA_ERROR_LAUNCH_FAILED", "unspecified launch failure"),
+    720: ("CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", "a cooperative launch has more blocks "
+                                                     "than can be resident at once"),
     800: ("CUDA_ERROR_NOT_PERMITTED", "operation not permitted"),
     801: ("CUDA_ERROR_NOT_SUPPORTED", "operation not supported"),
     900: ("CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", "the operation is not permitted while "
@@ -575,8 +592,10 @@ CUDA_ERROR_INVALID_DEVICE = 101
 CUDA_ERROR_INVALID_IMAGE = 200
 CUDA_ERROR_INVALID_CONTEXT = 201
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
+CUDA_ERROR_UNSUPPORTED_LIMIT = 215
 CUDA_ERROR_INVALID_PTX = 218
 CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222
+CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY = 224
 CUDA_ERROR_INVALID_SOURCE = 300
 CUDA_ERROR_FILE_NOT_FOUND = 301
 CUDA_ERROR_INVALID_HANDLE = 400
@@ -594,6 +613,7 @@ CUDA_ERROR_MISALIGNED_ADDRESS = 716
 CUDA_ERROR_INVALID_ADDRESS_SPACE = 717
 CUDA_ERROR_INVALID_PC = 718
 CUDA_ERROR_LAUNCH_FAILED = 719
+CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720
 CUDA_ERROR_NOT_PERMITTED = 800
 CUDA_ERROR_NOT_SUPPORTED = 801
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900

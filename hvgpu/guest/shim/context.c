@@ -127,16 +127,47 @@ HV_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned flags, CUdevice dev)
     return create(pctx, flags, dev);
 }
 
-HV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned flags,
-                                  CUdevice dev) {
+/* A vGPU's one context cannot be narrowed to some of the GPU's SMs (execution
+   affinity) nor made to share a graphics API's context (CIG): asked for either, the
+   shim refuses as the driver refuses what the device does not support, and says why.
+   CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY is the driver's status for an affinity it does
+   not take; CUDA_ERROR_NOT_SUPPORTED its status for CIG where CIG is not supported. */
+static CUresult refuse_affinity(const void *params, int n) {
     static int once;
-    if (n > 0 && params) return hv_unsupported("cuCtxCreate with execution affinity", &once);
-    return create(pctx, flags, dev);
+    if (n < 0 || (n > 0 && !params)) return CUDA_ERROR_INVALID_VALUE;
+    if (!n) return CUDA_SUCCESS;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
+        hv_log("cuCtxCreate with execution affinity refused: a vGPU has one context, whose "
+               "SMs are the slice's compute share; no context of fewer SMs can be made");
+    return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
 }
 
-HV_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned flags, CUdevice dev) {
+HV_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned flags,
+                                  CUdevice dev) {
+    CUresult r = refuse_affinity(params, n);
+    return r ? r : create(pctx, flags, dev);
+}
+
+/* CUctxCreateParams, as cuda.h 12.5+ lays it out. */
+typedef struct {
+    void *affinity;   /* CUexecAffinityParam * */
+    int naffinity;
+    void *cig;        /* CUctxCigParam * */
+} hv_ctx_create_params;
+
+HV_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, hv_ctx_create_params *params, unsigned flags,
+                                  CUdevice dev) {
     static int once;
-    if (params) return hv_unsupported("cuCtxCreate with CUctxCreateParams", &once);
+    if (params) {
+        CUresult r = refuse_affinity(params->affinity, params->naffinity);
+        if (r) return r;
+        if (params->cig) {
+            if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
+                hv_log("cuCtxCreate in CIG mode refused: the GPU is the host's; no graphics "
+                       "API's context of the guest can share it");
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }
     return create(pctx, flags, dev);
 }
 
@@ -165,7 +196,7 @@ HV_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx) {
 HV_EXPORT CUresult cuCtxSynchronize(void) {
     CUresult r = hv_call(HVGPU_OP_CTX_SYNCHRONIZE, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
     if (!r) hv_graph_synced_device(hv_routed_device()); /* graphs' pageable copies land */
-    return r;
+    return r ? r : hv_managed_synced(hv_routed_device(), NULL, 1);
 }
 
 HV_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx) {
@@ -197,15 +228,22 @@ HV_EXPORT CUresult cuCtxGetId(CUcontext ctx, unsigned long long *id) {
     return CUDA_SUCCESS;
 }
 
+/* The executor context's answers, once per limit, and what cuCtxSetLimit made of them
+   (libraries choose kernels by them: cuBLAS asks whether the context is a CIG context
+   and how much shared memory it may use). */
+static size_t limit_cached[32];
+static unsigned char limit_have[32];
+
+static void limit_keep(int limit, size_t value) {
+    if (limit < 0 || limit >= 32) return;
+    __atomic_store_n(&limit_cached[limit], value, __ATOMIC_RELAXED);
+    __atomic_store_n(&limit_have[limit], 1, __ATOMIC_RELEASE);
+}
+
 HV_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
-    /* The executor context's own answer, once per limit (cuCtxSetLimit is not built,
-       so they do not change). Libraries choose kernels by them: cuBLAS asks whether
-       the context is a CIG context and how much shared memory it may use. */
-    static size_t cached[32];
-    static unsigned char have[32];
     if (!value || limit < 0) return CUDA_ERROR_INVALID_VALUE;
-    if (limit < 32 && __atomic_load_n(&have[limit], __ATOMIC_ACQUIRE)) {
-        *value = cached[limit];
+    if (limit < 32 && __atomic_load_n(&limit_have[limit], __ATOMIC_ACQUIRE)) {
+        *value = __atomic_load_n(&limit_cached[limit], __ATOMIC_RELAXED);
         return CUDA_SUCCESS;
     }
     hvgpu_ctx_get_limit_req_t q = { limit };
@@ -213,11 +251,22 @@ HV_EXPORT CUresult cuCtxGetLimit(size_t *value, int limit) {
     CUresult r = hv_call(HVGPU_OP_CTX_GET_LIMIT, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
     if (r) return r;
     *value = (size_t)v.value;
-    if (limit < 32) {
-        cached[limit] = (size_t)v.value;
-        __atomic_store_n(&have[limit], 1, __ATOMIC_RELEASE);
-    }
+    limit_keep(limit, (size_t)v.value);
     return CUDA_SUCCESS;
+}
+
+/* Set on the executor's context, which the VM's programs served by it at once share;
+   the memory the driver reserves for it is charged to the slice (past its quota:
+   CUDA_ERROR_OUT_OF_MEMORY, as the driver's own). The value kept is the one the driver
+   then reports (it rounds a stack size up). Answered: its status is the driver's. */
+HV_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
+    if (limit < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    hvgpu_ctx_set_limit_req_t q = { limit, (uint64_t)value };
+    hvgpu_ctx_set_limit_rep_t v;
+    CUresult r = hv_call(HVGPU_OP_CTX_SET_LIMIT, &q, sizeof q, NULL, 0, &v, sizeof v, NULL, NULL, 0);
+    if (!r) limit_keep(limit, (size_t)v.value);
+    return r;
 }
 
 HV_EXPORT CUresult cuCtxGetCacheConfig(int *config) {

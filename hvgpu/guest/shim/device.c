@@ -23,11 +23,11 @@ static int driver_version;
    compression and host memory pools stay 0, MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
 static const int NOT_CARRIED[] = {
     19,  /* CAN_MAP_HOST_MEMORY */
-    83,  /* MANAGED_MEMORY */
     86,  /* HOST_NATIVE_ATOMIC_SUPPORTED */
     88,  /* PAGEABLE_MEMORY_ACCESS */
     89,  /* CONCURRENT_MANAGED_ACCESS */
     91,  /* CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM */
+    96,  /* COOPERATIVE_MULTI_DEVICE_LAUNCH (launches.c says why) */
     100, /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
     101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
     103, /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
@@ -77,6 +77,7 @@ static void initialise(void) {
         memcpy(&hv_attrs[d][1], a.values.data, a.values.len);
         for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
             hv_attrs[d][NOT_CARRIED[i]] = 0;
+        hv_attrs[d][83] = 1; /* MANAGED_MEMORY: managed.c, without concurrent access (89) */
         hvgpu_device_get_uuid_req_t u = { 0 };
         unsigned char urep[sizeof(hvgpu_device_get_uuid_rep_t) + HVGPU_UUID_SIZE];
         r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep,

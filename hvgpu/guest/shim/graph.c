@@ -488,6 +488,8 @@ HV_EXPORT CUresult cuGraphLaunch(void *exec, CUstream stream) {
     if (hv_graph_launch(exec, stream, &rr)) return rr;
     int device = hv_tag_device(exec);
     if (hv_created(stream) && hv_tag_device(stream) != device) return CUDA_ERROR_INVALID_VALUE;
+    CUresult m = hv_managed_before(device, stream);
+    if (m) return m;
     hvgpu_graph_launch_req_t q = { hv_untag(exec), hv_untag(stream) };
     return HV_ON(device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
 }

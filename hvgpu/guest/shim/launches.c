@@ -164,6 +164,7 @@ static CUresult launch(struct hv_func *f, unsigned gx, unsigned gy, unsigned gz,
     CUresult r = launch_target(f, stream, &device, &handle);
     if (!r) r = checked(f, device, handle, gx, gy, gz, bx, by, bz, smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_req_t), &need);
+    if (!r) r = hv_managed_before(device, stream);
     if (r) return r;
     hvgpu_launch_kernel_req_t q = { handle, gx, gy, gz, bx, by, bz, smem, hv_untag(stream), need };
     memcpy(body, &q, sizeof q);
@@ -175,6 +176,15 @@ HV_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsign
                                   unsigned bx, unsigned by, unsigned bz, unsigned smem,
                                   CUstream stream, void **params, void **extra) {
     return launch(f, gx, gy, gz, bx, by, bz, smem, stream, params, extra);
+}
+
+static int is_cooperative(const hv_launch_attribute *attrs, unsigned n) {
+    for (unsigned i = 0; i < n; i++) {
+        int on;
+        memcpy(&on, attrs[i].value, sizeof on);
+        if (attrs[i].id == HVGPU_LAUNCH_ATTR_COOPERATIVE && on) return 1;
+    }
+    return 0;
 }
 
 HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, void **params,
@@ -194,22 +204,66 @@ HV_EXPORT CUresult cuLaunchKernelEx(const hv_launch_config *c, CUfunction f, voi
             id == HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT) /* the executor's events */
             return hv_unsupported("cuLaunchKernelEx with an event attribute", &once);
     }
+    /* A cooperative launch is answered: the driver refuses a grid of more blocks than
+       can be resident at once at the call (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE), and
+       the program must see that there, not at its next synchronisation. */
+    int cooperative = is_cooperative(c->attrs, c->nattrs);
     static __thread unsigned char body[sizeof(hvgpu_launch_kernel_ex_req_t) + HVGPU_MAX_PARAMS +
                                        HVGPU_MAX_LAUNCH_ATTRS * sizeof(hv_launch_attribute)];
+    _Static_assert(sizeof(hvgpu_launch_kernel_ex_req_t) == sizeof(hvgpu_launch_cooperative_req_t),
+                   "a cooperative launch is laid out as cuLaunchKernelEx's");
     uint32_t need = 0;
     int device;
     uint64_t handle;
     CUresult r = launch_target(f, c->stream, &device, &handle);
     if (!r) r = checked(f, device, handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem);
     if (!r) r = pack(f, params, extra, body + sizeof(hvgpu_launch_kernel_ex_req_t), &need);
+    if (!r) r = hv_managed_before(device, c->stream);
     if (r) return r;
     uint32_t attrs_len = c->nattrs * (uint32_t)sizeof(hv_launch_attribute);
     memcpy(body + sizeof(hvgpu_launch_kernel_ex_req_t) + need, c->attrs, attrs_len);
     hvgpu_launch_kernel_ex_req_t q = { handle, c->gx, c->gy, c->gz, c->bx, c->by, c->bz,
                                        c->smem, hv_untag(c->stream), need, attrs_len };
     memcpy(body, &q, sizeof q);
-    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body,
-                                   (uint32_t)(sizeof q + need + attrs_len), NULL, 0));
+    uint32_t len = (uint32_t)(sizeof q + need + attrs_len);
+    if (cooperative)
+        return HV_ON(device, hv_call(HVGPU_OP_LAUNCH_COOPERATIVE, body, len, NULL, 0, NULL, 0,
+                                     NULL, NULL, 0));
+    return HV_ON(device, hv_oneway(HVGPU_OP_LAUNCH_KERNEL_EX, body, len, NULL, 0));
+}
+
+HV_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by, unsigned bz,
+                                             unsigned smem, CUstream stream, void **params) {
+    hv_launch_attribute a = { HVGPU_LAUNCH_ATTR_COOPERATIVE, { 0 }, { 0 } };
+    int on = 1;
+    memcpy(a.value, &on, sizeof on);
+    hv_launch_config c = { gx, gy, gz, bx, by, bz, smem, stream, &a, 1 };
+    return cuLaunchKernelEx(&c, f, params, NULL);
+}
+
+/* CUDA_LAUNCH_PARAMS, as cuda.h lays it out. */
+typedef struct {
+    CUfunction function;
+    unsigned gx, gy, gz, bx, by, bz, smem;
+    CUstream stream;
+    void **params;
+} hv_launch_params;
+
+/* Deprecated by CUDA; one grid across several GPUs synchronising with each other
+   (multi_grid) needs the GPUs to reach each other, and a VM's vGPUs are contexts of
+   separate executors, perhaps on separate GPUs: the device says it cannot
+   (COOPERATIVE_MULTI_DEVICE_LAUNCH reads 0), and the launch is refused as the driver
+   refuses it on such a device. */
+HV_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(hv_launch_params *list, unsigned n,
+                                                        unsigned flags) {
+    static int once;
+    (void)flags;
+    if (!list || !n) return CUDA_ERROR_INVALID_VALUE;
+    if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
+        hv_log("cuLaunchCooperativeKernelMultiDevice refused: a VM's vGPUs cannot "
+               "synchronise one grid across them (cuLaunchCooperativeKernel works on each)");
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 /* A TMA descriptor holds a device address of the executor's context, so the

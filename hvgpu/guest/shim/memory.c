@@ -58,6 +58,8 @@ CUresult hv_pool_free_now(CUdeviceptr dptr); /* pool.c */
 HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (!dptr) return CUDA_SUCCESS;
     if (hv_range_kind(dptr) == HV_RANGE_POOL) return hv_pool_free_now(dptr);
+    CUresult managed;
+    if (hv_managed_free(dptr, &managed)) return managed;
     int device = hv_alloc_owner(dptr);
     if (device < 0 || !HV_ON(device, hv_alloc_remove(dptr))) return CUDA_ERROR_INVALID_VALUE;
     hvgpu_mem_free_req_t q = { dptr };
@@ -174,7 +176,9 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream
     if (host_span(dst, n)) return host_copy((void *)(uintptr_t)dst, src, n, stream);
     int device = device_for(stream, dst);
     if (kept(device, dst, n)) return CUDA_ERROR_INVALID_VALUE;
-    return HV_ON(device, htod_routed(dst, src, n, stream, wait));
+    CUresult r = hv_managed_before(device, stream);
+    if (!r) r = HV_ON(device, htod_routed(dst, src, n, stream, wait));
+    return r || !wait ? r : hv_managed_synced(device, stream, 0);
 }
 
 static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
@@ -206,7 +210,9 @@ static CUresult dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int 
     if (host_span(src, n)) return host_copy(dst, (const void *)(uintptr_t)src, n, stream);
     int device = device_for(stream, src);
     if (kept(device, src, n)) return CUDA_ERROR_INVALID_VALUE;
-    return HV_ON(device, dtoh_routed(dst, src, n, stream, wait));
+    CUresult r = hv_managed_before(device, stream);
+    if (!r) r = HV_ON(device, dtoh_routed(dst, src, n, stream, wait));
+    return r || !wait ? r : hv_managed_synced(device, stream, 0);
 }
 
 /* Between two vGPUs: their executors are separate processes, so the bytes come
@@ -240,6 +246,8 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream
         return peer(dst, dst_dev, src, src_dev, n, stream);
     int device = device_for(stream, dst);
     if (kept(device, dst, n) || kept(device, src, n)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_managed_before(device, stream);
+    if (r) return r;
     hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(stream) };
     return HV_ON(device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
 }
@@ -322,6 +330,8 @@ static CUresult memset_(CUdeviceptr dst, uint32_t value, uint32_t width, size_t 
     int device = device_for(s, dst);
     if (kept(device, dst, count > SIZE_MAX / width ? SIZE_MAX : count * width))
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_managed_before(device, s);
+    if (r) return r;
     hvgpu_memset_req_t q = { dst, count, value, width, hv_untag(s) };
     return HV_ON(device, hv_oneway(HVGPU_OP_MEMSET, &q, sizeof q, NULL, 0));
 }
@@ -369,7 +379,7 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
         *(unsigned char *)data = 0; break;
     /* Four bytes: cudaPointerGetAttributes hands a slot of that size, uninitialised, and
        reads it whole (cudaMallocHost memory came back as managed with one byte set). */
-    case PA_IS_MANAGED: *(unsigned *)data = 0; break;
+    case PA_IS_MANAGED: *(unsigned *)data = is_dev && hv_managed_find(ptr, NULL, NULL); break;
     case PA_MAPPED: *(unsigned char *)data = (unsigned char)(is_dev || is_host); break;
     case PA_BUFFER_ID: *(unsigned long long *)data = is_dev ? dbase : (uintptr_t)hbase; break;
     case PA_DEVICE_ORDINAL: *(int *)data = (is_dev || is_host) ? owner : -2; break;

@@ -335,5 +335,13 @@ struct hv_copy_side {
 };
 CUresult hv_copy3d(const struct hv_copy_side *src, const struct hv_copy_side *dst, size_t width,
                    size_t height, size_t depth, CUstream stream, int wait);
+/* managed.c: managed memory (its docstring says how its bytes move). Before GPU work on
+   a stream, the guest's changes reach the device; at a synchronisation point (of one
+   stream, or of everything on the device), the device's come back. */
+int hv_managed_any(void);
+int hv_managed_find(CUdeviceptr p, CUdeviceptr *base, size_t *size);
+CUresult hv_managed_before(int device, CUstream stream);
+CUresult hv_managed_synced(int device, CUstream stream, int everything);
+int hv_managed_free(CUdeviceptr ptr, CUresult *r);
 
 #endif

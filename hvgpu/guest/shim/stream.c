@@ -83,13 +83,13 @@ HV_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
 HV_EXPORT CUresult cuStreamSynchronize(CUstream stream) {
     CUresult r = about(stream, HVGPU_OP_STREAM_SYNCHRONIZE);
     if (!r) hv_graph_synced_stream(stream); /* a graph's copies into pageable memory */
-    return r;
+    return r ? r : hv_managed_synced(hv_tag_device(stream), stream, 0);
 }
 
 HV_EXPORT CUresult cuStreamQuery(CUstream stream) {
     CUresult r = about(stream, HVGPU_OP_STREAM_QUERY);
     if (!r) hv_graph_synced_stream(stream);
-    return r;
+    return r ? r : hv_managed_synced(hv_tag_device(stream), stream, 0);
 }
 
 HV_EXPORT CUresult cuEventSynchronize(CUevent event);
@@ -187,13 +187,13 @@ HV_EXPORT CUresult cuEventRecordWithFlags(CUevent event, CUstream stream, unsign
 HV_EXPORT CUresult cuEventQuery(CUevent event) {
     CUresult r = about(event, HVGPU_OP_EVENT_QUERY);
     if (!r) hv_graph_event_done(event);
-    return r;
+    return r ? r : hv_managed_synced(hv_tag_device(event), NULL, 0);
 }
 
 HV_EXPORT CUresult cuEventSynchronize(CUevent event) {
     CUresult r = about(event, HVGPU_OP_EVENT_SYNCHRONIZE);
     if (!r) hv_graph_event_done(event);
-    return r;
+    return r ? r : hv_managed_synced(hv_tag_device(event), NULL, 0);
 }
 
 HV_EXPORT CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) {

@@ -71,6 +71,8 @@ enum hvgpu_op {
     HVGPU_OP_CTX_SYNCHRONIZE = 0x20,
     HVGPU_OP_MEM_GET_INFO = 0x21,
     HVGPU_OP_CTX_GET_LIMIT = 0x28,  /* cuCtxGetLimit of the executor's context; limit is CUlimit's number. */
+    HVGPU_OP_CTX_SET_LIMIT = 0xd0,  /* cuCtxSetLimit of the executor's context, charged what the driver's free memory fell by; replies what cuCtxGetLimit then says (the driver may round it). */
+    HVGPU_OP_LAUNCH_COOPERATIVE = 0xd1,  /* cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE set (attrs as in LAUNCH_KERNEL_EX, the cooperative one included), answered: the driver's refusal of a grid larger than can be resident at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) comes back at the call. */
     HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
     HVGPU_OP_MEM_FREE = 0x23,
     HVGPU_OP_MEMCPY_HTOD = 0x24,  /* The payload is the source bytes; ordered on the stream (0: legacy default). */
@@ -208,6 +210,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_CTX_SYNCHRONIZE: return "CTX_SYNCHRONIZE";
     case HVGPU_OP_MEM_GET_INFO: return "MEM_GET_INFO";
     case HVGPU_OP_CTX_GET_LIMIT: return "CTX_GET_LIMIT";
+    case HVGPU_OP_CTX_SET_LIMIT: return "CTX_SET_LIMIT";
+    case HVGPU_OP_LAUNCH_COOPERATIVE: return "LAUNCH_COOPERATIVE";
     case HVGPU_OP_MEM_ALLOC: return "MEM_ALLOC";
     case HVGPU_OP_MEM_FREE: return "MEM_FREE";
     case HVGPU_OP_MEMCPY_HTOD: return "MEMCPY_HTOD";
@@ -423,6 +427,32 @@ typedef struct __attribute__((packed)) hvgpu_ctx_get_limit_rep {
     uint64_t value;
 } hvgpu_ctx_get_limit_rep_t;
 _Static_assert(sizeof(hvgpu_ctx_get_limit_rep_t) == 8, "hvgpu_ctx_get_limit_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ctx_set_limit_req {
+    int32_t limit;
+    uint64_t value;
+} hvgpu_ctx_set_limit_req_t;
+_Static_assert(sizeof(hvgpu_ctx_set_limit_req_t) == 12, "hvgpu_ctx_set_limit_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ctx_set_limit_rep {
+    uint64_t value;
+} hvgpu_ctx_set_limit_rep_t;
+_Static_assert(sizeof(hvgpu_ctx_set_limit_rep_t) == 8, "hvgpu_ctx_set_limit_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_launch_cooperative_req {
+    uint64_t function;
+    uint32_t grid_x;
+    uint32_t grid_y;
+    uint32_t grid_z;
+    uint32_t block_x;
+    uint32_t block_y;
+    uint32_t block_z;
+    uint32_t shared_mem;
+    uint64_t stream;
+    uint32_t params_len;
+    uint32_t attrs_len;
+} hvgpu_launch_cooperative_req_t;
+_Static_assert(sizeof(hvgpu_launch_cooperative_req_t) == 52, "hvgpu_launch_cooperative_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_alloc_req {
     uint64_t size;
@@ -1365,6 +1395,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_LAUNCH_ATTR_PROGRAMMATIC_EVENT 7
 #define HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT 12
 #define HVGPU_MAX_DEVICE_ATTRIBUTES 1024
+#define HVGPU_LAUNCH_ATTR_COOPERATIVE 2
 #define HVGPU_MAX_FUNC_ATTRIBUTES 32
 #define HVGPU_UUID_SIZE 16
 #define HVGPU_TENSOR_MAP_SIZE 128
@@ -1704,8 +1735,10 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_INVALID_IMAGE = 200,
     HVGPU_STATUS_CUDA_ERROR_INVALID_CONTEXT = 201,
     HVGPU_STATUS_CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    HVGPU_STATUS_CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     HVGPU_STATUS_CUDA_ERROR_INVALID_PTX = 218,
     HVGPU_STATUS_CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    HVGPU_STATUS_CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY = 224,
     HVGPU_STATUS_CUDA_ERROR_INVALID_SOURCE = 300,
     HVGPU_STATUS_CUDA_ERROR_FILE_NOT_FOUND = 301,
     HVGPU_STATUS_CUDA_ERROR_INVALID_HANDLE = 400,
@@ -1723,6 +1756,7 @@ enum hvgpu_status {
     HVGPU_STATUS_CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
     HVGPU_STATUS_CUDA_ERROR_INVALID_PC = 718,
     HVGPU_STATUS_CUDA_ERROR_LAUNCH_FAILED = 719,
+    HVGPU_STATUS_CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     HVGPU_STATUS_CUDA_ERROR_NOT_PERMITTED = 800,
     HVGPU_STATUS_CUDA_ERROR_NOT_SUPPORTED = 801,
     HVGPU_STATUS_CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
@@ -1767,8 +1801,10 @@ enum {
     CUDA_ERROR_INVALID_IMAGE = 200,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
+    CUDA_ERROR_UNSUPPORTED_LIMIT = 215,
     CUDA_ERROR_INVALID_PTX = 218,
     CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
+    CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY = 224,
     CUDA_ERROR_INVALID_SOURCE = 300,
     CUDA_ERROR_FILE_NOT_FOUND = 301,
     CUDA_ERROR_INVALID_HANDLE = 400,
@@ -1786,6 +1822,7 @@ enum {
     CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
     CUDA_ERROR_INVALID_PC = 718,
     CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE = 720,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
@@ -1820,8 +1857,10 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 200: *name = "CUDA_ERROR_INVALID_IMAGE"; *text = "the module image is not valid"; return 1;
     case 201: *name = "CUDA_ERROR_INVALID_CONTEXT"; *text = "invalid context"; return 1;
     case 209: *name = "CUDA_ERROR_NO_BINARY_FOR_GPU"; *text = "no kernel image for this GPU"; return 1;
+    case 215: *name = "CUDA_ERROR_UNSUPPORTED_LIMIT"; *text = "the context limit is not supported by the device"; return 1;
     case 218: *name = "CUDA_ERROR_INVALID_PTX"; *text = "the PTX could not be compiled"; return 1;
     case 222: *name = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; *text = "the PTX version is newer than the driver"; return 1;
+    case 224: *name = "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY"; *text = "the execution affinity is not supported"; return 1;
     case 300: *name = "CUDA_ERROR_INVALID_SOURCE"; *text = "the source could not be compiled"; return 1;
     case 301: *name = "CUDA_ERROR_FILE_NOT_FOUND"; *text = "file not found"; return 1;
     case 400: *name = "CUDA_ERROR_INVALID_HANDLE"; *text = "invalid resource handle"; return 1;
@@ -1839,6 +1878,7 @@ static inline int hvgpu_status_text(int status, const char **name, const char **
     case 717: *name = "CUDA_ERROR_INVALID_ADDRESS_SPACE"; *text = "a kernel accessed an invalid address space"; return 1;
     case 718: *name = "CUDA_ERROR_INVALID_PC"; *text = "a kernel's program counter became invalid"; return 1;
     case 719: *name = "CUDA_ERROR_LAUNCH_FAILED"; *text = "unspecified launch failure"; return 1;
+    case 720: *name = "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"; *text = "a cooperative launch has more blocks than can be resident at once"; return 1;
     case 800: *name = "CUDA_ERROR_NOT_PERMITTED"; *text = "operation not permitted"; return 1;
     case 801: *name = "CUDA_ERROR_NOT_SUPPORTED"; *text = "operation not supported"; return 1;
     case 805: *name = "CUDA_ERROR_MPS_CONNECTION_FAILED"; *text = "the MPS client could not reach the MPS server"; return 1;

@@ -141,6 +141,13 @@ class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls, ArrayCalls):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown context limit {limit}") from None
         return int(ok(cu.cuCtxGetLimit(which), "cuCtxGetLimit"))
 
+    def ctx_set_limit(self, limit: int, value: int) -> None:
+        try:
+            which = cu.CUlimit(limit)
+        except ValueError:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"unknown context limit {limit}") from None
+        ok(cu.cuCtxSetLimit(which, value), "cuCtxSetLimit")
+
     def synchronize(self) -> None:
         ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 

@@ -31,6 +31,7 @@ def release(session) -> None:
     streams.release_all(session)
     modules.release_all(session)
     memory.release_all(session)
+    device.release_limits(session)
     session.ledger.uncharge(session.ledger.charged)
 
 

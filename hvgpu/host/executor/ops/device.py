@@ -2,16 +2,20 @@
 
 The guest's device is its slice: its total memory is the slice's quota, and a
 connection serves one vGPU, its device 0. Nothing here takes memory or changes
-what the guest holds.
+what the guest holds, but a context limit (cuCtxSetLimit), whose reservation is
+charged as measured.
 
 Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.ops import checks
-from hvgpu.host.executor.ops.table import Family
+from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, quietly
+from hvgpu.host.executor.ops.table import MEASURED, Family
 from hvgpu.virtio import protocol as P
 
 FAMILY = Family("device and monitoring")
@@ -91,6 +95,69 @@ def device_get_attributes(session, hdr, ordinal, count):
 @declare("CTX_GET_LIMIT")
 def ctx_get_limit(session, hdr, limit):
     return (session.device.ctx_limit(limit),)
+
+
+# A context limit is the executor context's, so the VM's programs that this executor
+# serves at once share it (as threads of one process share their context's): it holds
+# until the program that set it last ends, and then goes back to what it was before.
+# What the driver reserves for it (a thread's stack on every resident thread, the printf
+# FIFO, the malloc heap) is device memory no allocation shows: measured, as a module's
+# variables are, and charged to the guest that set it.
+_LIMITS: dict[tuple[int, int], tuple[Any, int]] = {}  # (device, limit) -> (setter, first value)
+
+
+def _limit_set(session, limit: int, value: int) -> int:
+    """Set ``limit``, charging the change in the driver's free memory; the bytes it
+    took (negative: gave back)."""
+    device = session.device
+    with DEVICE_MEMORY.measuring():
+        free_before = device.mem_info()[0]
+        device.ctx_set_limit(limit, value)
+        taken = free_before - device.mem_info()[0]
+    return taken
+
+
+@declare("CTX_SET_LIMIT", charge=MEASURED)
+def ctx_set_limit(session, hdr, limit, value):
+    device = session.device
+    key = (id(device), limit)
+    before = device.ctx_limit(limit) if 0 <= limit < _MAX_LIMIT else None
+    taken = _limit_set(session, limit, value)
+    held = session.limit_charges.get(limit, 0)
+    if taken > 0 and session.quota is not None:
+        try:
+            session.ledger.charge(taken)
+        except CudaError as exc:
+            with DEVICE_MEMORY:
+                quietly(device.ctx_set_limit, limit, before)
+            raise CudaError(exc.status, f"context limit {limit} = {value} takes {taken} bytes "
+                                        f"of device memory: {exc.detail}") from None
+        held += taken
+    elif taken < 0:
+        back = min(held, -taken)
+        session.ledger.uncharge(back)
+        held -= back
+    session.limit_charges[limit] = held
+    owner = _LIMITS.get(key)
+    _LIMITS[key] = (session, owner[1] if owner is not None else before)
+    return (device.ctx_limit(limit),)
+
+
+_MAX_LIMIT = 16  # CUlimit's values are below (cuda.h 13.0 has 10)
+
+
+def release_limits(session) -> None:
+    """At the end: each limit this guest set last goes back to its value before the
+    first set (freeing what it reserved); its charges go with the guest's whole."""
+    device = session.device
+    for key, (owner, first) in list(_LIMITS.items()):
+        if key[0] != id(device) or owner is not session:
+            continue
+        del _LIMITS[key]
+        if first is not None:
+            with DEVICE_MEMORY:
+                quietly(device.ctx_set_limit, key[1], first)
+    session.limit_charges.clear()
 
 
 @declare("SLICE_INFO")

@@ -280,6 +280,30 @@ def launch_kernel_ex(session, hdr, fn, gx, gy, gz, bx, by, bz, shared, s, params
     session.counts["launches"] += 1
 
 
+def _cooperative(session, hdr, *fields) -> list:
+    values = _COOPERATIVE_FIELDS(session, hdr, *fields)
+    attrs = values[-1]
+    size = P.LAUNCH_ATTR_SIZE
+    if not any(int.from_bytes(attrs[i:i + 4], "little") == P.LAUNCH_ATTR_COOPERATIVE
+               and int.from_bytes(attrs[i + 8:i + 12], "little")
+               for i in range(0, len(attrs), size)):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        "a cooperative launch without CU_LAUNCH_ATTRIBUTE_COOPERATIVE set")
+    return values
+
+
+_COOPERATIVE_FIELDS = F.derive("LAUNCH_COOPERATIVE", (
+    F.function("function"), F.params("params"), F.attrs("attrs"), F.stream("stream")))
+
+
+# Answered, not one-way: the driver refuses a grid of more blocks than can be resident
+# at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) at the call, and so must the guest.
+@declare("LAUNCH_COOPERATIVE", check=_cooperative)
+def launch_cooperative(session, hdr, fn, gx, gy, gz, bx, by, bz, shared, s, params, attrs):
+    session.device.launch_ex(fn, (gx, gy, gz), (bx, by, bz), shared, s, params, attrs)
+    session.counts["launches"] += 1
+
+
 def release_all(session) -> None:
     """At the end, under the lock a module load measures under; their charges go with
     the guest's whole."""
