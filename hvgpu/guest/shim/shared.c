@@ -33,6 +33,7 @@
  * read anything from a region but the bytes of a copy (the header is advisory).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -52,6 +53,23 @@ int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t dev
                       uint64_t *size)
     __attribute__((weak));
 const char *hvgpu_region_error(void) __attribute__((weak));
+typedef int (*region_finder)(const uint8_t *, uint32_t, void **, uint64_t *);
+typedef const char *(*region_error_fn)(void);
+
+/* The finder a program or a preloaded library puts first (a test stands in for the
+   ivshmem BAR so), else region.c's. Looked up by name because a build that binds a
+   library's own calls inside it (-Bsymbolic-functions, as some distributions' Python
+   links extensions) would never reach an interposed one. */
+static region_finder finder(region_error_fn *error) {
+    region_finder f = (region_finder)dlsym(RTLD_DEFAULT, "hvgpu_region_find");
+    region_error_fn e = (region_error_fn)dlsym(RTLD_DEFAULT, "hvgpu_region_error");
+    if (!f) {
+        f = hvgpu_region_find;
+        e = hvgpu_region_error;
+    }
+    *error = e;
+    return f;
+}
 /* state.c's table of the program's page-locked memory: the shim's alone (weak: the
    Python API's library keeps none). */
 void hv_host_add(void *ptr, size_t size, unsigned flags) __attribute__((weak));
@@ -270,13 +288,15 @@ static int attach_device(struct wire *w, struct lane *l, char *why, size_t whyle
     int cut = hvgpu_shm_attach_rep_decode(rep, got, &a);
     void *base = NULL;
     uint64_t size = 0;
+    region_finder find = NULL;
+    region_error_fn find_error = NULL;
     if (cut != 0 || a.token.len != HVGPU_REGION_TOKEN_SIZE) {
         snprintf(why, whylen, "the agent's SHM_ATTACH reply carries no region token");
-    } else if (!hvgpu_region_find) {
+    } else if (!(find = finder(&find_error))) {
         snprintf(why, whylen, "this shim was built without the finder of the VM's "
                  "shared-memory device");
-    } else if (hvgpu_region_find(a.token.data, a.fixed.device, &base, &size) != 0) {
-        const char *said = hvgpu_region_error ? hvgpu_region_error() : NULL;
+    } else if (find(a.token.data, a.fixed.device, &base, &size) != 0) {
+        const char *said = find_error ? find_error() : NULL;
         snprintf(why, whylen, "%s", said && *said ? said : "no shared-memory device of this VM "
                  "carries the agent's token");
         base = NULL;
