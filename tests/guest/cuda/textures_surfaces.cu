@@ -93,11 +93,12 @@ int main() {
     volume<<<1, dim3(N, N, N)>>>(tex, out, N);
     CHECK(cudaMemcpy(got, out, sizeof got, cudaMemcpyDeviceToHost));
     printf("3D texture: same=%d\n", !memcmp(got, vol, sizeof got));
-    cudaExtent e;
+    cudaExtent extent;
     cudaChannelFormatDesc fd;
     unsigned flags;
-    CHECK(cudaArrayGetInfo(&fd, &e, &flags, a3));
-    printf("array info: %zux%zux%zu x=%d f=%d\n", e.width, e.height, e.depth, fd.x, (int)fd.f);
+    CHECK(cudaArrayGetInfo(&fd, &extent, &flags, a3));
+    printf("array info: %zux%zux%zu x=%d f=%d\n", extent.width, extent.height, extent.depth, fd.x,
+           (int)fd.f);
     CHECK(cudaDestroyTextureObject(tex));
     CHECK(cudaFreeArray(a3)); CHECK(cudaFreeArray(src)); CHECK(cudaFreeArray(dst));
     CHECK(cudaFree(lin)); CHECK(cudaFree(out));
