@@ -17,6 +17,7 @@ On the GPU machine, from the repository root:
     python3 bench/compat.py samples --checkout /path/to/cuda-samples --out /tmp/compat
     python3 bench/compat.py samples --checkout ... --only vectorAdd,simpleCUFFT
     python3 bench/compat.py cupy --checkout /path/to/cupy --packages fft,random --out /tmp/compat
+    python3 bench/compat.py needed-by bench/results/compat-*.json   # for hvgpu-guest coverage
 
 Each writes ``compat-<suite>.json`` (and every run's log under ``logs/``) to --out. A
 program that fails through hvgpu is listed with the last lines it printed and the CUDA
@@ -359,6 +360,26 @@ def run_cupy(args) -> dict:
             "machine": frameworks.machine(), "packages": packages}
 
 
+NEEDED_BY = ROOT / "hvgpu" / "guest" / "shim" / "needed_by.json"
+
+
+def needed_by(results: list[Path]) -> dict:
+    """Each entry point the shim said it does not implement, with the programs of the
+    suites that called it (what ``hvgpu-guest coverage`` shows beside it)."""
+    needed: dict[str, set[str]] = {}
+    sources = []
+    for path in results:
+        doc = json.loads(path.read_text())
+        sources.append(f"{doc['suite']} {doc.get('commit', 'unknown')[:12]}")
+        for name, row in doc.get("samples", {}).items():
+            for api in row.get("hvgpu", {}).get("not_implemented", []):
+                needed.setdefault(api, set()).add(f"cuda-samples/{name}")
+        for name, row in doc.get("packages", {}).items():
+            for api in row.get("hvgpu", {}).get("not_implemented", []):
+                needed.setdefault(api, set()).add(f"cupy-tests/{name}")
+    return {"from": sources, "needed_by": {api: sorted(p) for api, p in sorted(needed.items())}}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -375,7 +396,14 @@ def main() -> int:
     c.add_argument("--timeout", type=float, default=1800.0, help="seconds per package and side")
     for p in (s, c):
         p.add_argument("--out", default="/tmp/hvgpu-compat")
+    n = sub.add_parser("needed-by", help=f"write {NEEDED_BY.relative_to(ROOT)} from results: "
+                       "which programs called each entry point the shim refused")
+    n.add_argument("results", nargs="+", type=Path, help="compat-*.json files")
     args = ap.parse_args()
+    if args.suite == "needed-by":
+        NEEDED_BY.write_text(json.dumps(needed_by(args.results), indent=1) + "\n")
+        print(f"wrote {NEEDED_BY}")
+        return 0
     if not toolkit.nvcc() and args.suite == "samples":
         raise SystemExit("nvcc is not found: the samples are built with the CUDA toolkit")
     Path(args.out).mkdir(parents=True, exist_ok=True)

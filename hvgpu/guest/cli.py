@@ -298,7 +298,7 @@ def run_command(command: list[str], agent: str | None) -> int:
 
 
 def coverage_command(as_json: bool, missing_only: bool) -> int:
-    from hvgpu.guest.shim import ShimMissing, coverage
+    from hvgpu.guest.shim import ShimMissing, coverage, needed_by
 
     try:
         rows = coverage()
@@ -308,14 +308,18 @@ def coverage_command(as_json: bool, missing_only: bool) -> int:
     names: dict[str, bool] = {}
     for api, _symbol, implemented in rows:
         names[api] = names.get(api, False) or implemented
+    needed = {api: programs for api, programs in needed_by().items() if not names.get(api, True)}
     if as_json:
         print(json.dumps({"implemented": sorted(a for a, ok in names.items() if ok),
-                          "not_implemented": sorted(a for a, ok in names.items() if not ok)},
-                         indent=2))
+                          "not_implemented": sorted(a for a, ok in names.items() if not ok),
+                          "needed_by": needed}, indent=2))
         return 0
     for api in sorted(names):
         if not (missing_only and names[api]):
-            print(f"{'yes' if names[api] else 'no ':4} {api}")
+            line = f"{'yes' if names[api] else 'no ':4} {api}"
+            if api in needed:
+                line += f"  needed by {', '.join(needed[api])}"
+            print(line)
     done = sum(names.values())
     print(f"{done} of the {len(names)} driver entry points of CUDA 13.0's cuda.h are implemented; "
           "the others return CUDA_ERROR_NOT_SUPPORTED and name themselves once on stderr",

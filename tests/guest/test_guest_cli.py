@@ -291,3 +291,21 @@ def test_guest_install_pulls_click_alone(tmp_path):
     host = subprocess.run([str(env_dir / "bin" / "hvgpu"), "gpus"], capture_output=True,
                           text=True)
     assert host.returncode == 1 and "pip install 'hvgpu[host]'" in host.stderr
+
+
+def test_coverage_names_the_programs_that_needed_an_entry_point_still_refused(monkeypatch,
+                                                                             capsys):
+    import hvgpu.guest.shim as shim
+
+    rows = shim.coverage()
+    refused = next(api for api, _, ok in rows if not ok)
+    built = next(api for api, _, ok in rows if ok)
+    monkeypatch.setattr(shim, "needed_by", lambda: {
+        refused: ["cuda-samples/someSample", "cupy-tests/fft"], built: ["cuda-samples/old"]})
+    assert main(["coverage", "--missing"]) == 0
+    out = capsys.readouterr().out
+    assert f"no   {refused}  needed by cuda-samples/someSample, cupy-tests/fft\n" in out
+    assert "cuda-samples/old" not in out  # implemented since: no longer a reason
+    assert main(["coverage", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["needed_by"] == {
+        refused: ["cuda-samples/someSample", "cupy-tests/fft"]}

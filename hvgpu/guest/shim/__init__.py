@@ -14,6 +14,7 @@ table through ctypes; it must not load it into a process that runs CUDA work
 from __future__ import annotations
 
 import ctypes
+import json
 from pathlib import Path
 
 from hvgpu.errors import HvgpuError
@@ -53,3 +54,13 @@ def coverage() -> list[tuple[str, str, bool]]:
         rows.append((api.value.decode(), symbol.value.decode(), bool(implemented.value)))
         i += 1
     return rows
+
+
+def needed_by() -> dict[str, list[str]]:
+    """Entry points not implemented that programs of the external suites called
+    (bench/compat.py needed-by writes the file): API name -> the programs."""
+    path = Path(__file__).with_name("needed_by.json")
+    try:
+        return json.loads(path.read_text()).get("needed_by", {})
+    except (OSError, ValueError):
+        return {}
