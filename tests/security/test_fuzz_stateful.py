@@ -914,14 +914,24 @@ class Tenant:
 
     def room(self, region: int) -> int:
         """An offset in a region: a room of this guest's, the other connection's room
-        that it left alone, or one that is no room."""
+        that it left alone, or one that is no room; never a room this guest left alone
+        (its own copy or SHM_FREE there may change or give it away: what check_sentinels
+        would hold against the other connection)."""
         rng = self.rng
         roll = rng.random()
-        if roll < 0.15 and self.peer is not None and self.peer.sentinel_rooms:
-            return rng.choice(self.peer.sentinel_rooms)[1]
-        offset = rng.choice(self.rooms.get(region) or [0])
-        return offset + rng.choice([0, 0, 0, 4096, -4096, 1, 1 << 40]) if roll < 0.9 \
-            else rng.choice(EDGE)
+        # the other's left rooms while it holds their region: once it detached, the room
+        # went back to the region and may be this guest's now
+        theirs = [offset for r, offset, _ in self.peer.sentinel_rooms
+                  if r in self.peer.live["region"]] if self.peer is not None else []
+        if roll < 0.15 and theirs:
+            offset = rng.choice(theirs)
+        else:
+            offset = rng.choice(self.rooms.get(region) or [0])
+            offset = offset + rng.choice([0, 0, 0, 4096, -4096, 1, 1 << 40]) if roll < 0.9 \
+                else rng.choice(EDGE)
+        if any(r == region and at <= offset < at + 4096 for r, at, _ in self.sentinel_rooms):
+            return 1 << 40  # no room
+        return offset
 
     def do_region(self) -> None:
         rng = self.rng
@@ -1081,7 +1091,11 @@ class Tenant:
                                      # one takes a descriptor sent before; the other may
                                      # give back the room check_sentinels reads
                                      "SHM_ATTACH", "SHM_DETACH"):
-                break
+                # nor, while it holds rooms it left alone, one that may give one back or
+                # copy into one (a random offset may be one: 4096 is the region's first)
+                if not self.sentinel_rooms or P.op_name(op) not in (
+                        "SHM_FREE", "MEMCPY_DTOH_SHM", "GRAPH_ADD_MEMCPY_NODE"):
+                    break
         if rng.random() < 0.5:
             data = self.fuzz.mutate(data)
         self.seq += 1
@@ -1412,3 +1426,22 @@ def wait_for_errors(agent) -> dict:
         return bool(_errors(found, "vm1"))
     wait_for(reported, "vm1's errors in the metrics", timeout=30)
     return found
+
+
+def test_a_guest_never_aims_its_own_copies_at_the_rooms_it_left_alone():
+    """check_sentinels holds a changed room against the other connection, so the run's
+    own aims must stay off the rooms a guest filled and left alone: an offset next to
+    one of its rooms, an edge value, or the other connection's left room once that one
+    detached the region and this guest was given the room, named in its own copy or
+    SHM_FREE, changes or gives away its own room, as it may."""
+    peer = Tenant.__new__(Tenant)  # only what room() reads
+    peer.live = defaultdict(list, region=[3])  # its region 1 detached: its rooms given back
+    peer.sentinel_rooms = [(1, 24576, b""), (3, 32768, b"")]
+    me = Tenant.__new__(Tenant)
+    me.rng, me.peer = random.Random(0), peer
+    me.rooms = defaultdict(list, {1: [20480]})
+    me.sentinel_rooms = [(1, 4096, b""), (1, 24576, b"")]  # 24576: the peer's, given again
+    aims = {me.room(1) for _ in range(5000)}
+    mine = [a for a in aims if any(r == 1 and o <= a < o + 4096 for r, o, _ in me.sentinel_rooms)]
+    assert mine == []
+    assert 32768 in aims and 20480 in aims  # the other's left room, and its own, still named
