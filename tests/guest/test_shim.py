@@ -80,7 +80,7 @@ def _guest(*args, env=None, **kw):
 def test_coverage_lists_what_is_implemented():
     out = _guest("coverage")
     assert out.returncode == 0
-    lines = dict(line.split()[::-1] for line in out.stdout.splitlines())
+    lines = {line.split()[1]: line.split()[0] for line in out.stdout.splitlines()}
     assert lines["cuLaunchKernel"] == "yes" and lines["cuTexRefCreate"] == "no" and lines["cuArrayCreate"] == "yes"
     assert "driver entry points" in out.stderr
 
