@@ -60,7 +60,7 @@ class PlainC(Extension):
 SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
 SOURCES = ["wire.c", "state.c", "device.c", "context.c", "memory.c", "vmm.c", "pool.c",
            "poolcache.c", "module.c", "launches.c", "occupancy.c", "stream.c", "dark.c",
-           "proc.c", "stubs.c", "crash.c", "region.c", "shared.c", "pcopy.c", "graph.c",
+           "proc.c", "stubs.c", "crash.c", "region.c", "region_lane.c", "pcopy.c", "graph.c",
            "graph_guest.c", "array.c", "managed.c"]
 SHIM = PlainC(
     "hvgpu.guest.shim.libcuda", "libcuda.so.1",
@@ -84,10 +84,10 @@ NVML = PlainC(
     without="NVML tools in the VM (nvidia-ml-py, nvitop, gpustat) will see no GPU")
 
 # The Python API's client (hvgpu/guest/client.py loads it with ctypes): the shim's own
-# framing, HELLO, coalescing, shared-memory lane, staging and copies, in a library whose
+# framing, HELLO, coalescing, region lane, staging and copies, in a library whose
 # soname is not libcuda.so.1 (client.c says why).
 CLIENT_DIR = os.path.join("hvgpu", "guest", "clientlib")
-CLIENT_SOURCES = ["wire.c", "shared.c", "region.c", "pcopy.c"]  # of the shim's
+CLIENT_SOURCES = ["wire.c", "region_lane.c", "region.c", "pcopy.c"]  # of the shim's
 CLIENT = PlainC(
     "hvgpu.guest.shim.libhvgpu_client", "libhvgpu-client.so.1",
     [os.path.join(CLIENT_DIR, "client.c")] + [os.path.join(SHIM_DIR, s) for s in CLIENT_SOURCES],

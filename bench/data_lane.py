@@ -767,16 +767,16 @@ class Session:
                 print(f"closing hvgpu's connection: {type(exc).__name__}: {exc}", flush=True)
 
 
-def start_agent(local_shm: int = 4 << 30):
+def start_agent(local_region: int = 4 << 30):
     """An agent on a unix socket, the whole GPU: pinned 1 GiB buffers both ways and the
-    staging slots fit in ``local_shm`` of shared memory per connection."""
+    staging slots fit in ``local_region`` of regions per connection."""
     from hvgpu.host.agent import Agent, AgentConfig
 
     tmp = Path(tempfile.mkdtemp(prefix="hvgpu-bench-"))
     address = f"unix://{tmp / 'agent.sock'}"
     agent = Agent(AgentConfig(listen=[address], vsock_port=None, cache_dir=str(tmp / "cache"),
                               log_level=os.environ.get("HVGPU_BENCH_LOG", "WARNING"),
-                              local_shm=local_shm))
+                              local_region=local_region))
     agent.start()
     threading.Thread(target=agent.serve_forever, daemon=True).start()
     return agent, address

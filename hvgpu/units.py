@@ -5,7 +5,7 @@ a unit, always. Binary units throughout (K = KiB = 1024 bytes, M = MiB, G = GiB,
 TiB), as nvidia-smi and virsh use them; a bare number is refused, because "4" read
 as bytes gave a 4-byte slice to an operator who meant 4 GiB. Shares: ``25%`` or a
 fraction below 1 (``0.25``); ``1`` and ``2`` are refused (is ``1`` all of the GPU or
-1%?). A shared-memory region's size is a size with QEMU's ivshmem rule on top (a
+1%?). A region's size is a size with QEMU's ivshmem rule on top (a
 power of two). Python callers may pass sizes as ints (bytes). Pure functions; must
 not import host or guest code.
 """
@@ -75,39 +75,39 @@ def parse_mem(text: str | int) -> int:
     return value
 
 
-MIN_SHM = 1 << 20  # libvirt sizes an ivshmem region in MiB
-MAX_SHM = 1 << 40  # host RAM in /dev/shm: far beyond any host's, and within SQLite's integers
-_SHM_FORMS = ("a power of two from 1 MiB to 1 TiB (1M, 2M, 4M, ... 512M, 1G, 2G, ...), as "
+MIN_REGION = 1 << 20  # libvirt sizes an ivshmem region in MiB
+MAX_REGION = 1 << 40  # host RAM in /dev/shm: far beyond any host's, and within SQLite's integers
+_REGION_FORMS = ("a power of two from 1 MiB to 1 TiB (1M, 2M, 4M, ... 512M, 1G, 2G, ...), as "
               "QEMU's ivshmem device maps it as one PCI BAR; or 0 for none")
-_SHM_RULE = "is not a size for a shared-memory region: it is " + _SHM_FORMS
+_REGION_RULE = "is not a size for a region: it is " + _REGION_FORMS
 
 
-def check_shm_size(value) -> int:
-    """``value`` when it is a shared-memory region's size: 0 (no region), or a power of
-    two from MIN_SHM to MAX_SHM (QEMU maps an ivshmem region as one PCI BAR, which is a
+def check_region_size(value) -> int:
+    """``value`` when it is a region's size: 0 (no region), or a power of
+    two from MIN_REGION to MAX_REGION (QEMU maps an ivshmem region as one PCI BAR, which is a
     power of two); else BadValue saying what is accepted."""
     if isinstance(value, int) and not isinstance(value, bool) and (
-            value == 0 or (MIN_SHM <= value <= MAX_SHM and value & (value - 1) == 0)):
+            value == 0 or (MIN_REGION <= value <= MAX_REGION and value & (value - 1) == 0)):
         return value
     shown = format_size(value) if isinstance(value, int) and value > 0 else repr(value)
-    raise BadValue(f"{shown} {_SHM_RULE}")
+    raise BadValue(f"{shown} {_REGION_RULE}")
 
 
-def parse_shm_size(text: str | int) -> int:
+def parse_region_size(text: str | int) -> int:
     """'1G' -> 1073741824; '0' -> 0 (no region); anything else that is not a power of two
     from 1 MiB to 1 TiB is refused, saying what is accepted."""
     if isinstance(text, str) and text.strip() == "0":
         return 0
     if isinstance(text, int) and not isinstance(text, bool):
-        return check_shm_size(text)
+        return check_region_size(text)
     try:
         value = parse_size(text)
     except BadValue as exc:
-        raise BadValue(f"{exc}; a shared-memory region is {_SHM_FORMS}") from None
+        raise BadValue(f"{exc}; a region is {_REGION_FORMS}") from None
     try:
-        return check_shm_size(value)
+        return check_region_size(value)
     except BadValue:
-        raise BadValue(f"{text!r} ({format_size(value)}) {_SHM_RULE}") from None
+        raise BadValue(f"{text!r} ({format_size(value)}) {_REGION_RULE}") from None
 
 
 SHARE_FORMS = "a percentage, 25% (1% to 100%), or a fraction below 1, 0.25"

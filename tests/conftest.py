@@ -62,7 +62,7 @@ class RunningAgent:
                  slices: bool = False, vms=(), gpus=None, mps: bool = False,
                  connect: str | None = None, executor_user: str | None = None,
                  confine: str = "auto", executor_read=(), executor_write=(),
-                 local_shm: int | None = None, nvml=None, metrics: str | None = None):
+                 local_region: int | None = None, nvml=None, metrics: str | None = None):
         self.tmp = tmp_path
         self.socket = tmp_path / "agent.sock"
         self.address = f"unix://{self.socket}"
@@ -89,8 +89,8 @@ class RunningAgent:
                                   executor_user=executor_user, run_dir=str(tmp_path / "run"),
                                   confine=confine, executor_read=list(executor_read),
                                   executor_write=[str(self.reports), *executor_write])
-        if local_shm is not None:  # 0: host-local connections are offered no region
-            self.config.local_shm = local_shm
+        if local_region is not None:  # 0: host-local connections are offered no region
+            self.config.local_region = local_region
         self.config.metrics = metrics
         self.gpus = gpus or fake_gpus
         self.agent = Agent(self.config, gpus=self.gpus, nvml=nvml)

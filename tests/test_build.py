@@ -30,7 +30,7 @@ LIBRARIES = {
                         SHIM / "shim.h", WIRE_HEADER]),
     "client library": (SHIM / "libhvgpu-client.so.1",
                        [ROOT / "hvgpu" / "guest" / "clientlib" / "client.c", SHIM / "shim.h",
-                        WIRE_HEADER] + [SHIM / s for s in ("wire.c", "shared.c", "region.c",
+                        WIRE_HEADER] + [SHIM / s for s in ("wire.c", "region_lane.c", "region.c",
                                                             "pcopy.c")]),
     "launch loop": (EXECUTOR / "liblaunch_burst.so", [EXECUTOR / "launch_burst.c",
                                                       EXECUTOR / "launch_burst.h", WIRE_HEADER]),

@@ -1,6 +1,6 @@
 import pytest
 
-from hvgpu.units import BadValue, format_size, parse_share, parse_shm_size, parse_size
+from hvgpu.units import BadValue, format_size, parse_share, parse_region_size, parse_size
 
 
 @pytest.mark.parametrize("text, value", [
@@ -59,22 +59,22 @@ def test_sizes_print_the_way_they_are_typed():
     ("1M", 1 << 20), ("1G", 1 << 30), ("512MiB", 512 << 20), ("0.5G", 512 << 20),
     ("1T", 1 << 40), ("0", 0), (0, 0), (4 << 20, 4 << 20),
 ])
-def test_shared_memory_sizes(text, value):
-    assert parse_shm_size(text) == value
+def test_region_sizes(text, value):
+    assert parse_region_size(text) == value
 
 
 @pytest.mark.parametrize("text", ["3G", "1.5G", "512K", "1048575", "1048576", "2T", 3 << 20,
                                   1 << 19, -(1 << 20), True])
-def test_a_shared_memory_size_that_is_no_ivshmem_bar_says_what_is_accepted(text):
+def test_a_region_size_that_is_no_ivshmem_bar_says_what_is_accepted(text):
     with pytest.raises(BadValue) as info:
-        parse_shm_size(text)
+        parse_region_size(text)
     assert "power of two from 1 MiB to 1 TiB" in str(info.value)
     assert "1M, 2M, 4M, ... 512M, 1G, 2G" in str(info.value)
 
 
-def test_a_shared_memory_size_that_is_no_size_says_so():
+def test_a_region_size_that_is_no_size_says_so():
     with pytest.raises(BadValue, match="is not a size"):
-        parse_shm_size("lots")
+        parse_region_size("lots")
 
 
 # -- the sizes a slice can have, and how sizes read --------------------------------------

@@ -6,7 +6,7 @@
     hvgpu-guest run -- CMD ARGS   run an unmodified CUDA program on the vGPU (libcuda shim)
     hvgpu-guest coverage [--json] which CUDA driver entry points the shim implements
     hvgpu-guest ldconfig          make the shim this VM's libcuda.so.1 for every program
-    hvgpu-guest install           give group hvgpu the VM's shared-memory device (udev rule)
+    hvgpu-guest install           give group hvgpu the VM's region device (udev rule)
     hvgpu-guest completion SHELL  a bash, zsh or fish completion script
     hvgpu-guest man               the man page (roff)
 
@@ -35,7 +35,7 @@ from click.shell_completion import CompletionItem
 
 from hvgpu import __version__
 from hvgpu.errors import CudaError, HvgpuError, TransportError
-from hvgpu.guest import install as shm_install
+from hvgpu.guest import install as region_install
 from hvgpu.guest.client import ENV_ADDRESS, Connection, default_address
 from hvgpu.guest.device import Device
 from hvgpu.virtio import protocol as P
@@ -71,22 +71,22 @@ def collect(agent: str | None = None) -> dict:
         except (HvgpuError, OSError) as exc:
             gpus.append({"index": index, "error": str(exc)})
     return {"agent": agent_version, "address": str(address), "peer": peer,
-            "protocol": version, "vm": vm, "gpus": gpus, "shm": shm_devices()}
+            "protocol": version, "vm": vm, "gpus": gpus, "region": region_devices()}
 
 
-def shm_devices() -> list[dict]:
-    """The VM's shared-memory devices, and whether this user may map them."""
+def region_devices() -> list[dict]:
+    """The VM's region devices, and whether this user may map them."""
     return [{"address": d.address, "resource": str(d.resource), "size": d.size,
-             "accessible": d.accessible()} for d in shm_install.devices()]
+             "accessible": d.accessible()} for d in region_install.devices()]
 
 
-def shm_text(devices: list[dict]) -> list[str]:
+def region_text(devices: list[dict]) -> list[str]:
     if not devices:
-        return ["shared memory: no device in this VM (bulk copies go over the socket)"]
-    return [f"shared memory: device {d['address']}, {_gib(d['size'])}, "
+        return ["region: no device in this VM (bulk copies go over the socket)"]
+    return [f"region: device {d['address']}, {_gib(d['size'])}, "
             + ("readable and writable by this user" if d["accessible"] else
                f"not accessible to this user ({d['resource']}: as root, `hvgpu-guest install`, "
-               f"then join group {shm_install.GROUP})") for d in devices]
+               f"then join group {region_install.GROUP})") for d in devices]
 
 
 def _vgpu(index: int, conn: Connection) -> tuple[str, dict]:
@@ -152,7 +152,7 @@ def info_text(d: dict) -> str:
                      f"({_gib(g['memory_used'])} in use), compute {share}, "
                      f"{g['multiprocessors']} SMs, compute capability {g['compute_capability']}, "
                      f"{g['uuid']}")
-    lines += shm_text(d.get("shm", []))
+    lines += region_text(d.get("region", []))
     return "\n".join(lines)
 
 
@@ -507,7 +507,7 @@ def cli(ctx: click.Context, agent: str | None) -> None:
 @click.pass_obj
 def _info(agent: str | None, as_json: bool) -> int:
     """List this VM's vGPUs: name, memory (= quota) and what is in use, compute share,
-    SMs, compute capability and UUID; then the VM's shared-memory device, and whether
+    SMs, compute capability and UUID; then the VM's region device, and whether
     this user may map it."""
     d = _collect_or_say(agent)
     if d is None:
@@ -570,13 +570,13 @@ def _ldconfig(write: bool) -> int:
     return ldconfig_command(write)
 
 
-@cli.command("install", short_help="give group hvgpu the VM's shared-memory device (root)")
+@cli.command("install", short_help="give group hvgpu the VM's region device (root)")
 @click.option("--root", default="/", metavar="DIR", shell_complete=_complete_dir,
               help="install the rule under DIR instead (an image being built); leaves this "
                    "system's group and devices alone")
 def _install(root: str) -> int:
     """Install the udev rule that gives group hvgpu read and write on the VM's
-    shared-memory device (ivshmem, which carries the vGPU's bulk copies), create the
+    region device (ivshmem, which carries the vGPU's bulk copies), create the
     group, and give it the devices present now."""
     return install_command(root)
 

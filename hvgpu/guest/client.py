@@ -2,9 +2,9 @@
 
 The connection itself is the guest's C client library (``libhvgpu-client.so.1``,
 built from the ``libcuda.so.1`` shim's own sources: ``shim/wire.c``,
-``shared.c``, ``region.c``, ``pcopy.c``; docs/design/guest-client.md says why),
+``region_lane.c``, ``region.c``, ``pcopy.c``; docs/design/guest-client.md says why),
 called through ctypes: framing, the HELLO handshake, coalescing, the
-shared-memory lane, staging and parallel copies are that library's, the same
+region lane, staging and parallel copies are that library's, the same
 code the shim runs. This module encodes request bodies and decodes replies with
 ``hvgpu.virtio.codec`` and turns the library's statuses into exceptions; it
 must not put frames on a socket itself.
@@ -202,7 +202,7 @@ def process_name() -> str:
 
 
 class PinnedMemory:
-    """Page-locked host memory in the connection's shared-memory region: ``view`` is
+    """Page-locked host memory in the connection's region: ``view`` is
     writable, and copies from and to it (or any buffer inside it) are DMA on the host.
     A copy from it returns before the DMA has read it: change it only after a sync.
     ``view`` must not be used after :meth:`close`."""
@@ -249,11 +249,11 @@ class Connection:
         self._flusher: threading.Thread | None = None
         self._reply = ctypes.create_string_buffer(REPLY_BYTES)
         self._pinned: set[int] = set()
-        wanted = P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS | P.CAP_SHM_DEVICE
+        wanted = P.CAP_NVRTC | P.CAP_PARAM_INFO | P.CAP_PROGRESS | P.CAP_REGION_DEVICE
         if not monitor:  # what kernels print comes to this process's stdout
             wanted |= P.CAP_OUTPUT
         if self.address.scheme == "unix":  # descriptors (memfds) travel on these alone
-            wanted |= P.CAP_SHM_MEMFD
+            wanted |= P.CAP_REGION_MEMFD
         if monitor:
             wanted |= P.CAP_MONITOR
         client = P.client_text(f"hvgpu-guest {__version__}", os.getpid(),
@@ -399,7 +399,7 @@ class Connection:
 
     def copy_to_device(self, dst: int, src, stream: int = 0) -> None:
         """Host-to-device copy of any buffer; pipelined (one-way). From pinned memory
-        (a shared-memory region) it names offsets; a large pageable source is staged
+        (a region) it names offsets; a large pageable source is staged
         through the region; elsewhere its bytes travel on the socket. The source may
         be reused on return, pinned memory excepted."""
         data, n = _readable(src)
@@ -420,7 +420,7 @@ class Connection:
     def copy_from_device(self, dst, src: int, stream: int = 0) -> None:
         """Device-to-host copy into any writable buffer; waits for the stream. Into
         pinned memory the bytes come by DMA; a large pageable one is staged through
-        the shared-memory region; elsewhere they come on the socket."""
+        the region; elsewhere they come on the socket."""
         into, n = _writable(dst)
         if not n:
             return
@@ -431,10 +431,10 @@ class Connection:
             if r:
                 self._fail(r, P.OP["MEMCPY_DTOH"])
 
-    # -- the shared-memory lane --------------------------------------------------
+    # -- the region lane --------------------------------------------------
 
     def pinned(self, size: int) -> PinnedMemory:
-        """Page-locked host memory in the shared-memory region (see Device.pinned)."""
+        """Page-locked host memory in the region (see Device.pinned)."""
         if size <= 0:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"pinned memory of {size} bytes")
         with self.lock:
@@ -444,10 +444,10 @@ class Connection:
             r = self.lib.hvgpu_client_pinned_alloc(self._w, size, ctypes.byref(p))
             if r == P.CUDA_ERROR_NOT_SUPPORTED and not self.lib.hvgpu_client_lost(self._w) \
                     and not self._refusal():
-                raise CudaError(r, "no pinned memory without a shared-memory region: "
+                raise CudaError(r, "no pinned memory without a region: "
                                 f"{self.lane()[2] or 'none could be had'}")
             if r:
-                self._fail(r, P.OP["SHM_ALLOC"])
+                self._fail(r, P.OP["REGION_ALLOC"])
             self._pinned.add(p.value)
             region, offset = ctypes.c_uint32(), ctypes.c_uint64()
             self.lib.hvgpu_client_pinned_where(self._w, p.value, ctypes.byref(region),
@@ -459,10 +459,10 @@ class Connection:
             self._pinned.discard(mem.addr)
             r = self.lib.hvgpu_client_pinned_free(None if self.closed else self._w, mem.addr)
             if r and not self.closed:
-                self._fail(r, P.OP["SHM_FREE"])
+                self._fail(r, P.OP["REGION_FREE"])
 
     def lane(self) -> tuple[str | None, bool, str]:
-        """(the shared-memory region: None not tried yet, "none", "device" the VM's
+        """(the region: None not tried yet, "none", "device" the VM's
         device, "memfd"; whether the staging slots are there; why there is none)."""
         staged, why = ctypes.c_int(), ctypes.c_char_p()
         with self.lock:

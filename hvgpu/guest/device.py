@@ -94,8 +94,8 @@ class Device:
 
     def pinned(self, size: int):
         """Page-locked host memory (cudaMallocHost): ``PinnedMemory`` whose ``view`` is
-        a writable memoryview. It lies in the shared-memory region the agent offers
-        (``hvgpu attach --shm``; on a unix socket, a memfd), so copies from and to it
+        a writable memoryview. It lies in the region the agent offers
+        (``hvgpu attach --region``; on a unix socket, a memfd), so copies from and to it
         are DMA on the host and carry no bytes on the socket. CudaError
         CUDA_ERROR_NOT_SUPPORTED where no region can be had."""
         return self.conn.pinned(int(size))

@@ -1,8 +1,8 @@
 """``hvgpu-guest install``: what lets the ordinary users of this VM map its
-shared-memory device.
+region device.
 
 The device's memory is PCI BAR 2, mapped from sysfs ``resource2``, which the kernel
-makes root's alone. The package ships a udev rule (``data/70-hvgpu-shm.rules``)
+makes root's alone. The package ships a udev rule (``data/70-hvgpu-region.rules``)
 giving group ``hvgpu`` read and write on that file whenever such a device appears
 (at boot, or hot-plugged); installing it also creates the group
 and gives it the devices already there, since udev applies a new rule only to
@@ -31,8 +31,10 @@ from hvgpu.virtio import region as layout
 from hvgpu.virtio import tuning as T
 
 GROUP = "hvgpu"  # the group the packaged udev rule gives the device to
-RULE = "/etc/udev/rules.d/70-hvgpu-shm.rules"  # where `hvgpu-guest install` puts it
+RULE = "/etc/udev/rules.d/70-hvgpu-region.rules"  # where `hvgpu-guest install` puts it
 RULE_SOURCE = Path(__file__).resolve().parent / "data" / Path(RULE).name
+# The same rule under the name earlier versions installed it by: replaced by RULE.
+EARLIER_RULE = "/etc/udev/rules.d/70-hvgpu-shm.rules"
 
 
 class InstallError(HvgpuError):
@@ -46,7 +48,7 @@ def sysfs_root(sysfs: str | os.PathLike | None = None) -> Path:
 
 
 @dataclasses.dataclass(frozen=True)
-class SharedDevice:
+class RegionDevice:
     """One ivshmem-plain device: its PCI address and the file that maps its memory."""
 
     address: str  # e.g. 0000:00:03.0
@@ -65,7 +67,7 @@ def _hex(path: Path) -> int | None:
         return None
 
 
-def devices(sysfs: str | os.PathLike | None = None) -> list[SharedDevice]:
+def devices(sysfs: str | os.PathLike | None = None) -> list[RegionDevice]:
     """Every ivshmem-plain device of this VM (PCI 1af4:1110 with its memory BAR), by
     PCI address."""
     base = sysfs_root(sysfs) / "bus" / "pci" / "devices"
@@ -82,7 +84,7 @@ def devices(sysfs: str | os.PathLike | None = None) -> list[SharedDevice]:
             size = resource.stat().st_size
         except OSError:
             continue  # an ivshmem device without its memory BAR (not "plain")
-        found.append(SharedDevice(d.name, resource, size))
+        found.append(RegionDevice(d.name, resource, size))
     return found
 
 
@@ -98,6 +100,17 @@ def write_rule(root: str | os.PathLike = "/") -> Path:
     tmp.write_text(rule_text())
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+    return path
+
+
+def remove_earlier_rule(root: str | os.PathLike = "/") -> Path | None:
+    """Removes the rule an earlier version installed as EARLIER_RULE (RULE replaces it);
+    returns it, or None when there was none."""
+    path = Path(root) / EARLIER_RULE.lstrip("/")
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return None
     return path
 
 
@@ -122,8 +135,8 @@ def ensure_group(name: str = GROUP) -> tuple[int, bool]:
         raise InstallError(f"group {name!r} is still missing after creating it") from None
 
 
-def grant(gid: int, sysfs: str | os.PathLike | None = None) -> list[SharedDevice]:
-    """Gives group ``gid`` read and write on every shared-memory device there now, as
+def grant(gid: int, sysfs: str | os.PathLike | None = None) -> list[RegionDevice]:
+    """Gives group ``gid`` read and write on every region device there now, as
     the rule does for those that come later."""
     found = devices(sysfs)
     for dev in found:
@@ -137,7 +150,10 @@ def install(root: str | os.PathLike = "/") -> list[str]:
     what it did, one sentence each."""
     path = write_rule(root)
     said = [f"wrote {path}: udev gives group {GROUP} read and write on the VM's "
-            "shared-memory device (resource2 of PCI 1af4:1110) whenever one appears"]
+            "region device (resource2 of PCI 1af4:1110) whenever one appears"]
+    earlier = remove_earlier_rule(root)
+    if earlier is not None:
+        said.append(f"removed {earlier}, the same rule under its earlier name")
     if Path(root).resolve() != Path("/"):
         said.append(f"{root} is not this system's root: its group {GROUP!r} and this "
                     "system's devices are left as they are")
@@ -149,7 +165,7 @@ def install(root: str | os.PathLike = "/") -> list[str]:
         said.append(f"gave group {GROUP} read and write on {dev.resource} (device "
                     f"{dev.address}, {dev.size >> 20} MiB)")
     if not devs:
-        said.append("no shared-memory device in this VM now: the rule gives the next one "
+        said.append("no region device in this VM now: the rule gives the next one "
                     "to the group when the host adds it")
     if shutil.which("udevadm"):
         subprocess.run(["udevadm", "control", "--reload"], capture_output=True)

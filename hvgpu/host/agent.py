@@ -47,7 +47,7 @@ from hvgpu.host import regions as regions_host
 from hvgpu.host import sdnotify
 from hvgpu.host.spawn import Launcher
 from hvgpu.host.mps import MpsDaemon
-from hvgpu.host.names import SHM_DIR, VgpuKey
+from hvgpu.host.names import REGION_DIR, VgpuKey
 from hvgpu.host.registry import Registry, SliceExecutor, VgpuRecord
 from hvgpu.host.router import Router, split_binding  # noqa: F401  (split_binding: public)
 from hvgpu.host.slices import NOTHING, SliceManager, StoreChange
@@ -101,10 +101,10 @@ class AgentConfig:
     confine: str = "auto"  # executor/sandbox.MODES; "none" for tests and debugging only
     executor_read: list[str] = field(default_factory=list)  # more paths executors may read
     executor_write: list[str] = field(default_factory=list)  # ... and write (tests' doubles)
-    # Shared memory (memfd regions) a host-local connection may have its executor map
-    # and page-lock; a VM's limit is its slice's (hvgpu attach --shm).
-    local_shm: int = 1 << 30
-    shm_dir: str = SHM_DIR  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
+    # Regions (memfds) a host-local connection may have its executor map
+    # and page-lock; a VM's limit is its slice's (hvgpu attach --region).
+    local_region: int = 1 << 30
+    region_dir: str = REGION_DIR  # where QEMU keeps a VM's ivshmem file (libvirt's <shmem>)
     metrics: str | None = None  # HOST:PORT to serve Prometheus metrics on; None: none
     sample_seconds: float = usage.SAMPLE_EVERY  # between NVML utilisation readings
 
@@ -652,7 +652,7 @@ class Agent:
         return frozenset({self._qemu_uid} if self._qemu_uid not in (None, -1) else ())
 
     def _send_region(self, ex: SliceExecutor, record: VgpuRecord | None, rid: int) -> None:
-        """The VM's shared-memory device file, opened here (executors open no host
+        """The VM's region device file, opened here (executors open no host
         file): the one its slice names, a regular file of the slice's size, never a
         link."""
         try:
@@ -666,16 +666,16 @@ class Agent:
                      and e.process.poll() is None]
             if older:
                 raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
-                                f"the VM's shared-memory region is in use by an older "
+                                f"the VM's region is in use by an older "
                                 f"executor of the vGPU (pid {older[0].process.pid}) until "
                                 "its programs end; copies travel on the socket meanwhile")
-            fd, size = regions_host.open_region(self.config.shm_dir, ex.key, slice_,
+            fd, size = regions_host.open_region(self.config.region_dir, ex.key, slice_,
                                                 self._region_owners())
         except CudaError as exc:
-            # Each guest SHM_ATTACH may ask again: said once per executor, not per ask.
+            # Each guest REGION_ATTACH may ask again: said once per executor, not per ask.
             ex.regions_refused += 1
             log.log(logging.WARNING if ex.regions_refused == 1 else logging.DEBUG,
-                    "slice %s: no shared-memory region for its guest: %s", ex.key,
+                    "slice %s: no region for its guest: %s", ex.key,
                     exc.detail)
             send_message(ex.ctrl, messages.encode(messages.REPLY, id=rid, ok=False, status=exc.status,
                                               message=exc.detail[:messages.REPLY_MESSAGE_MAX]))

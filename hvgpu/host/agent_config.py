@@ -3,7 +3,9 @@
 The keys are the command's long option names without the dashes
 (``vsock-port = 5170``, ``no-vsock = true``, ``listen = ["unix:///..."]``),
 plus ``connect`` and ``control``, the two options of ``hvgpu`` itself that
-the agent uses. Nothing here lists the options: they are read from the click
+the agent uses; an option's earlier name, still accepted (hidden from its help),
+is a key too, so a file written for an earlier version loads. Nothing here lists
+the options: they are read from the click
 command, so an option added to ``hvgpu agent`` can be set in the file at once.
 Each value is checked as the command line checks it (its type, range, choices
 and callback) and an error names the file and the key. The command line (and
@@ -121,8 +123,9 @@ def check(ctx: click.Context, path: str, table: dict) -> dict[str, tuple[click.C
         where = f"{path}: {key!r}"
         if key not in keys:
             near = [k for k in keys if k.replace("-", "_") == key.replace("-", "_")]
+            shown = (k for k, (_, p) in keys.items() if not getattr(p, "hidden", False))
             hint = f" (did you mean {near[0]!r}?)" if near else \
-                f"; the keys are: {', '.join(sorted(keys))}"
+                f"; the keys are: {', '.join(sorted(shown))}"
             raise click.BadParameter(f"{where} is not an option of `hvgpu agent`{hint}",
                                      param_hint="--config")
         owner, param = keys[key]
@@ -197,6 +200,8 @@ def example(ctx: click.Context) -> str:
              "# The command line overrides what is set here. Uncomment to change a default.",
              ""]
     for key, (owner, param) in settable(ctx).items():
+        if getattr(param, "hidden", False):
+            continue  # an option's earlier name: still read, no longer shown
         text = " ".join((getattr(param, "help", None) or "").split())
         if isinstance(param.type, click.Choice):
             text += f" One of: {', '.join(param.type.choices)}."

@@ -179,23 +179,51 @@ def _cid(s) -> str:
 
 
 def _slice_rows(slices, extra=()):
-    rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "SHM", "CID", *[h for h, _ in extra]]]
+    rows = [["VM", "DEVICE", "GPU", "MEMORY", "COMPUTE", "REGION", "CID", *[h for h, _ in extra]]]
     for s in slices:
         rows.append([s["vm"], str(s.get("device", 0)), str(s["gpu_index"]), format_size(s["mem"]),
                      _share(s["compute"], s.get("compute_enforced")),
-                     format_size(s["shm"]) if s.get("shm") else "-",
+                     format_size(s["region"]) if s.get("region") else "-",
                      _cid(s), *[f(s) for _, f in extra]])
     return rows
 
 
-_SHM_HELP = ("A shared-memory region of SIZE per vGPU, for the VM's bulk data: CUDA programs "
-             "in the VM get their pinned host memory (cudaMallocHost) and their copy staging "
-             "from it, and copies through it are DMA on the host. A power of two from 1M to "
-             "1T (1M, 2M, ... 512M, 1G, 2G); host RAM in /dev/shm, not GPU memory, and SIZE "
-             "is its limit. A libvirt domain gets an ivshmem-plain device for it.")
+_REGION_HELP = ("A region of SIZE per vGPU (host memory that the VM and its executor both "
+                "map), for the VM's bulk data: CUDA programs in the VM get their pinned host "
+                "memory (cudaMallocHost) and their copy staging from it, and copies through "
+                "it are DMA on the host. A power of two from 1M to 1T (1M, 2M, ... 512M, 1G, "
+                "2G); host RAM in /dev/shm, not GPU memory, and SIZE is its limit. A libvirt "
+                "domain gets an ivshmem-plain device for it.")
 
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+# Options renamed since an earlier version: the earlier name is still accepted, hidden
+# from --help and the completion, so scripts, units and agent.toml files that use it
+# keep working.
+_SOURCE_RANK = {click.core.ParameterSource.DEFAULT: 0, click.core.ParameterSource.DEFAULT_MAP: 1}
+
+
+def _earlier_name(old: str, name: str, callback=None):
+    """A hidden option ``old``: what option ``name`` was called before (see _renamed)."""
+    return click.option(old, name + "_earlier", default=None, hidden=True, callback=callback)
+
+
+def _renamed(ctx, name: str) -> object:
+    """Option ``name``'s value, or its earlier name's where that was given more directly
+    (command line over agent.toml over the default); the two given alike must agree."""
+    value, earlier = ctx.params[name], ctx.params[name + "_earlier"]
+    if earlier is None:
+        return value
+    rank, rank_earlier = (_SOURCE_RANK.get(ctx.get_parameter_source(n), 2)
+                          for n in (name, name + "_earlier"))
+    if rank == rank_earlier and value != earlier:
+        new, old = (next(p.opts[0] for p in ctx.command.params if p.name == n)
+                    for n in (name, name + "_earlier"))
+        raise click.UsageError(f"{new} {value} and {old} {earlier} (its earlier name) "
+                               "disagree: give one", ctx)
+    return earlier if rank_earlier >= rank else value
+
 _MEM_RANGE = "from 1M (the driver takes a quota in whole MiB) to the largest GPU's memory"
 _MEM_HELP = f"Memory quota: {SIZE_FORMS}; {_MEM_RANGE}."
 _COMPUTE_HELP = (f"Share of the GPU's SMs: {SHARE_FORMS}. Enforced by MPS; where MPS does "
@@ -226,10 +254,10 @@ def _mem(text):
     return parse_mem(text)
 
 
-def _shm(text):
-    from hvgpu.units import parse_shm_size
+def _region(text):
+    from hvgpu.units import parse_region_size
 
-    return parse_shm_size(text)
+    return parse_region_size(text)
 
 
 def _compute(text):
@@ -267,13 +295,13 @@ def _cid_option(ctx, param, value):
     return value
 
 
-def _local_shm(text: str) -> int:
+def _local_region(text: str) -> int:
     if text.strip() == "0":
         return 0
     try:
         return parse_size(text)
     except (HvgpuError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--local-shm") from None
+        raise click.BadParameter(str(exc), param_hint="--local-region") from None
 
 
 def _config_option(ctx, param, value):
@@ -336,10 +364,11 @@ def _metrics_address(text):
               show_default=True, metavar="N",
               help="Open connections a VM may have at once, over all its vGPUs; more are "
                    "refused with HVGPU_ERROR_TOO_MANY_CONNECTIONS.")
-@click.option("--local-shm", default="1G", show_default=True, metavar="SIZE",
-              help="Shared memory (memfds) each connection on a listener bound to no VM may "
+@click.option("--local-region", default="1G", show_default=True, metavar="SIZE",
+              help="Regions (memfds) each connection on a listener bound to no VM may "
                    "have its executor map and page-lock, for its pinned memory and copy "
-                   "staging; 0: none. A VM's is its slice's (attach --shm).")
+                   "staging; 0: none. A VM's is its slice's (attach --region).")
+@_earlier_name("--local-shm", "local_region")
 @click.option("--executor-user", default="hvgpu", show_default=True, metavar="NAME",
               help="Run executors (the processes that run guests' CUDA work) as this user, "
                    "without capabilities; install.sh creates it. `root` runs them as root, "
@@ -369,8 +398,8 @@ def _metrics_address(text):
 @_agent_options
 @click.pass_context
 def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_group, no_mps,
-          placement, max_connections_per_vm, local_shm, executor_user, log_level, log_format,
-          metrics):
+          placement, max_connections_per_vm, local_region, local_region_earlier, executor_user,
+          log_level, log_format, metrics):
     """Run the host agent in the foreground until SIGINT/SIGTERM.
 
     Guests connect over vsock; a guest is identified by its CID (never by what
@@ -392,6 +421,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
 
     from hvgpu.host import logs, sdnotify
 
+    local_region = _renamed(ctx, "local_region")
     log_format = logs.setup(log_level, log_format, "agent")
     if control_group:  # before anything starts
         from hvgpu.host.control_grpc import check_group
@@ -409,7 +439,7 @@ def agent(ctx, listen, vsock_port, no_vsock, gpu, cache_dir, state_dir, control_
                          connect=ctx.obj["connect"],
                          placement=placement, max_connections_per_vm=max_connections_per_vm,
                          executor_user=executor_user, run_dir=default_run_dir(),
-                         local_shm=_local_shm(local_shm), metrics=metrics)
+                         local_region=_local_region(local_region), metrics=metrics)
     try:
         runner = Agent(config, gpus=read_gpus)
         runner.start()
@@ -477,13 +507,14 @@ def gpus(ctx, as_json):
                    "(unless --gpu names one); the guest sees devices 0..COUNT-1.")
 @click.option("--add", is_flag=True,
               help="VM already has vGPUs: attach more after them (its next device numbers).")
-@click.option("--shm", default=None, metavar="SIZE", help=_SHM_HELP + " [default: none]",
-              callback=_checked(_shm))
+@click.option("--region", default=None, metavar="SIZE", help=_REGION_HELP + " [default: none]",
+              callback=_checked(_region))
+@_earlier_name("--shm", "region", _checked(_region))
 @_json_option
 @_agent_options
 @click.pass_context
-def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count, add, shm,
-           as_json):
+def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count, add, region,
+           region_earlier, as_json):
     """Give VM a GPU slice (a vGPU); it applies to the VM's next CUDA connection.
 
     VM is a libvirt domain's name or UUID: a domain without a vsock device
@@ -493,7 +524,7 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
     --listen hvsock://UDS:5170=VM; see hvgpu domain-xml --vhost-user-vsock)
     gets no vsock device, only the metadata.
 
-    With --shm, each new vGPU also gets a shared-memory region: in a libvirt
+    With --region, each new vGPU also gets a region: in a libvirt
     domain an ivshmem-plain device <shmem name='hvgpu-VM'> (hvgpu-VM#N for
     vGPU N), hot-plugged beside the vsock device (live and in its config; a
     hybrid-vsock domain gets it too), backed by /dev/shm/hvgpu-VM, which QEMU
@@ -509,7 +540,7 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
       hvgpu attach vm2 --mem 8G --compute 25% --gpu 1
       hvgpu attach vm3 --mem 16G --count 2
       hvgpu attach vm1 --mem 4G --add
-      hvgpu attach vm4 --mem 4G --shm 1G
+      hvgpu attach vm4 --mem 4G --region 1G
       hvgpu attach fc-vm --mem 2G --cid 3
       hvgpu attach 5a0e33c4-7d2b-4f7e-9c1a-2b3c4d5e6f70 --mem 1.5G
 
@@ -518,9 +549,10 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
     where MPS does not run it cannot be enforced, and is refused unless
     --allow-time-shared is given.
     """
+    region = _renamed(ctx, "region")
     s = _call(ctx, "attach", vm=vm, mem=mem, compute=compute, gpu=gpu, cid=cid,
               placement=placement, count=count if count != 1 else None, add=add or None,
-              shm=shm, allow_time_shared=allow_time_shared or None)
+              region=region, allow_time_shared=allow_time_shared or None)
 
     def text(s):
         line = f"attached {s['vm']}: " + "; ".join(
@@ -528,7 +560,7 @@ def attach(ctx, vm, mem, compute, allow_time_shared, gpu, cid, placement, count,
             + f"{format_size(v['mem'])}, compute "
             + _share(v["compute"], v.get("compute_enforced"))
             + f", GPU {v['gpu_index']} ({v['gpu_uuid']})"
-            + (f", shared memory {format_size(v['shm'])}" if v.get("shm") else "")
+            + (f", region {format_size(v['region'])}" if v.get("region") else "")
             for v in s["vgpus"])
         if "hybrid_vsock" in s:
             line += f", served by the hybrid-vsock listener {s['hybrid_vsock']} (no vsock " \
@@ -572,15 +604,16 @@ def detach(ctx, vm, unplug, device, as_json):
 @click.option("--compute", default=None, metavar="SHARE", callback=_checked(_compute),
               help="New compute share. " + _COMPUTE_HELP + ".")
 @click.option("--allow-time-shared", is_flag=True, help=_TIME_SHARED_HELP)
-@click.option("--shm", default=None, metavar="SIZE", callback=_checked(_shm),
-              help="New shared-memory region (0: none). Only while the guest cannot use it: "
+@click.option("--region", default=None, metavar="SIZE", callback=_checked(_region),
+              help="New region (0: none). Only while the guest cannot use it: "
                    "a libvirt domain must be shut off (ivshmem cannot be resized live).")
+@_earlier_name("--shm", "region", _checked(_region))
 @click.option("--device", type=int, default=0, show_default=True, metavar="N",
               help="Which of the VM's vGPUs.")
 @_json_option
 @_agent_options
 @click.pass_context
-def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
+def resize(ctx, vm, mem, compute, allow_time_shared, region, region_earlier, device, as_json):
     """Change a running VM's slice.
 
     VM is a libvirt domain's name or UUID, or the name a VM was attached by.
@@ -591,7 +624,7 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
     executor process: new CUDA connections get them at once, connections
     already open keep the old ones until they close ("pending" in the output).
 
-    The shared-memory region (--shm) of a libvirt domain changes in its config
+    The region (--region) of a libvirt domain changes in its config
     while it is shut off; a running one is refused: stop the guest first, or
     detach the slice and attach it again.
 
@@ -599,16 +632,17 @@ def resize(ctx, vm, mem, compute, allow_time_shared, shm, device, as_json):
     Examples:
       hvgpu resize vm1 --mem 8G
       hvgpu resize vm1 --compute 50%
-      virsh shutdown vm4 && hvgpu resize vm4 --shm 2G
+      virsh shutdown vm4 && hvgpu resize vm4 --region 2G
     """
-    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None, shm=shm,
+    region = _renamed(ctx, "region")
+    s = _call(ctx, "resize", vm=vm, mem=mem, compute=compute, device=device or None, region=region,
               allow_time_shared=allow_time_shared or None)
 
     def text(s):
         line = (f"resized {s['vm']}" + (f" device {device}" if device else "")
                 + f": {format_size(s['mem'])}, compute "
                 + _share(s["compute"], s.get("compute_enforced"))
-                + (f", shared memory {format_size(s['shm'])}" if s.get("shm") else ""))
+                + (f", region {format_size(s['region'])}" if s.get("region") else ""))
         if s.get("pending"):
             line += ("\nCUDA connections already open keep their MPS limits until they close; "
                      "new ones get the new limits")
@@ -684,13 +718,14 @@ def status(ctx, as_json):
                    "SOCKET (vhost-device-vsock --socket SOCKET --uds-path UDS), instead of "
                    "libvirt's <vsock>; its RAM becomes shared memory. Serve it with "
                    "hvgpu agent --listen hvsock://UDS:5170=NAME.")
-@click.option("--shm", default=None, metavar="SIZE",
-              help="Also an ivshmem-plain device hvgpu-NAME of SIZE for the shared-memory "
-                   "region of vGPU 0, as hvgpu attach --shm SIZE adds it (give attach the "
-                   "same SIZE). A power of two from 1M to 1T.")
+@click.option("--region", default=None, metavar="SIZE",
+              help="Also an ivshmem-plain device hvgpu-NAME of SIZE for the region of vGPU "
+                   "0, as hvgpu attach --region SIZE adds it (give attach the same SIZE). A "
+                   "power of two from 1M to 1T.")
+@_earlier_name("--shm", "region")
 @click.pass_context
 def domain_xml_cmd(ctx, name, memory, vcpus, disk, disk_format, cloud_init, network,
-                   domain_type, vhost_user_vsock, shm):
+                   domain_type, vhost_user_vsock, region, region_earlier):
     """Print a complete q35 domain for a GPU-sharing guest (with its vsock device).
 
     \b
@@ -699,11 +734,11 @@ def domain_xml_cmd(ctx, name, memory, vcpus, disk, disk_format, cloud_init, netw
           --cloud-init /var/lib/libvirt/images/vm1-seed.iso > vm1.xml && virsh define vm1.xml
       hvgpu domain-xml vm2 --disk /var/lib/libvirt/images/vm2.qcow2 \\
           --vhost-user-vsock /run/hvgpu/vm2-vhost.sock > vm2.xml && virsh define vm2.xml
-      hvgpu domain-xml vm4 --disk /var/lib/libvirt/images/vm4.qcow2 --shm 1G > vm4.xml
+      hvgpu domain-xml vm4 --disk /var/lib/libvirt/images/vm4.qcow2 --region 1G > vm4.xml
     """
-    from hvgpu.host.names import VgpuKey, shm_name
+    from hvgpu.host.names import VgpuKey, region_name
     from hvgpu.host.render import domain_xml
-    from hvgpu.units import parse_shm_size
+    from hvgpu.units import parse_region_size
 
     _refuse_connect(ctx, "it prints XML and talks to no libvirt; define the domain with "
                          "virsh -c URI define FILE")
@@ -721,8 +756,9 @@ def domain_xml_cmd(ctx, name, memory, vcpus, disk, disk_format, cloud_init, netw
         raise click.BadParameter(f"{vhost_user_vsock!r} is not an absolute path",
                                  param_hint="--vhost-user-vsock")
     try:
-        region = parse_shm_size(shm) if shm not in (None, "") else 0
-        shmem = (shm_name(VgpuKey.of(name)), region >> 20) if region else None
+        region = _renamed(ctx, "region")
+        region = parse_region_size(region) if region not in (None, "") else 0
+        shmem = (region_name(VgpuKey.of(name)), region >> 20) if region else None
         click.echo(domain_xml(name, ram, vcpus, disk, disk_format=disk_format,
                               cloud_init=cloud_init, network=network, domain_type=domain_type,
                               cpu_mode="host-passthrough" if domain_type == "kvm"

@@ -19,10 +19,10 @@ from hvgpu.errors import HvgpuError
 from hvgpu.host.agent import Agent
 from hvgpu.host.hypervisor import NoSuchVm
 from hvgpu.host.inventory import Gpu, host_memory
-from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, shm_name
+from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_vm_name, region_name
 from hvgpu.host.slices import SliceError, UnknownVm, check_cid
 from hvgpu.host.transaction import Transaction
-from hvgpu.units import BadValue, format_size, parse_mem, parse_share, parse_shm_size
+from hvgpu.units import BadValue, format_size, parse_mem, parse_share, parse_region_size
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,17 @@ class OtherLibvirt(HvgpuError):
 
 class NotEnforced(HvgpuError):
     code = "compute-not-enforced"
+
+
+def _renamed(region, shm):
+    """The region size a call gave, under its name or under ``shm``, the name earlier
+    versions' clients (and their scripts) send it by; both at once must agree."""
+    if shm in (None, ""):
+        return region
+    if region not in (None, "") and region != shm:
+        raise BadValue(f"region {region!r} and shm {shm!r} (its earlier name) disagree: "
+                       "give one")
+    return shm
 
 
 class ControlAPI:
@@ -153,7 +164,7 @@ class ControlAPI:
     def _check_sizes(self, size: int | None, region: int | None, inventory,
                      gpu_uuid: str | None = None) -> None:
         """Refuse a memory quota no GPU could hold (``gpu_uuid``: the slice's own GPU,
-        which a resize cannot leave) and a shared-memory region larger than this host's
+        which a resize cannot leave) and a region larger than this host's
         RAM, naming what there is. Where NVML cannot be read, the slice manager's own
         refusal (no room) stands."""
         if size is not None:
@@ -174,8 +185,8 @@ class ControlAPI:
         if region:
             ram = host_memory()
             if ram is not None and region > ram:
-                raise BadValue(f"--shm {format_size(region)} is more than this host's memory "
-                               f"({format_size(ram)}): a shared-memory region is host RAM, "
+                raise BadValue(f"--region {format_size(region)} is more than this host's memory "
+                               f"({format_size(ram)}): a region is host RAM, "
                                "in /dev/shm")
 
     def read_inventory(self):
@@ -215,10 +226,10 @@ class ControlAPI:
 
     def attach(self, vm: str, mem, compute=None, gpu=None, cid: int | None = None,
                placement: str | None = None, count: int = 1, add: bool = False,
-               shm=None, allow_time_shared: bool = False, connect: str | None = None, *,
-               _inventory=None) -> dict:
+               region=None, allow_time_shared: bool = False, connect: str | None = None,
+               shm=None, *, _inventory=None) -> dict:
         """Reserve ``count`` vGPUs for ``vm`` (with ``add``, besides those it has), each
-        with a shared-memory region of ``shm`` (a size; none by default); a libvirt
+        with a region of ``region`` (a size; none by default); a libvirt
         domain also gets a vsock device (hot-plugged, live and in its config, when
         missing and no hybrid-vsock listener is bound to it), an ivshmem-plain device per
         region (likewise, bound or not) and its vGPUs in its metadata. Every step is
@@ -228,7 +239,9 @@ class ControlAPI:
         ``cid`` (a VM libvirt does not manage) must be a guest's CID that no other VM
         has: neither another slice nor a running libvirt domain. A compute share that
         MPS will not enforce is refused unless ``allow_time_shared``; then the result
-        carries the "warning" said."""
+        carries the "warning" said. ``shm`` is ``region``'s name in earlier versions'
+        clients."""
+        region = _renamed(region, shm)
         self._check_connect(connect)
         if cid is not None:
             check_cid(cid)
@@ -243,7 +256,7 @@ class ControlAPI:
                            f"CID), or bind a socket to it (--listen unix:///PATH={vm})")
         size = parse_mem(mem)
         share = parse_share(compute) if compute not in (None, "") else 0
-        region = parse_shm_size(shm) if shm not in (None, "") else 0
+        region = parse_region_size(region) if region not in (None, "") else 0
         self._check_sizes(size, region, _inventory)
         if share and not self.agent.mps.running:  # refused before anything changes
             self._unenforced(vm, share, [None], allow_time_shared)
@@ -266,9 +279,9 @@ class ControlAPI:
                                      f"{other.vm!r} or give the domain another CID")
             if region:  # a name too long for a file in /dev/shm: refused before any change
                 last = len(self.slices.of_vm(vm)) + count - 1 if add else count - 1
-                shm_name(VgpuKey.of(vm, min(last, MAX_VGPUS - 1)))
+                region_name(VgpuKey.of(vm, min(last, MAX_VGPUS - 1)))
             change = self.slices.attach(vm, size, share, gpu, cid, placement, count, add,
-                                        shm=region)
+                                        region=region)
             new = list(change.added)
             for s in new:  # undone in reverse: the last vGPU first, as detach requires
                 # the registry follows too, whether or not it had seen the vGPU
@@ -338,45 +351,47 @@ class ControlAPI:
         d["vgpus"] = [g.as_dict() for g in gone]
         return d
 
-    def resize(self, vm: str, mem=None, compute=None, device: int = 0, shm=None,
-               allow_time_shared: bool = False, connect: str | None = None, *,
+    def resize(self, vm: str, mem=None, compute=None, device: int = 0, region=None,
+               allow_time_shared: bool = False, connect: str | None = None, shm=None, *,
                _inventory=None) -> dict:
-        """New limits for one vGPU. Its shared-memory region (``shm``) changes only while
+        """New limits for one vGPU. Its region (``region``) changes only while
         its guest cannot use it: a libvirt domain that is shut off (in its config), a
         VM of another kind with no CUDA connection open. A compute share that MPS will
-        not enforce is refused unless ``allow_time_shared`` (see attach)."""
+        not enforce is refused unless ``allow_time_shared`` (see attach). ``shm``: as
+        attach's."""
+        region = _renamed(region, shm)
         self._check_connect(connect)
         vm = self._resolve(vm)
-        if all(v in (None, "") for v in (mem, compute, shm)):
-            raise HvgpuError("nothing to change: give --mem, --compute and/or --shm")
+        if all(v in (None, "") for v in (mem, compute, region)):
+            raise HvgpuError("nothing to change: give --mem, --compute and/or --region")
         old = self.slices.get(vm, device)
         key = old.key
         size = parse_mem(mem) if mem not in (None, "") else None
         share = parse_share(compute) if compute not in (None, "") else None
-        region = parse_shm_size(shm) if shm not in (None, "") else None
+        region = parse_region_size(region) if region not in (None, "") else None
         self._check_sizes(size, region, _inventory, old.gpu_uuid)
         unenforced = self._unenforced(vm, share, [old.gpu_uuid], allow_time_shared)
         vms = self.agent.vms
         by_libvirt = vms is not None and old.cid is None and vms.knows(vm)
         used, executors = self.agent.slice_usage(key)
         with Transaction() as tx:
-            if region is not None and region != old.shm:
+            if region is not None and region != old.region:
                 if region:
-                    shm_name(key)  # a name too long for a file in /dev/shm is refused
+                    region_name(key)  # a name too long for a file in /dev/shm is refused
                 if by_libvirt:
                     vms.resize_region(old, region, tx)
                 elif any(e.connections for e in executors):
                     raise HvgpuError(
-                        f"cannot change the shared-memory region of {key} while its guest "
+                        f"cannot change the region of {key} while its guest "
                         "has CUDA connections open (the region is mapped on both sides): "
                         "end its CUDA programs, or detach the slice and attach it again with "
-                        "the new --shm")
-            before = (old.mem, old.compute, old.shm)
+                        "the new --region")
+            before = (old.mem, old.compute, old.region)
             change = self.slices.resize(vm, size, share, in_use=used, device=device,
-                                        shm=region)
+                                        region=region)
             s = change.now[0] if change.now else old
             tx.on_undo(lambda: self.agent.apply(self.slices.resize(
-                vm, *before[:2], device=device, shm=before[2])), "slice record")
+                vm, *before[:2], device=device, region=before[2])), "slice record")
             if by_libvirt:
                 vms.record(self.slices.of_vm(vm), tx)
         pending = key in self.agent.apply(change)

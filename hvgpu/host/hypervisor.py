@@ -1,4 +1,4 @@
-"""libvirt: find VMs, give them a vsock device and shared-memory devices, keep their
+"""libvirt: find VMs, give them a vsock device and region devices, keep their
 slice on the domain, report lifecycle events and a lost connection.
 
 The only module in hvgpu that imports libvirt or holds a libvirt object (a test
@@ -27,7 +27,7 @@ from typing import Callable
 from hvgpu.errors import HvgpuError
 from hvgpu.host.names import MAX_VGPUS
 from hvgpu.host.render import NAMESPACE, PREFIX, shmem_xml, slice_metadata_xml, vsock_xml
-from hvgpu.units import BadValue, check_shm_size, format_size
+from hvgpu.units import BadValue, check_region_size, format_size
 
 try:
     import libvirt
@@ -124,7 +124,11 @@ class DomainSlice:
     mem: int
     compute: int
     device: int = 0
-    shm: int = 0  # bytes; metadata without it (written before it existed) reads as 0
+    region: int = 0  # bytes; metadata without it (written before it existed) reads as 0
+
+
+# The element that metadata written before the region had its name carries it in.
+OLD_REGION = "shm"
 
 
 def _recorded(vm: str, element, device: int) -> DomainSlice:
@@ -133,12 +137,13 @@ def _recorded(vm: str, element, device: int) -> DomainSlice:
     d = DomainSlice(vm=vm, gpu_uuid=gpu.get("uuid"), gpu_index=int(gpu.get("index")),
                     mem=int(element.findtext("memory")),
                     compute=int(element.findtext("compute") or 0), device=device,
-                    shm=int(element.findtext("shm") or 0))
+                    region=int(element.findtext("region") or element.findtext(OLD_REGION)
+                               or 0))
     if not d.gpu_uuid or d.gpu_index < 0 or d.mem <= 0 or not 0 <= d.compute <= 100 \
             or not 0 <= d.device < MAX_VGPUS:
         raise ValueError(f"out of range: {d}")
     try:
-        check_shm_size(d.shm)
+        check_region_size(d.region)
     except BadValue as exc:
         raise ValueError(str(exc)) from None
     return d
@@ -184,7 +189,7 @@ def _translated(doing: str, vm: str = ""):
 
 
 class Domain:
-    """One libvirt domain as hvgpu uses it: its identity, its vsock and shared-memory
+    """One libvirt domain as hvgpu uses it: its identity, its vsock and region
     devices, and the slice recorded in its metadata.
 
     Every method raises hvgpu errors only. A domain looked up before the hypervisor
@@ -295,7 +300,7 @@ class Domain:
         log.info("%s: vsock device removed", self.name)
         return True
 
-    # -- shared-memory devices ---------------------------------------------------------
+    # -- region devices ---------------------------------------------------------
 
     def _shmem_nodes(self, name: str) -> dict[Scope, ET.Element]:
         """The domain's <shmem name=NAME> element by where it is."""
@@ -332,9 +337,9 @@ class Domain:
             if _shmem_size(node) != size:
                 have = _shmem_size(node)
                 raise ShmemMismatch(
-                    f"{self.name} already has the shared-memory device {name} of "
+                    f"{self.name} already has the region device {name} of "
                     f"{format_size(have)}, not {format_size(size)}, and ivshmem cannot be "
-                    f"resized: give --shm {format_size(have).replace(' ', '')}, or remove the "
+                    f"resized: give --region {format_size(have).replace(' ', '')}, or remove the "
                     f"device from the domain first (virsh edit {self.name})")
         scope = self._scope()
         for there in nodes:  # add it only where it is missing
@@ -347,7 +352,7 @@ class Domain:
             if scope & Scope.LIVE and not _lost(exc) and exc.get_error_code() not in (
                     libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_OPERATION_UNSUPPORTED):
                 raise ShmemHotPlugFailed(
-                    f"hot-plugging the shared-memory device {name} into the running domain "
+                    f"hot-plugging the region device {name} into the running domain "
                     f"{self.name} failed: {exc.get_error_message() or exc} (libvirt error "
                     f"{exc.get_error_code()}). The usual cause: ivshmem-plain is a "
                     "conventional PCI device, which a running q35 guest takes only in a free "
@@ -355,10 +360,10 @@ class Domain:
                     f"one to a running domain. Shut the guest down (virsh shutdown "
                     f"{self.name}) and attach again: libvirt then adds the bridge to its "
                     "config and the device comes with its next start; or attach without "
-                    "--shm (copies then go through the socket)") from None
-            raise translate(exc, f"adding the shared-memory device {name} to {self.name}",
+                    "--region (copies then go through the socket)") from None
+            raise translate(exc, f"adding the region device {name} to {self.name}",
                             self.name) from None
-        log.info("%s: shared-memory device %s (%s) added", self.name, name, format_size(size))
+        log.info("%s: region device %s (%s) added", self.name, name, format_size(size))
         return scope
 
     def unplug_shmem(self, name: str, only: Scope | None = None) -> Scope:
@@ -368,21 +373,21 @@ class Domain:
         for scope, node in sorted(self._shmem_nodes(name).items()):
             if only is not None and not scope & only:
                 continue
-            with _translated(f"removing the shared-memory device {name} from {self.name}",
+            with _translated(f"removing the region device {name} from {self.name}",
                              self.name):
                 self._dom.detachDeviceFlags(ET.tostring(node, encoding="unicode"),
                                             _affect(scope))
             removed |= scope
         if removed:
-            log.info("%s: shared-memory device %s removed", self.name, name)
+            log.info("%s: region device %s removed", self.name, name)
         return removed
 
     # -- slice metadata ---------------------------------------------------------------
 
     def write_slice(self, gpu_uuid: str, gpu_index: int, mem: int, compute: int,
-                    more: list[dict] = (), shm: int = 0) -> None:
+                    more: list[dict] = (), region: int = 0) -> None:
         """The VM's vGPU 0, and its others in ``more`` (see render.slice_metadata_xml)."""
-        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute, more, shm)
+        xml = slice_metadata_xml(gpu_uuid, gpu_index, mem, compute, more, region)
         scope = self._scope()
         with self._edge("writing the slice into the metadata of"):
             self._dom.setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, xml, PREFIX, NAMESPACE,

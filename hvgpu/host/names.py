@@ -1,5 +1,5 @@
 """VM names and vGPU keys: what a VM may be called, how one vGPU is named, and the
-name of a vGPU's shared-memory region.
+name of a vGPU's region.
 
 A VM name reaches the host from the operator (attach, detach, resize), from
 the agent's command line (``--listen ADDR=VM``), from libvirt and from the
@@ -7,7 +7,7 @@ state file; every one of those entry points checks it here, by the rules
 below, so that no name can stand for another VM or for another VM's vGPU.
 A vGPU is keyed by a typed pair (VM, device), never by a joined string.
 
-A vGPU's shared-memory region is the file ``/dev/shm/hvgpu-VM`` (device 0) or
+A vGPU's region is the file ``/dev/shm/hvgpu-VM`` (device 0) or
 ``/dev/shm/hvgpu-VM#N`` (device N): '#' cannot be in a VM name, so no two
 vGPUs of any VMs share a file (a '-' would let VM 'a-1' and vGPU 1 of VM 'a'
 meet), and '/' cannot be either, so the name never leaves /dev/shm.
@@ -32,8 +32,8 @@ from hvgpu.virtio import protocol as P
 
 MAX_VGPUS = P.MAX_VGPUS  # per VM: the guest reaches vGPU N at the data lane's port + N
 MAX_NAME_BYTES = 255  # libvirt keeps a domain name in a path component
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "hvgpu-"
+REGION_DIR = "/dev/shm"
+REGION_PREFIX = "hvgpu-"
 # '#' separates a VM from its vGPU number in bindings and in what people read
 # ("vm1#1"); '/' would make a name a path (libvirt refuses it for that reason).
 _RESERVED = {"#": "it separates a VM from its vGPU number (VM#N)",
@@ -116,17 +116,17 @@ class VgpuKey(NamedTuple):
         return self.vm if self.device == 0 else f"{self.vm}#{self.device}"
 
 
-def shm_name(key: VgpuKey) -> str:
-    """The name of the vGPU's shared-memory region: libvirt's ``<shmem name=...>``, and
+def region_name(key: VgpuKey) -> str:
+    """The name of the vGPU's region: libvirt's ``<shmem name=...>``, and
     the file QEMU backs it with in /dev/shm. ``hvgpu-VM`` for device 0, ``hvgpu-VM#N``
     for device N; BadVmName when that would be longer than a file name may be."""
     key = VgpuKey.of(key.vm, key.device)  # the rules above: no '/', no control characters
-    name = SHM_PREFIX + str(key)
+    name = REGION_PREFIX + str(key)
     size = len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         longest = MAX_NAME_BYTES - len(name.encode("utf-8")) + len(key.vm.encode("utf-8"))
-        raise BadVmName(f"VM name {key.vm[:40]!r}... is too long for a shared-memory region: "
-                        f"its file name {SHM_PREFIX}VM{'' if not key.device else '#N'} would "
+        raise BadVmName(f"VM name {key.vm[:40]!r}... is too long for a region: "
+                        f"its file name {REGION_PREFIX}VM{'' if not key.device else '#N'} would "
                         f"be {size} bytes, more than a file name may have "
                         f"({MAX_NAME_BYTES}); such a VM's name has at most {longest} bytes")
     return name
@@ -145,6 +145,6 @@ def cache_dir_name(vm: str) -> str:
     return _HASHED + hashlib.sha256(vm.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def shm_path(key: VgpuKey) -> str:
-    """The file in /dev/shm that backs the vGPU's shared-memory region."""
-    return f"{SHM_DIR}/{shm_name(key)}"
+def region_path(key: VgpuKey) -> str:
+    """The file in /dev/shm that backs the vGPU's region."""
+    return f"{REGION_DIR}/{region_name(key)}"

@@ -1,8 +1,8 @@
-"""The agent's side of a VM's shared-memory region: finding and opening its file.
+"""The agent's side of a VM's region: finding and opening its file.
 
-A libvirt VM with ``hvgpu attach --shm`` has an ivshmem-plain device whose memory
-QEMU keeps in ``/dev/shm/hvgpu-VM`` (names.shm_name) (``<shmem name='hvgpu-VM'>``). Executors open
-no host file, so the agent opens it for the executor of that VM's slice and
+A libvirt VM with ``hvgpu attach --region`` has an ivshmem-plain device whose memory
+QEMU keeps in ``/dev/shm/hvgpu-VM`` (names.region_name) (``<shmem name='hvgpu-VM'>``).
+Executors open no host file, so the agent opens it for the executor of that VM's slice and
 passes the descriptor over the executor lane. Only the file the slice names is
 opened, never through a link, and only when it is a regular file of exactly the
 slice's size (what QEMU made for the device).
@@ -16,26 +16,26 @@ import os
 import stat
 
 from hvgpu.errors import CudaError
-from hvgpu.host.names import VgpuKey, shm_name
+from hvgpu.host.names import VgpuKey, region_name
 from hvgpu.virtio import protocol as P
 
 
-def open_region(shm_dir: str, key: VgpuKey, slice_,
+def open_region(region_dir: str, key: VgpuKey, slice_,
                 owners: frozenset[int] = frozenset()) -> tuple[int, int]:
     """(fd, size) of the VM's region file; CudaError saying why not. Its owner must be
     root, this process's user or one of ``owners`` (libvirt's QEMU user): /dev/shm is
     world-writable, and a file another user made there first would be shared with
     that user."""
-    limit = getattr(slice_, "shm", 0) if slice_ is not None else 0
+    limit = getattr(slice_, "region", 0) if slice_ is not None else 0
     if not limit:
         raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
-                        f"the slice {str(key)!r} has no shared memory (hvgpu attach --shm)")
-    name = shm_name(key)
-    path = os.path.join(shm_dir, name)
+                        f"the slice {str(key)!r} has no region (hvgpu attach --region)")
+    name = region_name(key)
+    path = os.path.join(region_dir, name)
     try:
-        dirfd = os.open(shm_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        dirfd = os.open(region_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{shm_dir}: {exc.strerror}") from None
+        raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"{region_dir}: {exc.strerror}") from None
     try:
         fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                      dir_fd=dirfd)
@@ -56,7 +56,7 @@ def open_region(shm_dir: str, key: VgpuKey, slice_,
                             "remove it and restart the VM")
         if st.st_size != limit:
             raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
-                            f"{path} holds {st.st_size} bytes, the slice's shared memory is "
+                            f"{path} holds {st.st_size} bytes, the slice's region is "
                             f"{limit}: the VM runs with an older device (restart it)")
     except BaseException:
         os.close(fd)

@@ -48,14 +48,14 @@ def shmem_xml(name: str, size_mib: int) -> str:
 
 
 def slice_metadata_xml(gpu_uuid: str, gpu_index: int, mem: int, compute: int,
-                       more: list[dict] = (), shm: int = 0) -> str:
+                       more: list[dict] = (), region: int = 0) -> str:
     """A VM's vGPU 0 at the top (what the first release wrote and reads), the others in
-    ``more`` (dicts: device, gpu_uuid, gpu_index, mem, compute, and shm if any) as <vgpu>
-    elements. A shared-memory size (``shm``, bytes) is written only when there is a
+    ``more`` (dicts: device, gpu_uuid, gpu_index, mem, compute, and region if any) as <vgpu>
+    elements. A region size (``region``, bytes) is written only when there is a
     region, so a slice without one reads as before."""
     return render("libvirt/slice-metadata.xml.j2", namespace=NAMESPACE, gpu_uuid=gpu_uuid,
-                  gpu_index=gpu_index, mem=mem, compute=compute, shm=shm,
-                  more=[{"shm": 0, **v} for v in more])
+                  gpu_index=gpu_index, mem=mem, compute=compute, region=region,
+                  more=[{"region": 0, **v} for v in more])
 
 
 def domain_xml(name: str, memory: int, vcpus: int, disk: str, *, disk_format: str = "qcow2",

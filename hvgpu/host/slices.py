@@ -21,7 +21,7 @@ from hvgpu.errors import HvgpuError
 from hvgpu.host.inventory import Gpu
 from hvgpu.host.names import MAX_VGPUS, VgpuKey, check_device, check_vm_name
 from hvgpu.host.state import MAX_CID, Slice, StateStore
-from hvgpu.units import check_shm_size, format_size
+from hvgpu.units import check_region_size, format_size
 
 
 class SliceError(HvgpuError):
@@ -165,15 +165,15 @@ class SliceManager:
 
     def attach(self, vm: str, mem: int, compute: int = 0, gpu: str | int | None = None,
                cid: int | None = None, placement: str | None = None, count: int = 1,
-               add: bool = False, shm: int = 0) -> StoreChange:
+               add: bool = False, region: int = 0) -> StoreChange:
         """``count`` new vGPUs for ``vm``, each with ``mem``, ``compute`` and a
-        shared-memory region of ``shm`` bytes (0: none); with ``add``, after the ones it
+        region of ``region`` bytes (0: none); with ``add``, after the ones it
         has. Unless ``gpu`` names one, each goes to a GPU this VM does not use yet. All
         are placed, or none.
 
         The region is host RAM, not GPU memory: its size, set here, is its limit, and
         is not counted against the GPU."""
-        check_shm_size(shm)
+        check_region_size(region)
         self.guard()
         mine = self.of_vm(vm)  # checks the name
         if mine and not add:
@@ -197,7 +197,7 @@ class SliceManager:
         for device in range(len(mine), len(mine) + count):
             room = self._place(mem, compute, gpu, policy, mine + new, count)
             new.append(Slice(vm=vm, gpu_uuid=room.gpu.uuid, gpu_index=room.gpu.index,
-                             mem=mem, compute=compute, cid=cid, device=device, shm=shm))
+                             mem=mem, compute=compute, cid=cid, device=device, region=region))
         new = self.store.put(*new)
         for s in new:
             self._slices[s.key] = s
@@ -207,7 +207,7 @@ class SliceManager:
         """Take a vGPU recorded elsewhere (a domain's metadata) as it is."""
         self.guard()
         VgpuKey.of(s.vm, s.device)
-        check_shm_size(s.shm)
+        check_region_size(s.region)
         before = self._slices.get(s.key)
         (s,) = self.store.put(s)
         self._slices[s.key] = s
@@ -252,12 +252,12 @@ class SliceManager:
         return _choose(fits, mem, placement)
 
     def resize(self, vm: str, mem: int | None = None, compute: int | None = None,
-               in_use: int = 0, device: int = 0, shm: int | None = None) -> StoreChange:
-        """New limits for one vGPU (None: unchanged). Whether its shared-memory region
+               in_use: int = 0, device: int = 0, region: int | None = None) -> StoreChange:
+        """New limits for one vGPU (None: unchanged). Whether its region
         may change now is the caller's question (a running VM's cannot)."""
         self.guard()
-        if shm is not None:
-            check_shm_size(shm)
+        if region is not None:
+            check_region_size(region)
         s = self.get(vm, device)
         name = vm if len(self.of_vm(vm)) == 1 else f"vGPU {device} of {vm!r}"
         new_mem = s.mem if mem is None else mem
@@ -273,7 +273,7 @@ class SliceManager:
                          + (f", {new_compute}% compute" if new_compute else "")
                          + f": {room.describe()} besides this slice")
         after = replace(s, mem=new_mem, compute=new_compute,
-                        shm=s.shm if shm is None else shm)
+                        region=s.region if region is None else region)
         if after == s:
             return NOTHING
         (after,) = self.store.put(after)  # stored first: a failure leaves s as it was

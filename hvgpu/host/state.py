@@ -9,7 +9,7 @@ database that is missing, emptied or older than that copy is detected at
 open and restored from it, and the restoration is reported.
 
 Rows are checked when loaded (VM name, device, sizes, shares, CID, a CRC of
-the row's values; the shared-memory size is 0 in rows written before it
+the row's values; the region size is 0 in rows written before it
 existed): a bad row is reported with its VM in ``problems`` and left out, and
 the file is kept as it is. A database that cannot be read is
 reported in one line with its path and left untouched for the operator;
@@ -32,7 +32,7 @@ from pathlib import Path
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.names import MAX_VGPUS, BadVmName, VgpuKey, check_vm_name
-from hvgpu.units import BadValue, check_shm_size
+from hvgpu.units import BadValue, check_region_size
 
 # One row per vGPU: a VM's devices are numbered 0..N-1, as the guest sees them.
 SCHEMA = """
@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS vgpus (
     cid INTEGER,
     created REAL NOT NULL,
     updated REAL NOT NULL,
-    shm INTEGER NOT NULL DEFAULT 0,
+    region INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (vm, device)
 );
 CREATE TABLE IF NOT EXISTS sums (
@@ -66,10 +66,13 @@ INSERT INTO vgpus (vm, device, gpu_uuid, gpu_index, mem, compute, cid, created, 
 SELECT vm, 0, gpu_uuid, gpu_index, mem, compute, cid, created, updated FROM slices;
 DROP TABLE slices;
 """
-# Tables written before the shared-memory lane lack shm: it is added, 0 for every row.
-_MIGRATE_SHM = "ALTER TABLE vgpus ADD COLUMN shm INTEGER NOT NULL DEFAULT 0"
+# Tables written before the region lane lack region: it is added, 0 for every row.
+_MIGRATE_REGION = "ALTER TABLE vgpus ADD COLUMN region INTEGER NOT NULL DEFAULT 0"
+# Tables written before region had its name call the column shm: renamed in place.
+OLD_REGION = "shm"
+_RENAME_REGION = f"ALTER TABLE vgpus RENAME COLUMN {OLD_REGION} TO region"
 _COLUMNS = ("vm", "gpu_uuid", "gpu_index", "mem", "compute", "cid", "created", "updated",
-            "device", "shm")
+            "device", "region")
 _SELECT = ", ".join(_COLUMNS)
 _VALUES = ",".join("?" * len(_COLUMNS))
 MAX_CID = 2 ** 32 - 2  # VMADDR_CID_ANY (2^32-1) is no guest's
@@ -130,7 +133,7 @@ class Slice:
     created: float = 0.0
     updated: float = 0.0
     device: int = 0  # the guest's device number for it
-    shm: int = 0  # bytes of its shared-memory region; 0: none
+    region: int = 0  # bytes of its region; 0: none
 
     @property
     def key(self) -> VgpuKey:
@@ -146,7 +149,7 @@ def _is_int(v) -> bool:
 
 def check_row(row: tuple) -> Slice:
     """A stored row as a Slice, or ValueError saying what is wrong with it."""
-    vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device, shm = row
+    vm, gpu_uuid, gpu_index, mem, compute, cid, created, updated, device, region = row
     try:
         check_vm_name(vm)
     except BadVmName as exc:
@@ -158,9 +161,9 @@ def check_row(row: tuple) -> Slice:
     if not _is_int(compute) or not 0 <= compute <= 100:
         raise ValueError(f"compute share {compute!r} is not a percentage 0..100")
     try:
-        check_shm_size(shm)
+        check_region_size(region)
     except BadValue as exc:
-        raise ValueError(f"shared memory {exc}") from None
+        raise ValueError(f"region {exc}") from None
     if cid is not None and (not _is_int(cid) or not 3 <= cid <= MAX_CID):
         raise ValueError(f"CID {cid!r} is not a guest CID (3..{MAX_CID})")
     if not isinstance(gpu_uuid, str) or not gpu_uuid or len(gpu_uuid) > 128 \
@@ -172,12 +175,12 @@ def check_row(row: tuple) -> Slice:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ValueError(f"time stamp {v!r} is not a number")
     return Slice(vm, gpu_uuid, gpu_index, mem, compute, cid, float(created), float(updated),
-                 device, shm)
+                 device, region)
 
 
 def row_crc(row: tuple) -> int:
-    # A row without a shared-memory region sums as rows did before shm existed, so the
-    # sums of rows written then still hold.
+    # A row without a region sums as rows did before regions existed, so the
+    # sums of rows written then still hold (values only: the column's name is in no sum).
     values = list(row[:9]) if row[9] == 0 else list(row)
     return zlib.crc32(json.dumps(values).encode())
 
@@ -312,9 +315,11 @@ class StateStore:
                f"{copy['generation']}): it lost changes")
         rows, sums = [], []
         for r in copy["vgpus"]:
-            if not isinstance(r, dict) or any(c not in r for c in _COLUMNS if c != "shm"):
+            if not isinstance(r, dict) or any(c not in r for c in _COLUMNS if c != "region"):
                 continue
-            rows.append(tuple(r.get(c, 0) if c == "shm" else r[c] for c in _COLUMNS))
+            # a copy written before region had its name says shm; older ones neither
+            region = r.get("region", r.get(OLD_REGION, 0))
+            rows.append(tuple(region if c == "region" else r[c] for c in _COLUMNS))
             if r.get("crc") is not None:
                 sums.append((r["vm"], r["device"], r["crc"]))
         with self.db:
@@ -339,8 +344,10 @@ class StateStore:
         if old:  # one transaction: either both steps happen or neither
             self.db.executescript("BEGIN;" + _MIGRATE_V1 + "COMMIT;")
         columns = [r[1] for r in self.db.execute("PRAGMA table_info(vgpus)").fetchall()]
-        if "shm" not in columns:
-            self.db.execute(_MIGRATE_SHM)
+        if OLD_REGION in columns and "region" not in columns:
+            self.db.execute(_RENAME_REGION)
+        elif "region" not in columns:
+            self.db.execute(_MIGRATE_REGION)
 
     def _generation(self) -> int:
         row = self.db.execute("SELECT value FROM meta WHERE key = 'generation'").fetchone()
@@ -387,7 +394,7 @@ class StateStore:
             s = replace(s, updated=now, created=float(s.created or now))
             stamped.append(s)
             row = (s.vm, s.gpu_uuid, s.gpu_index, s.mem, s.compute, s.cid, s.created,
-                   s.updated, s.device, s.shm)
+                   s.updated, s.device, s.region)
             try:  # what could not be loaded back is never stored
                 check_row(row)
             except ValueError as exc:

@@ -46,7 +46,7 @@ class Supervisor:
 
     def start_whole(self, fd: int, peer: str) -> Executor:
         proc = self._start(fd, ["--fd", str(fd), "--peer", peer, "--gpu", str(self.config.gpu),
-                                "--shm", str(self.config.local_shm)], {})
+                                "--region", str(self.config.local_region)], {})
         ex = self.whole[proc.pid] = Executor(proc, peer, time.monotonic())
         return ex
 
@@ -63,7 +63,8 @@ class Supervisor:
         try:
             proc = self._start(theirs.fileno(), [
                 "--control-fd", str(theirs.fileno()), "--vm", key.vm, "--vgpu", str(key.device),
-                "--compute", str(s.compute), "--shm", str(s.shm), "--gpu", "0"], env, vm=key.vm)
+                "--compute", str(s.compute), "--region", str(s.region), "--gpu", "0"],
+                env, vm=key.vm)
         except BaseException:
             ours.close()
             raise

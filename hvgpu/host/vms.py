@@ -3,7 +3,7 @@ and ``hypervisor``.
 
 Finds which VM a vsock CID belongs to (libvirt assigns automatic CIDs at each
 start, so this is looked up, never stored), plugs the vsock device, a
-shared-memory device per vGPU that has a region, and writes the slice into the
+region device per vGPU that has a region, and writes the slice into the
 domain when a slice is attached, and reconciles the agent's state with the
 domains' metadata at start and after a lost connection to libvirt is regained.
 
@@ -28,7 +28,7 @@ from typing import Callable
 
 from hvgpu.errors import HvgpuError
 from hvgpu.host.hypervisor import Domain, Hypervisor, NoSuchVm, Scope
-from hvgpu.host.names import BadDevice, BadVmName, VgpuKey, shm_name, shm_path
+from hvgpu.host.names import BadDevice, BadVmName, VgpuKey, region_name, region_path
 from hvgpu.host.slices import SliceManager, StoreChange
 from hvgpu.host.state import Slice
 from hvgpu.host.transaction import Transaction
@@ -49,7 +49,7 @@ class Reconciled:
     changes: list[StoreChange] = field(default_factory=list)
 
 
-_COMPARED = ("gpu_uuid", "gpu_index", "mem", "compute", "shm")
+_COMPARED = ("gpu_uuid", "gpu_index", "mem", "compute", "region")
 
 
 def _differences(mine: list[Slice], recorded: list) -> list[str]:
@@ -132,28 +132,28 @@ class VmDirectory:
             tx.on_undo(dom.unplug_vsock, "vsock hot-plug")
         return dom.name, hybrid
 
-    # -- shared-memory regions --------------------------------------------------------
+    # -- regions --------------------------------------------------------
 
     def plug_regions(self, vgpus: list[Slice], tx: Transaction) -> None:
         """Give each vGPU that has a region its ivshmem-plain device, live when the domain
         runs and in its config; each undone in reverse if a later step fails."""
         for s in vgpus:
-            if not s.shm:
+            if not s.region:
                 continue
             dom = self.hv.domain(s.vm)
-            name = shm_name(s.key)
+            name = region_name(s.key)
             if dom.shmem_size(name, live=True) is None:
                 self._remove_region_file(s.key, stale=True)  # no QEMU of this domain maps it
-            added = dom.plug_shmem(name, s.shm)
+            added = dom.plug_shmem(name, s.region)
             if added:
                 tx.on_undo(lambda d=dom, k=s.key, a=added: self._unplug(d, k, a),
-                           f"shared-memory device {name}")
+                           f"region device {name}")
 
     def unplug_regions(self, vgpus: list[Slice]) -> None:
         """Remove the devices of these vGPUs' regions (live and from the config) and their
         files. A retry after a failure goes on where it stopped."""
         for s in sorted(vgpus, key=lambda s: -s.device):
-            if not s.shm:
+            if not s.region:
                 continue
             try:
                 dom = self.hv.domain(s.vm)
@@ -161,26 +161,26 @@ class VmDirectory:
                 continue
             self._unplug(dom, s.key)
 
-    def resize_region(self, s: Slice, shm: int, tx: Transaction) -> None:
-        """Give the vGPU's region ``shm`` bytes (0: none) in the domain's config. ivshmem
+    def resize_region(self, s: Slice, region: int, tx: Transaction) -> None:
+        """Give the vGPU's region ``region`` bytes (0: none) in the domain's config. ivshmem
         cannot be resized live, so a running domain is refused with what to do instead."""
         dom = self.hv.domain(s.vm)
         if dom.is_active():
             raise RegionBusy(
-                f"cannot change the shared-memory region of {s.key} while {dom.name} runs: "
+                f"cannot change the region of {s.key} while {dom.name} runs: "
                 "an ivshmem device cannot be resized live. Stop the guest (virsh shutdown "
                 f"{dom.name}) and resize again, or detach the slice and attach it again "
-                "with the new --shm")
-        name, old = shm_name(s.key), s.shm
+                "with the new --region")
+        name, old = region_name(s.key), s.region
         if old:
             if self._unplug(dom, s.key):
                 tx.on_undo(lambda: dom.plug_shmem(name, old),
-                           f"shared-memory device {name}")
-        if shm:
-            self.plug_regions([Slice(**{**s.as_dict(), "shm": shm})], tx)
+                           f"region device {name}")
+        if region:
+            self.plug_regions([Slice(**{**s.as_dict(), "region": region})], tx)
 
     def _unplug(self, dom: Domain, key: VgpuKey, only: Scope | None = None) -> Scope:
-        removed = dom.unplug_shmem(shm_name(key), only)
+        removed = dom.unplug_shmem(region_name(key), only)
         # Also while QEMU still maps it (a guest releases a device at its own pace): the
         # mapping outlives the name, and the RAM is freed when QEMU lets go of it.
         self._remove_region_file(key)
@@ -192,19 +192,19 @@ class VmDirectory:
         one that cannot be removed stops the attach."""
         if not self.hv.is_local():
             return
-        path = shm_path(key)
+        path = region_path(key)
         try:
             os.unlink(path)  # never follows a link: a link planted there goes, not its target
         except FileNotFoundError:
             return
         except OSError as exc:
             if not stale:
-                log.warning("%s: cannot remove the shared-memory file %s: %s", key, path, exc)
+                log.warning("%s: cannot remove the region file %s: %s", key, path, exc)
                 return
             raise HvgpuError(f"{path} is left from an earlier run of {key.vm} and cannot be "
                              f"removed ({os.strerror(exc.errno or errno.EIO)}); QEMU would map "
                              "it as it is: remove it (as root), then attach again") from None
-        log.info("%s: shared-memory file %s removed", key, path)
+        log.info("%s: region file %s removed", key, path)
 
     # -- slice metadata ---------------------------------------------------------------
 
@@ -215,8 +215,8 @@ class VmDirectory:
         before = dom.read_vgpus() if tx is not None else []
         dom.write_slice(first.gpu_uuid, first.gpu_index, first.mem, first.compute,
                         [dict(device=s.device, gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index,
-                              mem=s.mem, compute=s.compute, shm=s.shm) for s in more],
-                        shm=first.shm)
+                              mem=s.mem, compute=s.compute, region=s.region) for s in more],
+                        region=first.region)
         if tx is not None:
             tx.on_undo(lambda: self._restore(dom, before), "slice metadata")
 
@@ -227,7 +227,7 @@ class VmDirectory:
             return
         first, *more = before
         dom.write_slice(first.gpu_uuid, first.gpu_index, first.mem, first.compute,
-                        [vars(d) for d in more], shm=first.shm)
+                        [vars(d) for d in more], region=first.region)
 
     def forget(self, vm: str, unplug: bool) -> None:
         try:
@@ -283,7 +283,7 @@ class VmDirectory:
                 for d in ds:
                     changes.append(slices.adopt(Slice(
                         vm=vm, gpu_uuid=d.gpu_uuid, gpu_index=d.gpu_index, mem=d.mem,
-                        compute=d.compute, device=d.device, shm=d.shm)))
+                        compute=d.compute, device=d.device, region=d.region)))
                 said.append(f"{vm}: slice restored from the domain's metadata"
                             + (f" ({len(ds)} vGPUs)" if len(ds) > 1 else ""))
         for vm, mine in known.items():

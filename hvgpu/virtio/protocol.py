@@ -51,8 +51,8 @@ FLAG_OUTPUT = 0x08
 CAP_NVRTC = 1 << 0  # the agent compiles CUDA C++ source (MODULE_COMPILE)
 CAP_PARAM_INFO = 1 << 1  # FUNC_GET_PARAM_INFO is served from cuFuncGetParamInfo
 CAP_PROGRESS = 1 << 2  # the guest accepts FLAG_PROGRESS frames (and the agent sends them)
-CAP_SHM_MEMFD = 1 << 3  # SHM_ATTACH of a memfd passed with the frame (unix sockets)
-CAP_SHM_DEVICE = 1 << 4  # the VM has a shared-memory device (ivshmem) to SHM_ATTACH
+CAP_REGION_MEMFD = 1 << 3  # REGION_ATTACH of a memfd passed with the frame (unix sockets)
+CAP_REGION_DEVICE = 1 << 4  # the VM has a region device (ivshmem) to REGION_ATTACH
 # The guest only looks (the NVML library, hvgpu-guest smi): its connection is not one of
 # the vGPU's processes in VGPU_PROCESSES. The agent echoes it.
 CAP_MONITOR = 1 << 5
@@ -300,29 +300,29 @@ OPS: tuple[Op, ...] = (
        doc="cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number."),
     Op(0x76, "MEM_POOL_GET_ATTRIBUTE", SYNC, _f("u64 pool, i32 attrib"), _f("u64 value")),
     Op(0x77, "MEM_POOL_TRIM_TO", SYNC, _f("u64 pool, u64 keep"), doc="cuMemPoolTrimTo."),
-    # The shared-memory lane (hvgpu/virtio/region.py): bulk bytes in a region both
+    # The region lane (hvgpu/virtio/region.py): bulk bytes in a region both
     # sides map, named by (region, offset). A region is this connection's memfd, or
     # the VM's device region, of which a connection copies only what it allocated.
-    # SHM_ATTACH/DETACH/ALLOC/FREE are no synchronising points: an earlier one-way op's
+    # REGION_ATTACH/DETACH/ALLOC/FREE are no synchronising points: an earlier one-way op's
     # error is kept for the next other synchronous op, and they are done regardless.
-    Op(0x90, "SHM_ATTACH", SYNC, _f("u32 kind, u32 flags, u64 size"),
+    Op(0x90, "REGION_ATTACH", SYNC, _f("u32 kind, u32 flags, u64 size"),
        _f("u32 region, u32 device, u64 size, bytes token"),
        doc="kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against "
            "shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose "
            "header the executor writes with the token and vGPU device number it replies "
            "(size 0: all of it). "
            "The region is registered with the driver (DMA) and counts against the "
-           "VM's shared-memory limit."),
-    Op(0x91, "SHM_DETACH", SYNC, _f("u32 region"),
+           "VM's region limit."),
+    Op(0x91, "REGION_DETACH", SYNC, _f("u32 region"),
        doc="Waits for the connection's work, then unregisters and unmaps the region."),
-    Op(0x92, "SHM_ALLOC", SYNC, _f("u32 region, u32 reserved, u64 size"), _f("u64 offset"),
+    Op(0x92, "REGION_ALLOC", SYNC, _f("u32 region, u32 reserved, u64 size"), _f("u64 offset"),
        doc="Room in a region (page-aligned) for this connection: its pinned host memory."),
-    Op(0x93, "SHM_FREE", SYNC, _f("u32 region, u32 reserved, u64 offset"),
-       doc="Gives back an SHM_ALLOC after the connection's work on it is done."),
-    Op(0x94, "MEMCPY_HTOD_SHM", ONEWAY,
+    Op(0x93, "REGION_FREE", SYNC, _f("u32 region, u32 reserved, u64 offset"),
+       doc="Gives back an REGION_ALLOC after the connection's work on it is done."),
+    Op(0x94, "MEMCPY_HTOD_REGION", ONEWAY,
        _f("u64 dst, u32 region, u32 reserved, u64 offset, u64 size, u64 stream"),
        doc="cuMemcpyHtoDAsync from the region: ordered on the stream, DMA."),
-    Op(0x95, "MEMCPY_DTOH_SHM", ONEWAY,
+    Op(0x95, "MEMCPY_DTOH_REGION", ONEWAY,
        _f("u32 region, u32 reserved, u64 offset, u64 src, u64 size, u64 stream"),
        doc="cuMemcpyDtoHAsync into the region: the bytes are there once a later "
            "synchronising op on the stream (or the context) has answered."),

@@ -1,4 +1,4 @@
-"""The shared-memory region's layout: the header both sides find at its start.
+"""The region's layout: the header both sides find at its start.
 
 A region is memory the guest and its executor both map: in a libvirt VM an
 ``ivshmem-plain`` device (``<shmem name='hvgpu-VM'>``, backed by
@@ -8,7 +8,7 @@ carrying bytes on the socket.
 
 The executor writes the header when a guest attaches the VM's device region; the
 guest finds, among the ivshmem devices it sees, the one whose header carries the
-token the executor handed back in SHM_ATTACH's reply. The header is advisory: the
+token the executor handed back in REGION_ATTACH's reply. The header is advisory: the
 guest can overwrite it, and the executor never reads anything back from a region
 but the bytes of a copy. Data starts at :data:`DATA_OFFSET`.
 
@@ -35,7 +35,7 @@ HEADER_FIELDS = (("magic", "u8", len(MAGIC)), ("version", "u32", 1),
 HEADER = struct.Struct("<" + "".join(f"{count}s" if count > 1 else P.SCALARS[typ]
                                      for _, typ, count in HEADER_FIELDS))
 
-# SHM_ATTACH kinds
+# REGION_ATTACH kinds
 KIND_MEMFD = 1  # a sealed memfd the guest passes with the frame (unix sockets only)
 KIND_DEVICE = 2  # the VM's ivshmem region, which the agent opens on the host
 

@@ -2,7 +2,7 @@
 
 A guest speaks the data lane through the ``libcuda.so.1`` shim (C) or through
 ``hvgpu.guest`` (Python); both coalesce one-way frames, give up on a silent
-agent, stage large copies through a shared region and copy on a few threads the
+agent, stage large copies through a region and copy on a few threads the
 same way, and read the same environment variables. They take those numbers from
 here: Python imports them, and the C header (``python -m hvgpu.virtio.cgen``)
 carries each name in :data:`C_CONSTANTS` as ``HVGPU_<name>``.
@@ -28,7 +28,7 @@ assert MIN_TIMEOUT > P.PROGRESS_EVERY
 
 BATCH_BYTES = 64 << 10  # coalesced one-way frames leave once this much has gathered
 
-# Staged copies through a shared region (the shared-memory lane).
+# Staged copies through a region (the region lane).
 STAGE_MIN = 1 << 20  # pageable copies from this size are staged; smaller go on the socket
 STAGE_CHUNK = 8 << 20  # a staged copy moves this much per slot
 STAGE_SLOTS = 2  # slots a staged copy alternates between

@@ -1,5 +1,5 @@
 """A sysfs tree of regular files standing in for a VM's PCI devices, for the guest's
-shared-memory lookup (the C client's region.c) and hvgpu-guest install.
+region device lookup (the C client's region.c) and hvgpu-guest install.
 
 Laid out as the kernel lays it out: the device's directory under
 ``devices/pci0000:00/``, a symlink to it in ``bus/pci/devices/``, ``vendor`` and

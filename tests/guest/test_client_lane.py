@@ -1,8 +1,8 @@
-"""The guest Python API over the shared-memory lane (a memfd on a unix socket),
+"""The guest Python API over the region lane (a memfd on a unix socket),
 end to end through an agent with the GPU test double: pinned memory, copies that
 name offsets, pageable copies staged in pipelined chunks, and the socket where no
-region is offered. The lane is the C client library's (shim/shared.c, the code
-the libcuda shim runs; tests/guest/test_shim_shared.py tests it under the shim):
+region is offered. The lane is the C client library's (shim/region_lane.c, the code
+the libcuda shim runs; tests/guest/test_shim_region_lane.py tests it under the shim):
 these check what the Python API's user sees of it."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hvgpu.virtio.tuning import STAGE_CHUNK, STAGE_MIN
 from tests.fake_gpu import FakeDevice
 
 MiB = 1 << 20
-COPIES = ("MEMCPY_HTOD", "MEMCPY_DTOH", "MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM",
+COPIES = ("MEMCPY_HTOD", "MEMCPY_DTOH", "MEMCPY_HTOD_REGION", "MEMCPY_DTOH_REGION",
           "STREAM_SYNCHRONIZE")
 
 
@@ -49,7 +49,7 @@ class Sent:
 
 
 def test_pinned_memory_copies_name_offsets_both_ways(dev, monkeypatch):
-    assert dev.conn.caps & P.CAP_SHM_MEMFD
+    assert dev.conn.caps & P.CAP_REGION_MEMFD
     pinned = dev.pinned(3 * MiB + 5)
     host = np.frombuffer(pinned.view, dtype=np.uint8)
     host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
@@ -59,8 +59,8 @@ def test_pinned_memory_copies_name_offsets_both_ways(dev, monkeypatch):
     buf.copy_from(host)
     buf.copy_to(back.view)
     assert bytes(back.view) == bytes(pinned.view)
-    assert sent.ops() == ["MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM", "STREAM_SYNCHRONIZE"]
-    assert sent.count("MEMCPY_HTOD_SHM") == 1 == sent.count("MEMCPY_DTOH_SHM")
+    assert sent.ops() == ["MEMCPY_HTOD_REGION", "MEMCPY_DTOH_REGION", "STREAM_SYNCHRONIZE"]
+    assert sent.count("MEMCPY_HTOD_REGION") == 1 == sent.count("MEMCPY_DTOH_REGION")
     # a slice of pinned memory is pinned memory too
     buf.copy_to(back.view[4096:8192], offset=100)
     assert bytes(back.view[4096:8192]) == bytes(pinned.view[100:4196])
@@ -78,7 +78,7 @@ def test_large_pageable_copies_are_staged_in_chunks(dev, size):
     back = buf.copy_to()
     assert bytes(back) == data
     chunks = -(-size // STAGE_CHUNK)
-    assert sent.count("MEMCPY_HTOD_SHM") == chunks == sent.count("MEMCPY_DTOH_SHM")
+    assert sent.count("MEMCPY_HTOD_REGION") == chunks == sent.count("MEMCPY_DTOH_REGION")
     assert "MEMCPY_HTOD" not in sent.ops() and "MEMCPY_DTOH" not in sent.ops()
 
 
@@ -166,7 +166,8 @@ class _Served:
 
     def _serve(self, device, relayed):
         sock, _ = self.listener.accept()
-        session = Session(sock, device, peer="guest", shared=regions.Shared(64 * MiB))
+        session = Session(sock, device, peer="guest",
+                          executor_regions=regions.ExecutorRegions(64 * MiB))
         if relayed:
             session.reader.fds = []
         session.serve()
@@ -241,11 +242,11 @@ def test_a_guest_that_cannot_pass_descriptors_does_not_ask_for_memfd_regions(tmp
     served = _Served(tmp_path, FakeDevice(), relayed=True)
     dev = Device(connection=served.conn)
     try:
-        assert not dev.conn.caps & P.CAP_SHM_MEMFD
+        assert not dev.conn.caps & P.CAP_REGION_MEMFD
         with pytest.raises(CudaError) as info:
             dev.pinned(MiB)
         assert info.value.status == P.CUDA_ERROR_NOT_SUPPORTED
-        assert "no pinned memory without a shared-memory region" in str(info.value)
+        assert "no pinned memory without a region" in str(info.value)
         assert dev.conn.lane()[0] == "none"
         buf = dev.allocate(2 * MiB)
         buf.copy_from(b"t" * (2 * MiB))

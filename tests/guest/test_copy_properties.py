@@ -30,7 +30,7 @@ from hvgpu.guest import Device
 from hvgpu.guest.client import Connection
 from hvgpu.guest.shim import library
 from tests.conftest import FAKE_DEVICE, RunningAgent
-from tests.guest.test_shim_shared import DeviceRegionHost
+from tests.guest.test_shim_region_lane import DeviceRegionHost
 
 HERE = Path(__file__).parent
 NVCC = toolkit.nvcc()
@@ -106,7 +106,7 @@ class Lanes:
 
     def __init__(self, tmp, finder):
         self.region = RunningAgent(tmp / "region", FAKE_DEVICE)
-        self.socket = RunningAgent(tmp / "socket", FAKE_DEVICE, local_shm=0)
+        self.socket = RunningAgent(tmp / "socket", FAKE_DEVICE, local_region=0)
         self.vm = DeviceRegionHost(tmp / "vm")
         self.finder = finder
 
@@ -133,7 +133,7 @@ def lanes(tmp_path_factory, programs):
 
 
 # Graph captures need pinned memory the executor can reach: a region. Without one the
-# shim refuses copies of guest memory into a capture (README: graphs and --shm).
+# shim refuses copies of guest memory into a capture (README: graphs and --region).
 KINDS = {"region": ("pageable", "pinned", "graph"), "vm device": ("pageable", "pinned", "graph"),
          "socket": ("pageable", "pinned")}
 PROPERTY = settings(max_examples=6, deadline=None, derandomize=True, database=None,

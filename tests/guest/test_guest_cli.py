@@ -13,7 +13,7 @@ import venv
 import pytest
 
 from hvgpu import __version__
-from hvgpu.guest.cli import main, shm_text
+from hvgpu.guest.cli import main, region_text
 from hvgpu.guest.client import Connection
 from hvgpu.virtio.tuning import ENV_SYSFS_ROOT
 from tests.conftest import FAKE_DEVICE, REPO, RunningAgent
@@ -39,21 +39,21 @@ def test_info_lists_the_vgpu_as_the_slice(agent, capsys):
     assert d["gpus"][0]["memory_total"] == 256 << 20 and d["gpus"][0]["compute_share"] == 25
 
 
-def test_info_says_whether_a_shared_memory_device_is_there_and_mappable(agent, tmp_path,
+def test_info_says_whether_a_region_device_is_there_and_mappable(agent, tmp_path,
                                                                       monkeypatch, capsys):
     monkeypatch.setenv(ENV_SYSFS_ROOT, str(tmp_path))
     assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
-    assert "shared memory: no device in this VM" in capsys.readouterr().out
+    assert "region: no device in this VM" in capsys.readouterr().out
     bar = add_device(tmp_path, "0000:00:03.0", size=16 * MiB)
     os.chmod(bar, 0o666)  # mappable by anyone, root or not
     assert main(["--agent", agent.vm_address("vm1"), "info"]) == 0
     out = capsys.readouterr().out
-    assert "shared memory: device 0000:00:03.0, 16 MiB, readable and writable by this user" in out
+    assert "region: device 0000:00:03.0, 16 MiB, readable and writable by this user" in out
     assert main(["--agent", agent.vm_address("vm1"), "info", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["shm"] == [
+    assert json.loads(capsys.readouterr().out)["region"] == [
         {"address": "0000:00:03.0", "resource": str(bar), "size": 16 << 20, "accessible": True}]
     # As a user outside the device's group sees it:
-    line, = shm_text([{"address": "0000:00:03.0", "resource": str(bar), "size": 16 << 20,
+    line, = region_text([{"address": "0000:00:03.0", "resource": str(bar), "size": 16 << 20,
                        "accessible": False}])
     assert f"not accessible to this user ({bar}: as root, `hvgpu-guest install`, " \
            "then join group hvgpu)" in line

@@ -1,5 +1,5 @@
 """``hvgpu-guest install``: the udev rule that gives group hvgpu the VM's
-shared-memory device, installed into a temporary root, and what it does to the
+region device, installed into a temporary root, and what it does to the
 devices already there (a fake sysfs tree, tests/guest/fake_sysfs.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hvgpu.virtio import region as layout
 from hvgpu.virtio.tuning import ENV_SYSFS_ROOT
 from tests.guest.fake_sysfs import MiB, add_device, as_user
 
-PACKAGED = Path(guest_install.__file__).parent / "data" / "70-hvgpu-shm.rules"
+PACKAGED = Path(guest_install.__file__).parent / "data" / "70-hvgpu-region.rules"
 
 
 def rule_line() -> str:
@@ -64,6 +64,16 @@ def test_install_into_another_root_writes_the_rule_and_nothing_else(tmp_path, ca
     assert f"wrote {written}" in out and "left as they are" in out, out
     assert [p.name for p in written.parent.iterdir()] == [written.name]  # no temporary left
     assert os.path.exists(RULE) == before
+
+
+def test_install_replaces_the_rule_an_earlier_version_installed(tmp_path, capsys):
+    # earlier versions installed the same rule as 70-hvgpu-shm.rules: one rule is left
+    earlier = tmp_path / guest_install.EARLIER_RULE.lstrip("/")
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("# the rule as an earlier version installed it\n")
+    assert main(["install", "--root", str(tmp_path)]) == 0
+    assert f"removed {earlier}" in capsys.readouterr().out
+    assert [p.name for p in earlier.parent.iterdir()] == [Path(RULE).name]
 
 
 def test_grant_gives_the_group_every_ivshmem_device_and_no_other(tmp_path):

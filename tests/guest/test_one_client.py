@@ -1,5 +1,5 @@
 """The guest has one client of the data lane: the C library (hvgpu/guest/shim/wire.c,
-shared.c, region.c, pcopy.c) that the libcuda shim and the Python API both run
+region_lane.c, region.c, pcopy.c) that the libcuda shim and the Python API both run
 (docs/design/guest-client.md). No module of the Python package frames, sends or maps
 anything itself, so a second implementation cannot grow back beside it."""
 

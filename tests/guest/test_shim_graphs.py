@@ -23,7 +23,7 @@ from bench import toolkit
 from hvgpu.guest.shim import library
 from tests.conftest import RunningAgent
 from tests.guest.test_shim_cache import shim_stats
-from tests.guest.test_shim_shared import _run
+from tests.guest.test_shim_region_lane import _run
 
 HERE = Path(__file__).parent
 NVCC = toolkit.nvcc()
@@ -72,7 +72,7 @@ def test_a_captured_graph_replays_with_new_pinned_input_each_time(programs, cuda
     assert stats["GRAPH_INSTANTIATE"] == (6, 0)  # two for each graph cut in two parts
     # pinned in/out, and a room of the region for each pageable copy in a graph (one in
     # the capture made of it alone, three in the split one), given back with its graph
-    assert stats["SHM_ATTACH"] == (6, 0) and stats["SHM_DETACH"] == (6, 0)
+    assert stats["REGION_ATTACH"] == (6, 0) and stats["REGION_DETACH"] == (6, 0)
     # the two built graphs and the host node's, whose two parts are built again from it
     assert stats["GRAPH_CREATE"] == (5, 0)
     assert stats["GRAPH_ADD_MEMCPY_NODE"] == (10, 0) and stats["GRAPH_ADD_MEMSET_NODE"] == (6, 0)
@@ -80,7 +80,7 @@ def test_a_captured_graph_replays_with_new_pinned_input_each_time(programs, cuda
     assert stats["GRAPH_ADD_DEPENDENCIES"] == (2, 0) and stats["GRAPH_EXEC_UPDATE"] == (1, 0)
     # every copy in a graph named offsets in the region: pinned memory, or a pageable
     # copy's room
-    assert stats["MEMCPY_HTOD_SHM"] == (0, 3) and stats["MEMCPY_DTOH_SHM"] == (0, 4)
+    assert stats["MEMCPY_HTOD_REGION"] == (0, 3) and stats["MEMCPY_DTOH_REGION"] == (0, 4)
     assert "MEMCPY_HTOD" not in stats and "MEMCPY_DTOH" not in stats
 
 
@@ -111,20 +111,20 @@ def test_graphs_print_the_same_natively_and_through_the_shim(programs, cudart, g
 
 
 def _graphs_on_a_slice(tmp_path, program, mode, device, gpus, base_env):
-    """Runs the program on vm1's 2 GiB slice, with its shared-memory device (a file
+    """Runs the program on vm1's 2 GiB slice, with its region device (a file
     standing for QEMU's, found through a sysfs as in a guest); returns its output once
     nothing is charged to the slice any more."""
-    from hvgpu.host.names import VgpuKey, shm_name
+    from hvgpu.host.names import VgpuKey, region_name
     from tests.guest.fake_sysfs import add_device
 
-    shm_dir = tmp_path / "shm"
-    shm_dir.mkdir()
+    region_dir = tmp_path / "region"
+    region_dir.mkdir()
     kw = {"gpus": gpus} if gpus else {}
     agent = RunningAgent(tmp_path, device, slices=True, vms=("vm1",), **kw)
     try:
-        agent.agent.config.shm_dir = str(shm_dir)
-        agent.api.attach("vm1", "512M", "100%", shm="256M", allow_time_shared=True)
-        region = shm_dir / shm_name(VgpuKey("vm1", 0))
+        agent.agent.config.region_dir = str(region_dir)
+        agent.api.attach("vm1", "512M", "100%", region="256M", allow_time_shared=True)
+        region = region_dir / region_name(VgpuKey("vm1", 0))
         with open(region, "wb") as f:  # as QEMU makes it for the device
             f.truncate(256 << 20)
         bar = add_device(tmp_path / "sysfs", "0000:00:06.0", size=256 << 20)

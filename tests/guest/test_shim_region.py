@@ -1,4 +1,4 @@
-"""The shim's own lookup of the VM's shared-memory device (hvgpu/guest/shim/region.c)
+"""The shim's own lookup of the VM's region device (hvgpu/guest/shim/region.c)
 finds, in headers that hvgpu/virtio/region.py packs (the Python API uses the same code):
 the C layout and the Python one are the same."""
 

@@ -54,8 +54,10 @@ def captured(monkeypatch):
 def test_every_option_of_the_agent_is_a_key_of_the_example():
     keys = set(tomllib.loads(example_uncommented()))
     options = {agent_config.key_of(p) for p in agent_command.params
-               if isinstance(p, click.Option) and p.name not in agent_config.NOT_KEYS}
+               if isinstance(p, click.Option) and p.name not in agent_config.NOT_KEYS
+               and not p.hidden}
     assert options and options <= keys
+    assert "local-shm" not in keys  # an earlier name is read, not shown
     assert {"connect", "control"} <= keys  # `hvgpu`'s own options the agent uses
 
 
@@ -64,7 +66,7 @@ def test_every_key_of_the_example_is_accepted(tmp_path):
     path = tmp_path / "agent.toml"
     path.write_text(example_uncommented())
     checked = agent_config.check(ctx, str(path), tomllib.loads(path.read_text()))
-    assert set(checked) == set(agent_config.settable(ctx))
+    assert set(checked) == set(agent_config.settable(ctx)) - {"local-shm"}
 
 
 def test_the_file_sets_the_agent_and_the_command_line_wins(tmp_path, captured):
@@ -82,6 +84,21 @@ def test_the_file_sets_the_agent_and_the_command_line_wins(tmp_path, captured):
                                "--vsock-port", "7000"], toml, tmp_path)
     assert (config.placement, config.vsock_port, config.connect) == \
         ("pack", 7000, "qemu:///session")
+
+
+def test_a_file_written_for_an_earlier_version_keeps_its_local_shm(tmp_path, captured):
+    # local-shm is what local-region was called before regions had one name
+    result, config = captured(["agent", "--no-vsock"], 'local-shm = "2G"\n', tmp_path)
+    assert config is not None, result.output
+    assert config.local_region == 2 << 30
+    result, config = captured(["agent", "--no-vsock", "--local-region", "512M"],
+                              'local-shm = "2G"\n', tmp_path)
+    assert config.local_region == 512 << 20  # the command line still wins
+    result, config = captured(["agent", "--no-vsock", "--local-shm", "0"], None, tmp_path)
+    assert config.local_region == 0
+    result, config = captured(["agent", "--no-vsock", "--local-shm", "1G", "--local-region",
+                               "2G"], None, tmp_path)
+    assert result.exit_code == 2 and "disagree" in result.output
 
 
 @pytest.mark.parametrize("toml, said", [

@@ -91,23 +91,23 @@ def test_domain_xml_with_a_vhost_user_vsock_backend():
     assert out.exit_code == 2 and "not an absolute path" in out.output
 
 
-def test_domain_xml_with_a_shared_memory_device():
+def test_domain_xml_with_a_region_device():
     from tests.host.test_render import GOLDEN
 
     out = CliRunner().invoke(cli, ["domain-xml", "vm4", "--memory", "8G", "--vcpus", "4",
-                                   "--disk", "/var/lib/libvirt/images/vm4.qcow2", "--shm", "1G"])
+                                   "--disk", "/var/lib/libvirt/images/vm4.qcow2", "--region", "1G"])
     assert out.exit_code == 0, out.output
-    assert out.output == (GOLDEN / "domain-vm4-shm.xml").read_text()
-    out = CliRunner().invoke(cli, ["domain-xml", "vm4", "--disk", "/x", "--shm", "3G"])
+    assert out.output == (GOLDEN / "domain-vm4-region.xml").read_text()
+    out = CliRunner().invoke(cli, ["domain-xml", "vm4", "--disk", "/x", "--region", "3G"])
     assert out.exit_code == 1
-    assert "'3G' (3 GiB) is not a size for a shared-memory region" in out.output
+    assert "'3G' (3 GiB) is not a size for a region" in out.output
     assert "a power of two from 1 MiB to 1 TiB (1M, 2M, 4M, ... 512M, 1G, 2G, ...)" in out.output
 
 
-def test_shm_says_what_the_region_is_for():
+def test_region_says_what_it_is_for():
     for command in ("attach", "resize", "domain-xml"):
         out = CliRunner().invoke(cli, [command, "--help"])
-        assert "--shm SIZE" in out.output, command
+        assert "--region SIZE" in out.output, command
     text = " ".join(CliRunner().invoke(cli, ["attach", "--help"]).output.split())
     assert "pinned host memory (cudaMallocHost) and their copy staging" in text
     assert "copies through it are DMA" in text and "power of two" in text
@@ -115,9 +115,9 @@ def test_shm_says_what_the_region_is_for():
     assert "cannot be resized live" in text
 
 
-def test_agent_local_shm_takes_a_size_or_zero():
-    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--local-shm", "3X"])
-    assert result.exit_code == 2 and "--local-shm" in result.output, result.output
+def test_agent_local_region_takes_a_size_or_zero():
+    result = CliRunner().invoke(cli, ["agent", "--no-vsock", "--local-region", "3X"])
+    assert result.exit_code == 2 and "--local-region" in result.output, result.output
     assert "memfds" in CliRunner().invoke(cli, ["agent", "--help"]).output
 
 
@@ -136,7 +136,7 @@ from tests.conftest import FAKE_DEVICE, RunningAgent  # noqa: E402
     (["--mem", "4G", "--cid", "-3"], "-3 is not a guest's CID"),
     (["--mem", "4G", "--cid", "2"], "2 is not a guest's CID"),  # the host
     (["--mem", "4G", "--cid", "4294967296"], "4294967296 is not a guest's CID"),
-    (["--mem", "4G", "--shm", "4"], "'4' has no unit"),
+    (["--mem", "4G", "--region", "4"], "'4' has no unit"),
 ])
 def test_attach_refuses_unitless_sizes_bare_shares_and_cids_no_guest_has(tmp_path, args, said):
     result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), "attach", "vm1",
@@ -152,7 +152,7 @@ def test_attach_refuses_unitless_sizes_bare_shares_and_cids_no_guest_has(tmp_pat
         assert "3 to 4294967294" in result.output
 
 
-@pytest.mark.parametrize("args", [["--mem", "4"], ["--compute", "1"], ["--shm", "4"]])
+@pytest.mark.parametrize("args", [["--mem", "4"], ["--compute", "1"], ["--region", "4"]])
 def test_resize_refuses_them_too(tmp_path, args):
     result = CliRunner().invoke(cli, ["--control", str(tmp_path / "none.sock"), "resize", "vm1",
                                       *args])
@@ -470,21 +470,54 @@ def test_a_quota_larger_than_any_gpu_is_refused_naming_the_largest(agent):
     assert agent.api.list()[0]["mem"] == 64 << 20
 
 
-def test_a_shared_memory_region_larger_than_the_host_is_refused(agent, monkeypatch):
+def test_a_region_larger_than_the_host_is_refused(agent, monkeypatch):
     from hvgpu.host import control_api
 
     monkeypatch.setattr(control_api, "host_memory", lambda: 23 << 30)
     runner = CliRunner()
     base = ["--control", agent.control]
-    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "1T"])
+    result = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--region", "1T"])
     assert result.exit_code == 1
-    assert ("--shm 1 TiB is more than this host's memory (23 GiB): a shared-memory region is "
+    assert ("--region 1 TiB is more than this host's memory (23 GiB): a region is "
             "host RAM") in result.output
     assert agent.api.list() == []
-    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "16G"]
+    assert runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--region", "16G"]
                          ).exit_code == 0
-    result = runner.invoke(cli, base + ["resize", "vm1", "--shm", "32G"])
+    result = runner.invoke(cli, base + ["resize", "vm1", "--region", "32G"])
     assert result.exit_code == 1 and "more than this host's memory (23 GiB)" in result.output
+
+
+def test_shm_the_earlier_name_of_region_still_works_and_is_not_shown(agent):
+    from tests.host.test_render import GOLDEN
+
+    runner = CliRunner()
+    base = ["--control", agent.control]
+    out = runner.invoke(cli, base + ["attach", "vm1", "--mem", "64M", "--shm", "16M"])
+    assert out.exit_code == 0, out.output
+    assert agent.api.list()[0]["region"] == 16 << 20
+    assert runner.invoke(cli, base + ["resize", "vm1", "--shm", "32M"]).exit_code == 0
+    assert agent.api.list()[0]["region"] == 32 << 20
+    out = runner.invoke(cli, base + ["resize", "vm1", "--shm", "3M"])
+    assert out.exit_code == 2 and "not a size for a region" in out.output  # checked alike
+    out = runner.invoke(cli, base + ["resize", "vm1", "--shm", "1M", "--region", "2M"])
+    assert out.exit_code == 2 and "disagree" in out.output
+    assert agent.api.list()[0]["region"] == 32 << 20
+    out = runner.invoke(cli, ["domain-xml", "vm4", "--memory", "8G", "--vcpus", "4", "--disk",
+                              "/var/lib/libvirt/images/vm4.qcow2", "--shm", "1G"])
+    assert out.output == (GOLDEN / "domain-vm4-region.xml").read_text()
+    for command in ("attach", "resize", "domain-xml"):
+        assert "--shm" not in runner.invoke(cli, [command, "--help"]).output, command
+    assert "--local-shm" not in runner.invoke(cli, ["agent", "--help"]).output
+
+
+def test_the_control_api_takes_shm_from_an_earlier_versions_client(agent):
+    from hvgpu.units import BadValue
+
+    # an earlier CLI sends the region's size as shm: the same call, the same slice
+    assert agent.api.attach("vm1", "64M", shm="16M")["region"] == 16 << 20
+    assert agent.api.resize("vm1", shm="32M")["region"] == 32 << 20
+    with pytest.raises(BadValue, match="disagree"):
+        agent.api.resize("vm1", region="1M", shm="2M")
 
 
 # -- one word for each thing ------------------------------------------------------------

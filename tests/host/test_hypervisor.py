@@ -114,40 +114,58 @@ def test_lifecycle_events_arrive(h):
 SHMEM = "<shmem name='{name}'><model type='ivshmem-plain'/><size unit='M'>{mib}</size></shmem>"
 
 
-def test_shared_memory_size_round_trips_through_the_metadata_and_is_0_without_it(h):
+def test_region_size_round_trips_through_the_metadata_and_is_0_without_it(h):
     dom = h.define(DOMAIN.format(name="hv-s", devices=""))
     dom.write_slice("GPU-abc", 0, 4 << 30, 25,
                     [dict(device=1, gpu_uuid="GPU-def", gpu_index=1, mem=2 << 30, compute=50,
-                          shm=2 << 20)], shm=1 << 30)
-    assert [(d.device, d.shm) for d in dom.read_vgpus()] == [(0, 1 << 30), (1, 2 << 20)]
+                          region=2 << 20)], region=1 << 30)
+    assert [(d.device, d.region) for d in dom.read_vgpus()] == [(0, 1 << 30), (1, 2 << 20)]
     dom.write_slice("GPU-abc", 0, 4 << 30, 25)  # as a release without regions wrote it
-    assert "shm" not in raw().lookupByName("hv-s").metadata(
+    assert "region" not in raw().lookupByName("hv-s").metadata(
         libvirt.VIR_DOMAIN_METADATA_ELEMENT, hv.NAMESPACE, 0)
-    assert dom.read_slice().shm == 0
+    assert dom.read_slice().region == 0
 
 
-def test_metadata_with_a_shared_memory_size_hvgpu_never_writes_is_ignored(h):
+def test_metadata_written_by_an_earlier_version_keeps_its_regions(h):
+    # golden/slice-metadata-earlier-shm.xml is what the version before regions had one
+    # name wrote: the region's element was <shm>
+    from pathlib import Path
+
+    earlier = (Path(__file__).parent / "golden" / "slice-metadata-earlier-shm.xml").read_text()
+    dom = h.define(DOMAIN.format(name="hv-w", devices=""))
+    raw().lookupByName("hv-w").setMetadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, earlier,
+                                           hv.PREFIX, hv.NAMESPACE, 0)
+    assert [(d.device, d.mem, d.region) for d in dom.read_vgpus()] == [
+        (0, 4 << 30, 1 << 30), (1, 2 << 30, 1 << 30), (2, 2 << 30, 0)]
+    dom.write_slice("GPU-abc", 0, 4 << 30, 25, region=1 << 30)  # written back: <region>
+    xml = raw().lookupByName("hv-w").metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                                              hv.NAMESPACE, 0)
+    assert "region" in xml and "shm" not in xml
+    assert dom.read_slice().region == 1 << 30
+
+
+def test_metadata_with_a_region_size_hvgpu_never_writes_is_ignored(h):
     dom = h.define(DOMAIN.format(name="hv-t", devices=""))
     from hvgpu.host.render import slice_metadata_xml
 
     raw().lookupByName("hv-t").setMetadata(
         libvirt.VIR_DOMAIN_METADATA_ELEMENT,
-        slice_metadata_xml("GPU-abc", 0, 4 << 30, 25, shm=3 << 20), hv.PREFIX, hv.NAMESPACE, 0)
+        slice_metadata_xml("GPU-abc", 0, 4 << 30, 25, region=3 << 20), hv.PREFIX, hv.NAMESPACE, 0)
     assert dom.read_vgpus() == []  # 3 MiB is no ivshmem size: not hvgpu's, left alone
 
 
-def test_a_shared_memory_device_already_there_is_reused_and_one_of_another_size_refused(h):
+def test_a_region_device_already_there_is_reused_and_one_of_another_size_refused(h):
     dom = h.define(DOMAIN.format(name="hv-u", devices=SHMEM.format(name="hvgpu-hv-u", mib=4)))
     assert dom.shmem_size("hvgpu-hv-u") == 4 << 20 and dom.shmem_size("other") is None
     assert dom.plug_shmem("hvgpu-hv-u", 4 << 20) == Scope(0)  # nothing to add or undo
-    with pytest.raises(hv.ShmemMismatch, match=r"already has the shared-memory device "
-                       r"hvgpu-hv-u of 4 MiB, not 8 MiB.*give --shm 4MiB"):
+    with pytest.raises(hv.ShmemMismatch, match=r"already has the region device "
+                       r"hvgpu-hv-u of 4 MiB, not 8 MiB.*give --region 4MiB"):
         dom.plug_shmem("hvgpu-hv-u", 8 << 20)
 
 
-def test_adding_a_shared_memory_device_is_translated_when_the_driver_cannot(h):
+def test_adding_a_region_device_is_translated_when_the_driver_cannot(h):
     dom = h.define(DOMAIN.format(name="hv-v", devices=""))
-    with pytest.raises(NotSupported, match="adding the shared-memory device hvgpu-hv-v .*"
+    with pytest.raises(NotSupported, match="adding the region device hvgpu-hv-v .*"
                        "cannot do that"):
         dom.plug_shmem("hvgpu-hv-v", 1 << 20)
     assert dom.unplug_shmem("hvgpu-hv-v") == Scope(0)  # none there: nothing to remove

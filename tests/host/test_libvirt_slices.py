@@ -270,11 +270,11 @@ def shmem_domain(name, mib=4):
     return WITH_VSOCK_AND_SHMEM.format(name=name, cid=next(_cids), mib=mib)
 
 
-def test_a_shared_memory_device_that_cannot_be_added_undoes_the_attach(agent):
+def test_a_region_device_that_cannot_be_added_undoes_the_attach(agent):
     dom = define(agent, vsock_domain("lv-s1"))
-    with pytest.raises(HvgpuError, match="adding the shared-memory device hvgpu-lv-s1 to "
+    with pytest.raises(HvgpuError, match="adding the region device hvgpu-lv-s1 to "
                        "lv-s1: this libvirt driver cannot do that"):
-        agent.api.attach("lv-s1", "64M", shm="4M")
+        agent.api.attach("lv-s1", "64M", region="4M")
     assert agent.api.list() == []
     assert dom.read_slice() is None  # no metadata was left either
 
@@ -286,52 +286,52 @@ def test_the_region_is_recorded_listed_and_kept_while_the_domain_runs(agent):
 
     dom = define(agent, shmem_domain("lv-s2"))  # its device is there: nothing to hot-plug
     out = CliRunner().invoke(cli, ["--control", agent.control, "attach", "lv-s2", "--mem",
-                                   "64M", "--shm", "4M"])
+                                   "64M", "--region", "4M"])
     assert out.exit_code == 0, out.output
-    assert "shared memory 4 MiB" in out.output
+    assert "region 4 MiB" in out.output
     (recorded,) = dom.read_vgpus()
-    assert recorded.shm == 4 << 20
-    assert '<shm unit="bytes">4194304</shm>' in dom.xml().replace("hvgpu:", "")
-    assert agent.api.list()[0]["shm"] == 4 << 20 and agent.api.status()[0]["shm"] == 4 << 20
+    assert recorded.region == 4 << 20
+    assert '<region unit="bytes">4194304</region>' in dom.xml().replace("hvgpu:", "")
+    assert agent.api.list()[0]["region"] == 4 << 20 and agent.api.status()[0]["region"] == 4 << 20
     out = CliRunner().invoke(cli, ["--control", agent.control, "list"])
-    assert "SHM" in out.output and "4 MiB" in out.output
+    assert "REGION" in out.output and "4 MiB" in out.output
     with pytest.raises(HvgpuError) as info:  # ivshmem cannot be resized live
-        agent.api.resize("lv-s2", shm="8M")
+        agent.api.resize("lv-s2", region="8M")
     assert info.value.code == "shm-live"
     assert "while lv-s2 runs" in str(info.value) and "virsh shutdown lv-s2" in str(info.value)
     assert "detach the slice and attach it again" in str(info.value)
-    assert agent.api.list()[0]["shm"] == 4 << 20
-    assert dom.read_slice().shm == 4 << 20
-    assert agent.api.resize("lv-s2", mem="32M", shm="4M")["mem"] == 32 << 20  # unchanged: ok
-    with pytest.raises(HvgpuError, match="removing the shared-memory device hvgpu-lv-s2 from "
+    assert agent.api.list()[0]["region"] == 4 << 20
+    assert dom.read_slice().region == 4 << 20
+    assert agent.api.resize("lv-s2", mem="32M", region="4M")["mem"] == 32 << 20  # unchanged: ok
+    with pytest.raises(HvgpuError, match="removing the region device hvgpu-lv-s2 from "
                        "lv-s2: this libvirt driver cannot do that"):
         agent.api.detach("lv-s2")  # the test driver cannot remove a device
-    assert agent.api.list()[0]["shm"] == 4 << 20  # refused first: nothing was lost
-    assert dom.read_slice().shm == 4 << 20
+    assert agent.api.list()[0]["region"] == 4 << 20  # refused first: nothing was lost
+    assert dom.read_slice().region == 4 << 20
 
 
 def test_the_region_is_restored_from_the_domains_metadata(agent):
     dom = define(agent, shmem_domain("lv-s3", mib=2))
-    agent.api.attach("lv-s3", "64M", shm="2M")
+    agent.api.attach("lv-s3", "64M", region="2M")
     forget(agent, "lv-s3")  # the agent forgets; the domain remembers
     reconcile(agent)
-    assert [(x["vm"], x["shm"]) for x in agent.api.list()] == [("lv-s3", 2 << 20)]
-    assert dom.read_slice().shm == 2 << 20
+    assert [(x["vm"], x["region"]) for x in agent.api.list()] == [("lv-s3", 2 << 20)]
+    assert dom.read_slice().region == 2 << 20
 
 
 def test_a_device_of_another_size_is_refused_before_anything_changes(agent):
     dom = define(agent, shmem_domain("lv-s4", mib=2))
-    with pytest.raises(HvgpuError, match="already has the shared-memory device hvgpu-lv-s4 "
+    with pytest.raises(HvgpuError, match="already has the region device hvgpu-lv-s4 "
                        "of 2 MiB, not 4 MiB"):
-        agent.api.attach("lv-s4", "64M", shm="4M")
+        agent.api.attach("lv-s4", "64M", region="4M")
     assert agent.api.list() == [] and dom.read_slice() is None
 
 
 def test_a_name_too_long_for_the_region_file_is_refused_before_anything_changes(agent):
     name = "lv-" + "x" * 247  # 250 bytes: a domain name, but not after 'hvgpu-'
     dom = define(agent, vsock_domain(name))
-    with pytest.raises(HvgpuError, match="too long for a shared-memory region.*at most 249"):
-        agent.api.attach(name, "64M", shm="1M")
+    with pytest.raises(HvgpuError, match="too long for a region.*at most 249"):
+        agent.api.attach(name, "64M", region="1M")
     assert agent.api.list() == [] and dom.read_slice() is None
     assert agent.api.attach(name, "64M")["vm"] == name  # without a region it is fine
 

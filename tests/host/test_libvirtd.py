@@ -1,4 +1,4 @@
-"""The vsock and shared-memory hot-plug paths against a real libvirtd with QEMU
+"""The vsock and region device hot-plug paths against a real libvirtd with QEMU
 (software emulation).
 
 .ci/run installs and starts libvirtd; elsewhere these tests skip unless
@@ -22,7 +22,7 @@ import pytest
 libvirt = pytest.importorskip("libvirt")
 
 from hvgpu.host import hypervisor  # noqa: E402
-from hvgpu.host.names import VgpuKey, shm_path  # noqa: E402
+from hvgpu.host.names import VgpuKey, region_path  # noqa: E402
 from hvgpu.errors import HvgpuError  # noqa: E402
 from tests.conftest import FAKE_DEVICE, RunningAgent  # noqa: E402
 
@@ -143,29 +143,29 @@ def shmem_of(xml: str) -> list:
              n.findtext("size")) for n in ET.fromstring(xml).findall("./devices/shmem")]
 
 
-def test_attach_shm_puts_shmem_in_a_shut_off_domains_config_and_detach_removes_it(agent):
+def test_attach_region_puts_shmem_in_a_shut_off_domains_config_and_detach_removes_it(agent):
     dom = agent.define(start=False)
     name = dom.name
-    s = agent.api.attach(name, "64M", shm="4M")
-    assert s["shm"] == 4 << 20
+    s = agent.api.attach(name, "64M", region="4M")
+    assert s["region"] == 4 << 20
     xml = inactive_xml(dom)
     assert shmem_of(xml) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     assert "<vsock model='virtio'>" in xml  # beside the vsock device
-    assert dom.read_slice().shm == 4 << 20  # and in the metadata
-    assert agent.api.resize(name, shm="8M")["shm"] == 8 << 20  # shut off: its config changes
+    assert dom.read_slice().region == 4 << 20  # and in the metadata
+    assert agent.api.resize(name, region="8M")["region"] == 8 << 20  # shut off: its config changes
     assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "8")]
-    assert dom.read_slice().shm == 8 << 20
+    assert dom.read_slice().region == 8 << 20
     agent.api.detach(name, unplug=True)
     xml = inactive_xml(dom)
     assert shmem_of(xml) == [] and "<vsock" not in xml and "urn:x-hvgpu:slice:1" not in xml
-    assert not os.path.exists(shm_path(VgpuKey(name)))  # QEMU never ran: no file
+    assert not os.path.exists(region_path(VgpuKey(name)))  # QEMU never ran: no file
 
 
 def test_a_device_that_cannot_be_added_takes_back_the_vsock_device_added_before_it(agent):
     dom = agent.define(start=False, devices="<shmem name='hvgpu-{name}'><model "
                        "type='ivshmem-plain'/><size unit='M'>2</size></shmem>")
     with pytest.raises(hypervisor.ShmemMismatch, match="of 2 MiB, not 4 MiB"):
-        agent.api.attach(dom.name, "64M", shm="4M")
+        agent.api.attach(dom.name, "64M", region="4M")
     xml = inactive_xml(dom)
     assert "<vsock" not in xml  # hot-plugged into the config first, then undone
     assert "urn:x-hvgpu:slice:1" not in xml and agent.api.list() == []
@@ -176,7 +176,7 @@ def test_a_device_that_cannot_be_added_takes_back_the_vsock_device_added_before_
 def hybrid(tmp_path):
     """An agent with a domain bound to a hybrid-vsock listener of its (as a domain with a
     vhost-user vsock has): attach hot-plugs no vsock device into it, which this host could
-    not have (no vhost_vsock), so a running domain takes the shared-memory path alone."""
+    not have (no vhost_vsock), so a running domain takes the region device path alone."""
     name = f"hvgpu-ci-{os.getpid()}-{next(_names)}"
     running = RunningAgent(tmp_path, FAKE_DEVICE, [f"hvsock://{tmp_path}/h.vsock:5170={name}"],
                            slices=True, connect=URI)
@@ -202,25 +202,25 @@ def hybrid(tmp_path):
             pass
     for device in range(2):
         try:
-            os.unlink(shm_path(VgpuKey(name, device)))
+            os.unlink(region_path(VgpuKey(name, device)))
         except FileNotFoundError:
             pass
 
 
 def test_live_hot_plug_of_the_region_into_a_running_hybrid_bound_domain(hybrid):
     dom = hybrid.define(PCI_BRIDGE)
-    name, path = hybrid.name, shm_path(VgpuKey(hybrid.name))
+    name, path = hybrid.name, region_path(VgpuKey(hybrid.name))
     with open(path, "wb") as stale:  # left by an earlier run: QEMU would refuse to grow it
         stale.truncate(1 << 20)
-    s = hybrid.api.attach(name, "64M", shm="4M")
+    s = hybrid.api.attach(name, "64M", region="4M")
     assert "hybrid_vsock" in s and "<vsock" not in dom.xml()
     assert shmem_of(dom.xml()) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     assert shmem_of(inactive_xml(dom)) == [(f"hvgpu-{name}", "ivshmem-plain", "M", "4")]
     st = os.stat(path)  # QEMU made it anew, at the region's size
     assert st.st_size == 4 << 20 and st.st_uid != 0
     with pytest.raises(HvgpuError, match="an ivshmem device cannot be resized live"):
-        hybrid.api.resize(name, shm="8M")
-    assert shmem_of(dom.xml())[0][3] == "4" and hybrid.api.list()[0]["shm"] == 4 << 20
+        hybrid.api.resize(name, region="8M")
+    assert shmem_of(dom.xml())[0][3] == "4" and hybrid.api.list()[0]["region"] == 4 << 20
     # A guest releases an unplugged device itself; this one has no OS to do it, so libvirt
     # waits its 5 s and leaves the device live until then: the config and the file go now.
     hybrid.api.detach(name)
@@ -231,20 +231,20 @@ def test_live_hot_plug_of_the_region_into_a_running_hybrid_bound_domain(hybrid):
 def test_live_hot_plug_without_a_free_pci_slot_is_explained_and_leaves_nothing(hybrid):
     dom = hybrid.define("")  # q35 as libvirt completes it: no conventional PCI slot free
     with pytest.raises(hypervisor.ShmemHotPlugFailed) as info:
-        hybrid.api.attach(hybrid.name, "64M", shm="4M")
+        hybrid.api.attach(hybrid.name, "64M", region="4M")
     text = str(info.value)
-    assert f"hot-plugging the shared-memory device hvgpu-{hybrid.name} into the running " \
+    assert f"hot-plugging the region device hvgpu-{hybrid.name} into the running " \
            f"domain {hybrid.name} failed" in text and "libvirt error" in text
     assert "pcie-to-pci-bridge" in text and f"virsh shutdown {hybrid.name}" in text
     assert hybrid.api.list() == [] and dom.read_slice() is None
     assert shmem_of(dom.xml()) == [] and shmem_of(inactive_xml(dom)) == []
-    assert not os.path.exists(shm_path(VgpuKey(hybrid.name)))
+    assert not os.path.exists(region_path(VgpuKey(hybrid.name)))
 
 
-def test_libvirt_accepts_the_rendered_domain_with_a_shared_memory_device(agent):
+def test_libvirt_accepts_the_rendered_domain_with_a_region_device(agent):
     from hvgpu.host.render import domain_xml
 
-    name = f"hvgpu-ci-{os.getpid()}-shm"
+    name = f"hvgpu-ci-{os.getpid()}-region"
     xml = domain_xml(name, 1 << 30, 1, "/nonexistent/disk.qcow2", domain_type="qemu",
                      cpu_mode="host-model", shmem=(f"hvgpu-{name}", 64))
     dom = agent.agent.vms.hv.define(xml)
@@ -268,17 +268,17 @@ def test_a_region_file_owned_by_qemus_user_is_served_and_one_of_another_user_is_
     assert qemu == pwd.getpwnam("libvirt-qemu").pw_uid
     owners = agent.agent._region_owners()
     assert owners == {qemu}
-    shm_dir = agent.tmp / "shm"
-    shm_dir.mkdir()
-    path = shm_dir / "hvgpu-vm1"
+    region_dir = agent.tmp / "region"
+    region_dir.mkdir()
+    path = region_dir / "hvgpu-vm1"
     path.write_bytes(b"\0" * (1 << 20))
-    slice_ = type("S", (), {"shm": 1 << 20})()
+    slice_ = type("S", (), {"region": 1 << 20})()
     os.chown(path, qemu, 0)
-    fd, _ = open_region(str(shm_dir), VgpuKey("vm1", 0), slice_, owners)
+    fd, _ = open_region(str(region_dir), VgpuKey("vm1", 0), slice_, owners)
     os.close(fd)
     os.chown(path, 65534, 65534)
     with pytest.raises(CudaError, match="another local user"):
-        open_region(str(shm_dir), VgpuKey("vm1", 0), slice_, owners)
+        open_region(str(region_dir), VgpuKey("vm1", 0), slice_, owners)
 
 
 def _drop_this_process_connections() -> int:

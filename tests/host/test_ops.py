@@ -38,7 +38,7 @@ def test_what_takes_device_memory_says_how_it_is_charged():
                                "MIPMAPPED_ARRAY_CREATE")} == {"measured"}
     assert kinds["MEM_CREATE"] == kinds["MEM_ALLOC_ASYNC"] == "books"
     assert {kinds[n] for n in ("MEM_FREE", "MODULE_UNLOAD", "GRAPH_EXEC_DESTROY",
-                               "MEM_RELEASE", "MEM_POOL_DESTROY", "SHM_DETACH", "ARRAY_DESTROY",
+                               "MEM_RELEASE", "MEM_POOL_DESTROY", "REGION_DETACH", "ARRAY_DESTROY",
                                "MIPMAPPED_ARRAY_DESTROY")} == {"releases"}
 
 

@@ -43,20 +43,20 @@ def test_slice_metadata():
     check_golden("slice-metadata.xml", render.slice_metadata_xml("GPU-e711190c", 0, 4 << 30, 25))
 
 
-def test_shared_memory_device():
+def test_region_device():
     check_golden("shmem.xml", render.shmem_xml("hvgpu-vm4", 1024))
     assert "name='hvgpu-a&#39;b&lt;'" in render.shmem_xml("hvgpu-a'b<", 1)
 
 
-def test_slice_metadata_with_shared_memory_and_without_it_as_before():
-    check_golden("slice-metadata-shm.xml", render.slice_metadata_xml(
+def test_slice_metadata_with_region_and_without_it_as_before():
+    check_golden("slice-metadata-region.xml", render.slice_metadata_xml(
         "GPU-e711190c", 0, 4 << 30, 25,
         [dict(device=1, gpu_uuid="GPU-5d1e3b7a", gpu_index=1, mem=2 << 30, compute=50,
-              shm=1 << 30),
+              region=1 << 30),
          dict(device=2, gpu_uuid="GPU-5d1e3b7a", gpu_index=1, mem=2 << 30, compute=0)],
-        shm=1 << 30))
+        region=1 << 30))
     # a slice without a region is written exactly as before the region existed
-    assert render.slice_metadata_xml("GPU-e711190c", 0, 4 << 30, 25, shm=0) == \
+    assert render.slice_metadata_xml("GPU-e711190c", 0, 4 << 30, 25, region=0) == \
         (GOLDEN / "slice-metadata.xml").read_text()
 
 
@@ -93,10 +93,10 @@ def test_domain_whose_vsock_is_served_by_a_vhost_user_backend(tmp_path):
     assert "<vsock" not in xml  # one vsock transport per guest: the vhost-user one
 
 
-def test_domain_with_a_shared_memory_device(tmp_path):
+def test_domain_with_a_region_device(tmp_path):
     xml = render.domain_xml("vm4", 8 << 30, 4, "/var/lib/libvirt/images/vm4.qcow2",
                             shmem=("hvgpu-vm4", 1024))
-    check_golden("domain-vm4-shm.xml", xml)
+    check_golden("domain-vm4-region.xml", xml)
     validate(tmp_path, xml)
     xml = render.domain_xml("vm3", 4 << 30, 2, "/var/lib/libvirt/images/vm3.qcow2",
                             vhost_user_vsock="/run/hvgpu/vm3-vhost.sock",

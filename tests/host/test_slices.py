@@ -199,26 +199,26 @@ def test_an_unknown_placement_is_refused_with_the_choices(tmp_path):
         m.attach("vm1", G, placement="first")
 
 
-def test_a_vgpus_shared_memory_size_is_kept_resized_and_checked(tmp_path):
+def test_a_vgpus_region_size_is_kept_resized_and_checked(tmp_path):
     m = SliceManager(StateStore(tmp_path), gpus(80))
-    a, b = m.attach("vm1", 4 * G, count=2, gpu=0, shm=1 << 30).added
-    assert (a.shm, b.shm) == (1 << 30, 1 << 30)
-    assert m.attach("vm2", G).added[0].shm == 0  # no region unless asked for
-    assert m.resize("vm1", device=1, shm=2 << 20).now[0].shm == 2 << 20
-    assert m.resize("vm1", mem=5 * G).now[0].shm == 1 << 30  # unchanged unless given
+    a, b = m.attach("vm1", 4 * G, count=2, gpu=0, region=1 << 30).added
+    assert (a.region, b.region) == (1 << 30, 1 << 30)
+    assert m.attach("vm2", G).added[0].region == 0  # no region unless asked for
+    assert m.resize("vm1", device=1, region=2 << 20).now[0].region == 2 << 20
+    assert m.resize("vm1", mem=5 * G).now[0].region == 1 << 30  # unchanged unless given
     with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
-        m.attach("vm3", G, shm=3 << 20)
+        m.attach("vm3", G, region=3 << 20)
     with pytest.raises(HvgpuError, match="power of two from 1 MiB"):
-        m.resize("vm1", shm=1 << 19)
-    assert m.of_vm("vm3") == [] and m.get("vm1").shm == 1 << 30
+        m.resize("vm1", region=1 << 19)
+    assert m.of_vm("vm3") == [] and m.get("vm1").region == 1 << 30
     again = SliceManager(StateStore(tmp_path), gpus(80))
-    assert [(s.vm, s.device, s.shm) for s in again.list()] == [
+    assert [(s.vm, s.device, s.region) for s in again.list()] == [
         ("vm1", 0, 1 << 30), ("vm1", 1, 2 << 20), ("vm2", 0, 0)]
     assert again.store.problems == []
 
 
-# vgpus as the release before the shared-memory lane created it, and its row sums
-_BEFORE_SHM = """
+# vgpus as the release before the region lane created it, and its row sums
+_BEFORE_REGIONS = """
 CREATE TABLE vgpus (vm TEXT NOT NULL, device INTEGER NOT NULL, gpu_uuid TEXT NOT NULL,
     gpu_index INTEGER NOT NULL, mem INTEGER NOT NULL, compute INTEGER NOT NULL, cid INTEGER,
     created REAL NOT NULL, updated REAL NOT NULL, PRIMARY KEY (vm, device));
@@ -235,10 +235,10 @@ def _old_row_crc(row):
     return zlib.crc32(json.dumps(list(row)).encode())
 
 
-def test_rows_stored_before_shared_memory_existed_read_as_none_and_keep_their_sums(tmp_path):
+def test_rows_stored_before_region_existed_read_as_none_and_keep_their_sums(tmp_path):
     row = ("vm1", "GPU-0", 0, 4096, 25, 7, 1.0, 2.0, 0)  # that release's column order
     db = sqlite3.connect(tmp_path / "slices.db")
-    db.executescript(_BEFORE_SHM)
+    db.executescript(_BEFORE_REGIONS)
     db.execute("INSERT INTO vgpus (vm, gpu_uuid, gpu_index, mem, compute, cid, created, "
                "updated, device) VALUES (?,?,?,?,?,?,?,?,?)", row)
     db.execute("INSERT INTO sums VALUES ('vm1', 0, ?)", (_old_row_crc(row),))
@@ -247,15 +247,59 @@ def test_rows_stored_before_shared_memory_existed_read_as_none_and_keep_their_su
     store = StateStore(tmp_path)
     m = SliceManager(store, gpus(80))
     (s,) = m.list()
-    assert (s.vm, s.mem, s.cid, s.shm) == ("vm1", 4096, 7, 0)
+    assert (s.vm, s.mem, s.cid, s.region) == ("vm1", 4096, 7, 0)
     assert store.problems == []  # its sum still holds: nothing reported as changed
-    assert m.resize("vm1", shm=1 << 20).now[0].shm == 1 << 20
+    assert m.resize("vm1", region=1 << 20).now[0].region == 1 << 20
     store.close()
     again = SliceManager(StateStore(tmp_path), gpus(80))
-    assert [(s.vm, s.shm) for s in again.list()] == [("vm1", 1 << 20)]
+    assert [(s.vm, s.region) for s in again.list()] == [("vm1", 1 << 20)]
 
 
-def test_a_copy_written_before_shared_memory_existed_restores_with_none(tmp_path):
+# vgpus as the version before regions had one name created it: the column was shm
+_BEFORE_THE_NAME = _BEFORE_REGIONS.replace(
+    "updated REAL NOT NULL,", "updated REAL NOT NULL, shm INTEGER NOT NULL DEFAULT 0,")
+
+
+def test_a_store_written_before_regions_had_their_name_keeps_them(tmp_path):
+    import json
+
+    row = ("vm1", "GPU-0", 0, 4096, 25, 7, 1.0, 2.0, 0, 1 << 20)  # its column order
+    db = sqlite3.connect(tmp_path / "slices.db")
+    db.executescript(_BEFORE_THE_NAME)
+    db.execute("INSERT INTO vgpus (vm, gpu_uuid, gpu_index, mem, compute, cid, created, "
+               "updated, device, shm) VALUES (?,?,?,?,?,?,?,?,?,?)", row)
+    db.execute("INSERT INTO sums VALUES ('vm1', 0, ?)", (_old_row_crc(row),))
+    db.commit()
+    db.close()
+    store = StateStore(tmp_path)
+    m = SliceManager(store, gpus(80))
+    assert [(s.vm, s.cid, s.region) for s in m.list()] == [("vm1", 7, 1 << 20)]
+    assert store.problems == []  # its sum still holds: nothing reported as changed
+    m.resize("vm1", mem=8192)
+    store.close()
+    columns = [r[1] for r in sqlite3.connect(tmp_path / "slices.db").execute(
+        "PRAGMA table_info(vgpus)")]
+    assert "region" in columns and "shm" not in columns  # renamed, not added beside it
+    copy = json.loads((tmp_path / "slices.json").read_text())["vgpus"][0]
+    assert copy["region"] == 1 << 20 and "shm" not in copy
+    again = SliceManager(StateStore(tmp_path), gpus(80))
+    assert [(s.vm, s.mem, s.region) for s in again.list()] == [("vm1", 8192, 1 << 20)]
+
+
+def test_a_copy_written_before_regions_had_their_name_restores_them(tmp_path):
+    import json
+
+    row = dict(vm="vm1", gpu_uuid="GPU-0", gpu_index=0, mem=4096, compute=0, cid=7,
+               created=1.0, updated=2.0, device=0, shm=1 << 20)  # as that version wrote it
+    row["crc"] = _old_row_crc(tuple(v for k, v in row.items()))
+    (tmp_path / "slices.json").write_text(json.dumps({"generation": 3, "vgpus": [row]}))
+    store = StateStore(tmp_path)  # no slices.db: restored from the copy
+    assert [(s.vm, s.cid, s.region) for s in SliceManager(store, gpus(80)).list()] == [
+        ("vm1", 7, 1 << 20)]
+    assert "restored 1 vGPU(s)" in store.problems[0] and len(store.problems) == 1
+
+
+def test_a_copy_written_before_region_existed_restores_with_none(tmp_path):
     import json
 
     row = dict(vm="vm1", gpu_uuid="GPU-0", gpu_index=0, mem=4096, compute=0, cid=7,
@@ -263,6 +307,6 @@ def test_a_copy_written_before_shared_memory_existed_restores_with_none(tmp_path
     row["crc"] = _old_row_crc(tuple(v for k, v in row.items()))
     (tmp_path / "slices.json").write_text(json.dumps({"generation": 3, "vgpus": [row]}))
     store = StateStore(tmp_path)  # no slices.db: restored from the copy
-    assert [(s.vm, s.cid, s.shm) for s in SliceManager(store, gpus(80)).list()] == [
+    assert [(s.vm, s.cid, s.region) for s in SliceManager(store, gpus(80)).list()] == [
         ("vm1", 7, 0)]
     assert "restored 1 vGPU(s)" in store.problems[0] and len(store.problems) == 1

@@ -291,18 +291,18 @@ def test_guest_info_and_smi_list_every_vgpu_of_the_vm(two_gpu_agent, capsys):
 
 
 def test_a_bound_vms_region_changes_only_while_no_cuda_connection_is_open(agent, control):
-    s = control.call("attach", vm="vm1", mem="32M", shm="1M")
-    assert s["shm"] == M and control.call("list")[0]["shm"] == M
+    s = control.call("attach", vm="vm1", mem="32M", region="1M")
+    assert s["region"] == M and control.call("list")[0]["region"] == M
     with Connection(agent.vm_address("vm1")) as conn:
         Device(connection=conn).allocate(M).close()
         with pytest.raises(HvgpuError, match="while its guest has CUDA connections open"):
-            control.call("resize", vm="vm1", shm="2M")
-        assert control.call("list")[0]["shm"] == M
+            control.call("resize", vm="vm1", region="2M")
+        assert control.call("list")[0]["region"] == M
     _wait(lambda: control.call("status")[0]["connections"] == 0)
-    assert control.call("resize", vm="vm1", shm="2M")["shm"] == 2 * M
-    assert control.call("resize", vm="vm1", shm="0")["shm"] == 0  # no region any more
-    with pytest.raises(HvgpuError, match="not a size for a shared-memory region"):
-        control.call("resize", vm="vm1", shm="3M")
+    assert control.call("resize", vm="vm1", region="2M")["region"] == 2 * M
+    assert control.call("resize", vm="vm1", region="0")["region"] == 0  # no region any more
+    with pytest.raises(HvgpuError, match="not a size for a region"):
+        control.call("resize", vm="vm1", region="3M")
     with pytest.raises(HvgpuError, match="nothing to change: give --mem, --compute and/or "
-                       "--shm"):
+                       "--region"):
         control.call("resize", vm="vm1")

@@ -27,7 +27,7 @@ canary's device addresses, earlier connections' handles and edge values.
   accessed, unmapped and released in every order, sizes off the granularity;
 - memory pools: created, allocated from on streams, trimmed, attributes set,
   destroyed with live allocations, freed twice;
-- the shared-memory lane: memfd regions passed with SHM_ATTACH (unsealed, too
+- the region lane: memfd regions passed with REGION_ATTACH (unsealed, too
   small, no descriptor, a pipe, two at once) and, in the second half, the VM's
   device region; rooms allocated and freed at wrong offsets and at the other
   connection's, copies naming offsets outside them; bytes through a region
@@ -81,7 +81,7 @@ from prometheus_client import parser
 
 from hvgpu.guest import Connection, Device
 from hvgpu.host import control_grpc
-from hvgpu.host.names import VgpuKey, shm_name
+from hvgpu.host.names import VgpuKey, region_name
 from hvgpu.virtio import codec
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
@@ -98,7 +98,7 @@ STEPS = 200  # calls each connection makes, at most (it may end sooner)
 M = 1 << 20
 G = 2 * M  # the double's granularity
 QUOTA = 32 * M
-SHM = 8 * M  # vm1's shared memory: its device region, and the budget memfds share
+REGION = 8 * M  # vm1's region size: its device region, and the budget memfds share
 SOURCE = (SAXPY + '\nextern "C" __global__ void noop() {}\n').encode()
 MAX64 = (1 << 64) - 1
 EDGE = [0, 1, 2, 3, 15, 16, 17, 255, 4096, 1 << 31, 1 << 32, 1 << 63, MAX64]
@@ -112,8 +112,8 @@ DEEP = {"GRAPH_INSTANTIATE", "GRAPH_ADD_KERNEL_NODE", "GRAPH_ADD_MEMCPY_NODE",
         "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS", "GRAPH_EXEC_DESTROY", "STREAM_END_CAPTURE",
         "STREAM_CAPTURE_INFO", "MEM_MAP", "MEM_SET_ACCESS", "MEM_UNMAP", "MEM_RETAIN_HANDLE",
         "MEM_RELEASE", "MEM_ALLOC_ASYNC", "MEM_POOL_TRIM_TO", "MEM_POOL_DESTROY",
-        "SHM_ATTACH", "SHM_ALLOC", "SHM_FREE", "SHM_DETACH", "MODULE_UNLOAD", "EVENT_DESTROY",
-        "VGPU_PROCESSES"}
+        "REGION_ATTACH", "REGION_ALLOC", "REGION_FREE", "REGION_DETACH", "MODULE_UNLOAD",
+        "EVENT_DESTROY", "VGPU_PROCESSES"}
 
 
 @pytest.fixture
@@ -127,10 +127,10 @@ def agent(tmp_path):
     # flood of a hostile guest's warnings must not push a traceback out of the ration.
     running.agent.config.log_level = "ERROR"
     running.agent.config.env["HVGPU_FAKE_REPORT_GRAPHS"] = "1"
-    running.agent.config.shm_dir = str(tmp_path)
-    with open(tmp_path / shm_name(VgpuKey("vm1", 0)), "wb") as f:  # as QEMU makes it
-        f.truncate(SHM)
-    running.api.attach("vm1", "32M", shm="8M")
+    running.agent.config.region_dir = str(tmp_path)
+    with open(tmp_path / region_name(VgpuKey("vm1", 0)), "wb") as f:  # as QEMU makes it
+        f.truncate(REGION)
+    running.api.attach("vm1", "32M", region="8M")
     running.api.attach("vm2", "32M")
     yield running
     running.stop()
@@ -185,7 +185,7 @@ class Tenant:
         self.seq = 1
         self.pid = TENANT_PIDS[number % len(TENANT_PIDS)]
         name = rng.choice([f"tenant{number}"] * 3 + HOSTILE_NAMES)
-        caps = P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE | rng.choice([0, P.CAP_PROGRESS])
+        caps = P.CAP_REGION_MEMFD | P.CAP_REGION_DEVICE | rng.choice([0, P.CAP_PROGRESS])
         hello = codec.REQUEST[P.OP["HELLO"]].encode(
             (P.VERSION, P.MIN_VERSION, caps, P.client_text("hostile", self.pid, name)))
         self.sock.sendall(pack_header(P.OP["HELLO"], 0, 1, 0, len(hello)) + hello)
@@ -401,7 +401,7 @@ class Tenant:
             self.attach(valid=True)
             for region in self.live["region"]:
                 for _ in range(2):
-                    offset = self.got("SHM_ALLOC", region, 0, 8192)
+                    offset = self.got("REGION_ALLOC", region, 0, 8192)
                     if offset is not None:
                         self.rooms[region].append(offset)
                 self.leave_a_room(region)
@@ -721,7 +721,7 @@ class Tenant:
                 self.post("EVENT_RECORD", event, stream, alone=True)
             region = rng.choice([r for r in self.live["region"] if self.rooms.get(r)] or [0])
             if region:
-                self.post("MEMCPY_DTOH_SHM", region, 0, self.rooms[region][0], ptr, 64, stream,
+                self.post("MEMCPY_DTOH_REGION", region, 0, self.rooms[region][0], ptr, 64, stream,
                           alone=True)
             graph = self.got("STREAM_END_CAPTURE", stream)
         else:  # built node by node
@@ -752,10 +752,10 @@ class Tenant:
             gone.append(lambda: self.call("EVENT_DESTROY", event))
         detach = rng.random() < 0.5
         if region and detach:
-            gone.append(lambda: self.call("SHM_DETACH", region))
+            gone.append(lambda: self.call("REGION_DETACH", region))
         elif region:  # the room it copies to (whose next owner may be another connection)
             room = self.rooms[region].pop(0)
-            gone.append(lambda: self.call("SHM_FREE", region, 0, room))
+            gone.append(lambda: self.call("REGION_FREE", region, 0, room))
         if saxpy and rng.random() < 0.5:
             module = rng.choice(self.live["module"] or [0])
             gone.append(lambda: self.call("MODULE_UNLOAD", module))
@@ -906,7 +906,7 @@ class Tenant:
         view = self.views.get(region)
         if view is None or view[2] or len(self.sentinel_rooms) >= 8:
             return
-        offset = self.got("SHM_ALLOC", region, 0, 4096)
+        offset = self.got("REGION_ALLOC", region, 0, 4096)
         if offset is not None:
             data = self.rng.randbytes(4096)
             view[0][offset:offset + 4096] = data
@@ -915,7 +915,7 @@ class Tenant:
     def room(self, region: int) -> int:
         """An offset in a region: a room of this guest's, the other connection's room
         that it left alone, or one that is no room; never a room this guest left alone
-        (its own copy or SHM_FREE there may change or give it away: what check_sentinels
+        (its own copy or REGION_FREE there may change or give it away: what check_sentinels
         would hold against the other connection)."""
         rng = self.rng
         roll = rng.random()
@@ -942,12 +942,12 @@ class Tenant:
             region = self.pick("region")
             self.forget("region", region)
             view = self.views.pop(region, None)
-            self.call("SHM_DETACH", region)  # perhaps while a graph copies to it
+            self.call("REGION_DETACH", region)  # perhaps while a graph copies to it
             if view is not None and view[2]:
                 view[0].close()
         elif roll < 0.5:
             region = self.pick("region")
-            offset = self.got("SHM_ALLOC", region, rng.choice([0, 0, 1]),
+            offset = self.got("REGION_ALLOC", region, rng.choice([0, 0, 1]),
                               rng.choice([4096, 4096, 1, 65536, 0, 1 << 40]))
             if offset is not None:
                 self.rooms[region].append(offset)
@@ -956,7 +956,7 @@ class Tenant:
             offset = self.room(region)
             if offset in self.rooms.get(region, ()):
                 self.rooms[region].remove(offset)
-            self.call("SHM_FREE", region, 0, offset)
+            self.call("REGION_FREE", region, 0, offset)
         elif roll < 0.75:
             self.region_round_trip()
         elif roll < 0.8:
@@ -966,26 +966,26 @@ class Tenant:
             offset = self.room(region)
             size = rng.choice([64, 4096, 1 << 30])
             if rng.random() < 0.5:
-                self.post("MEMCPY_HTOD_SHM", self.target(64), region, 0, offset & MAX64, size,
+                self.post("MEMCPY_HTOD_REGION", self.target(64), region, 0, offset & MAX64, size,
                           self.stream())
             else:
-                self.post("MEMCPY_DTOH_SHM", region, 0, offset & MAX64, self.target(64), size,
+                self.post("MEMCPY_DTOH_REGION", region, 0, offset & MAX64, self.target(64), size,
                           self.stream())
 
     def attach(self, valid: bool = False) -> None:
         rng = self.rng
         if self.device_phase and rng.random() < 0.6:
-            size = 0 if valid else rng.choice([0, 0, SHM, 4096])
-            status, got = self.call("SHM_ATTACH", R.KIND_DEVICE, 0, size)
+            size = 0 if valid else rng.choice([0, 0, REGION, 4096])
+            status, got = self.call("REGION_ATTACH", R.KIND_DEVICE, 0, size)
             if status == 0:
                 fd = os.open(self.region_file, os.O_RDWR)  # as the guest maps its BAR
                 try:
-                    view = mmap.mmap(fd, SHM)
+                    view = mmap.mmap(fd, REGION)
                 finally:
                     os.close(fd)
                 assert R.unpack_header(view)[1] == got[3]  # its header carries the token
                 self.live["region"].append(got[0])
-                self.views[got[0]] = (view, SHM, False)
+                self.views[got[0]] = (view, REGION, False)
             return
         size = M if valid else rng.choice([M, M, 4 * M, 4096, 5000])
         how = "sealed" if valid else rng.choice(["sealed"] * 5 + [
@@ -1007,7 +1007,7 @@ class Tenant:
                 self.sent_fds.append(os.dup(fd))
         taken = self.sent_fds.pop(0) if self.sent_fds else None
         try:
-            status, got = self.call("SHM_ATTACH", kind, 1 if how == "flags" else 0, size,
+            status, got = self.call("REGION_ATTACH", kind, 1 if how == "flags" else 0, size,
                                     fds=fds)
             if status == 0:
                 self.live["region"].append(got[0])
@@ -1036,8 +1036,8 @@ class Tenant:
             return
         data = rng.randbytes(4096)
         view[src:src + 4096] = data
-        self.post("MEMCPY_HTOD_SHM", spot[0], region, 0, src, 4096, 0, alone=True)
-        self.post("MEMCPY_DTOH_SHM", region, 0, dst, spot[0], 4096, 0, alone=True)
+        self.post("MEMCPY_HTOD_REGION", spot[0], region, 0, src, 4096, 0, alone=True)
+        self.post("MEMCPY_DTOH_REGION", region, 0, dst, spot[0], 4096, 0, alone=True)
         if self.call("STREAM_SYNCHRONIZE", 0)[0] == 0:
             assert view[dst:dst + 4096] == data, "bytes through a region came back changed"
             self.loot.data_checks += 1
@@ -1090,11 +1090,11 @@ class Tenant:
                                      "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS",
                                      # one takes a descriptor sent before; the other may
                                      # give back the room check_sentinels reads
-                                     "SHM_ATTACH", "SHM_DETACH"):
+                                     "REGION_ATTACH", "REGION_DETACH"):
                 # nor, while it holds rooms it left alone, one that may give one back or
                 # copy into one (a random offset may be one: 4096 is the region's first)
                 if not self.sentinel_rooms or P.op_name(op) not in (
-                        "SHM_FREE", "MEMCPY_DTOH_SHM", "GRAPH_ADD_MEMCPY_NODE"):
+                        "REGION_FREE", "MEMCPY_DTOH_REGION", "GRAPH_ADD_MEMCPY_NODE"):
                     break
         if rng.random() < 0.5:
             data = self.fuzz.mutate(data)
@@ -1161,9 +1161,9 @@ class ControlFuzz:
 
     METHODS = {"gpus": ["connect"], "list": ["connect"], "status": ["connect"],
                "attach": ["vm", "mem", "compute", "gpu", "cid", "placement", "count", "add",
-                          "shm", "allow_time_shared", "connect"],
+                          "region", "allow_time_shared", "connect"],
                "detach": ["vm", "unplug", "device", "connect"],
-               "resize": ["vm", "mem", "compute", "device", "shm", "allow_time_shared",
+               "resize": ["vm", "mem", "compute", "device", "region", "allow_time_shared",
                           "connect"]}
     # a kind no argument of the method takes: a list, an object, or true for a size
     WRONG = [[1], {"a": 1}, [], {}, [[["deep"]]]]
@@ -1303,7 +1303,7 @@ def test_stateful_hostile_sequences_break_nothing_leak_nothing_and_stop_no_one(
     other = OtherVm(agent)
     control = ControlFuzz(agent, random.Random(SEED + 1))
     loot = Loot()
-    region_file = str(tmp_path / shm_name(VgpuKey("vm1", 0)))
+    region_file = str(tmp_path / region_name(VgpuKey("vm1", 0)))
     # vm1's executor started by a raw guest: the guest client would map the device region,
     # which stays mapped while the executor lives, and memfds would not fit beside it
     warm = Tenant(agent, random.Random(0), 0, loot, False, region_file)
@@ -1326,7 +1326,7 @@ def test_stateful_hostile_sequences_break_nothing_leak_nothing_and_stop_no_one(
     rng = random.Random(SEED)
     number = 0
     for pair in range(PAIRS):
-        device_phase = pair >= PAIRS // 2  # the device region takes the whole shm budget
+        device_phase = pair >= PAIRS // 2  # the device region takes the whole region budget
         a = Tenant(agent, rng, number, loot, device_phase, region_file)
         b = Tenant(agent, rng, number + 1, loot, device_phase, region_file)
         number += 2
@@ -1433,7 +1433,7 @@ def test_a_guest_never_aims_its_own_copies_at_the_rooms_it_left_alone():
     own aims must stay off the rooms a guest filled and left alone: an offset next to
     one of its rooms, an edge value, or the other connection's left room once that one
     detached the region and this guest was given the room, named in its own copy or
-    SHM_FREE, changes or gives away its own room, as it may."""
+    REGION_FREE, changes or gives away its own room, as it may."""
     peer = Tenant.__new__(Tenant)  # only what room() reads
     peer.live = defaultdict(list, region=[3])  # its region 1 detached: its rooms given back
     peer.sentinel_rooms = [(1, 24576, b""), (3, 32768, b"")]

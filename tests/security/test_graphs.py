@@ -49,9 +49,9 @@ def test_a_captured_copy_from_the_region_replays_what_the_region_holds_then(gues
     dptr = guest.alloc(MiB)
     status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
     assert status == 0 and cid > 0 and graph >= 16
-    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 8, s)
+    guest.post("MEMCPY_HTOD_REGION", dptr, region, 0, 0, 8, s)
     guest.post("MEMSET", dptr + 8, 8, 0x5A, 1, s)
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 4096, dptr, 16, s)
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 4096, dptr, 16, s)
     assert guest.call("STREAM_END_CAPTURE", s) == (0, (graph,))
     assert view[4096:4112] == bytes(16)  # captured, not run
     status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
@@ -106,21 +106,21 @@ def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(gue
     s = _stream(guest)
     dptr = guest.alloc(MiB)
     assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 0, dptr, 64, s)
     status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
     status, (exec_,) = guest.call("GRAPH_INSTANTIATE", graph, 0)
-    assert guest.call("SHM_DETACH", region)[0] == 0  # the guest's handle goes at once
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)  # not the guest's any more
+    assert guest.call("REGION_DETACH", region)[0] == 0  # the guest's handle goes at once
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 0, dptr, 64, s)  # not the guest's any more
     status, why = guest.call("PING")
     assert status != 0 and "region" in why
     assert guest.device.registered  # but the executor keeps it mapped and registered
-    assert guest.shared.budget.used == 4 * MiB
+    assert guest.executor_regions.budget.used == 4 * MiB
     guest.post("GRAPH_LAUNCH", exec_, s)  # the replay writes memory still mapped
     assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
     assert guest.call("GRAPH_DESTROY", graph)[0] == 0
     assert guest.device.registered  # the instantiation still copies to it
     assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     view.close()
     os.close(fd)
 
@@ -128,27 +128,28 @@ def test_a_region_a_graph_may_copy_to_stays_mapped_until_the_last_graph_goes(gue
 def test_a_room_of_the_vms_region_a_graph_copies_to_goes_to_no_other_process_before_it(
         tmp_path):
     """The VM's device region is shared by its processes, each copying only within the
-    rooms it was given. A room given back (SHM_FREE) while a graph still copies into it
+    rooms it was given. A room given back (REGION_FREE) while a graph still copies into it
     stays out of the others' reach until the last graph goes (fuzzing finding: the next
-    SHM_ALLOC of another connection got it, and the graph's replay wrote into it)."""
+    REGION_ALLOC of another connection got it, and the graph's replay wrote into it)."""
     path = tmp_path / "hvgpu-vm1"
     path.write_bytes(bytes(4 * MiB))
-    shared = regions.Shared(8 * MiB, lambda: (os.open(path, os.O_RDWR), 4 * MiB))
+    executor_regions = regions.ExecutorRegions(8 * MiB, lambda: (os.open(path, os.O_RDWR), 4 * MiB))
     device = FakeDevice()
-    one, other = Guest(shared=shared, device=device), Guest(shared=shared, device=device)
+    one, other = (Guest(executor_regions=executor_regions, device=device),
+                  Guest(executor_regions=executor_regions, device=device))
     try:
-        region = one.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
-        room = one.call("SHM_ALLOC", region, 0, 4096)[1][0]
+        region = one.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+        room = one.call("REGION_ALLOC", region, 0, 4096)[1][0]
         dptr = one.alloc(MiB)
         one.post("MEMSET", dptr, 4096, 0xAB, 1, 0)
         graph = one.call("GRAPH_CREATE", 0)[1][0]
         assert one.call("GRAPH_ADD_MEMCPY_NODE", graph, 2, region, room, dptr, 4096, b"")[0] == 0
         exec_ = one.call("GRAPH_INSTANTIATE", graph, 0)[1][0]
-        assert one.call("SHM_FREE", region, 0, room)[0] == 0
-        assert one.call("SHM_FREE", region, 0, room)[0] != 0  # the guest's no more
+        assert one.call("REGION_FREE", region, 0, room)[0] == 0
+        assert one.call("REGION_FREE", region, 0, room)[0] != 0  # the guest's no more
 
-        theirs = other.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
-        got = other.call("SHM_ALLOC", theirs, 0, 4096)[1][0]
+        theirs = other.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+        got = other.call("REGION_ALLOC", theirs, 0, 4096)[1][0]
         assert got != room
         with open(path, "r+b") as f:
             f.seek(got)
@@ -163,11 +164,11 @@ def test_a_room_of_the_vms_region_a_graph_copies_to_goes_to_no_other_process_bef
 
         assert one.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
         assert one.call("GRAPH_DESTROY", graph)[0] == 0
-        assert other.call("SHM_ALLOC", theirs, 0, 4096)[1][0] == room  # free again
+        assert other.call("REGION_ALLOC", theirs, 0, 4096)[1][0] == room  # free again
     finally:
         one.close()
         other.close()
-        shared.close()
+        executor_regions.close()
 
 
 def test_events_and_modules_a_graph_may_use_are_released_after_it(guest):
@@ -261,15 +262,15 @@ def test_a_session_closing_mid_capture_leaves_nothing_behind():
     region, view, fd = _region(g)
     s = _stream(g)
     assert g.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
-    g.post("MEMCPY_DTOH_SHM", region, 0, 0, g.alloc(MiB), 64, s)
+    g.post("MEMCPY_DTOH_REGION", region, 0, 0, g.alloc(MiB), 64, s)
     status, (graph,) = g.call("STREAM_END_CAPTURE", s)
     status, (exec_,) = g.call("GRAPH_INSTANTIATE", graph, 0)
-    assert g.call("SHM_DETACH", region)[0] == 0
+    assert g.call("REGION_DETACH", region)[0] == 0
     assert g.call("STREAM_BEGIN_CAPTURE", s, RELAXED)[0] == 0  # a second, left under way
     g.close()
     assert g.device.graphs_alive == 0
     assert not g.device.captures
-    assert not g.device.registered and g.shared.budget.used == 0
+    assert not g.device.registered and g.executor_regions.budget.used == 0
     view.close()
     os.close(fd)
 
@@ -376,15 +377,15 @@ def test_a_one_way_frame_that_fails_in_a_capture_invalidates_it(guest):
     s = _stream(guest)
     dptr = guest.alloc(MiB)
     status, (cid, graph) = guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 0, dptr, 64, s)
     guest.post("MEMSET", dptr + MiB, 64, 1, 1, s)  # past the allocation: refused
-    assert guest.call("SHM_DETACH", region)[0] == 0  # parked: the capture may copy to it
+    assert guest.call("REGION_DETACH", region)[0] == 0  # parked: the capture may copy to it
     assert guest.device.registered
     # the end is carried out, whatever is owed: the capture is over, with no graph
     status, why = guest.call("STREAM_END_CAPTURE", s)
     assert status == 901, why
     assert not guest.session.graphs.origins and guest.device.graphs_alive == 0
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     # the earlier frame's error is still reported, once
     status, why = guest.call("PING")
     assert status == 1 and "allocation" in why
@@ -447,25 +448,25 @@ def test_regions_no_graph_can_reach_are_unmapped_at_once_while_graphs_exist(gues
     s, other = _stream(guest), _stream(guest)
     dptr = guest.alloc(MiB)
     region, view, fd = _region(guest)
-    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 64, s)
+    guest.post("MEMCPY_HTOD_REGION", dptr, region, 0, 0, 64, s)
     assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
-    assert guest.call("SHM_DETACH", region)[0] == 0
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert guest.call("REGION_DETACH", region)[0] == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     view.close()
     os.close(fd)
     # one a node names, one a copy names while a capture is under way (on any stream)
     (named, v1, f1), (copied, v2, f2) = _region(guest), _region(guest)
     _node(guest, "GRAPH_ADD_MEMCPY_NODE", kept, 1, named, dptr, 0, 64, b"")
     assert guest.call("STREAM_BEGIN_CAPTURE", s, GLOBAL)[0] == 0
-    guest.post("MEMCPY_DTOH_SHM", copied, 0, 0, dptr, 64, other)
+    guest.post("MEMCPY_DTOH_REGION", copied, 0, 0, dptr, 64, other)
     status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
-    assert guest.call("SHM_DETACH", named)[0] == 0
-    assert guest.call("SHM_DETACH", copied)[0] == 0
-    assert guest.shared.budget.used == 8 * MiB
+    assert guest.call("REGION_DETACH", named)[0] == 0
+    assert guest.call("REGION_DETACH", copied)[0] == 0
+    assert guest.executor_regions.budget.used == 8 * MiB
     assert guest.call("GRAPH_DESTROY", graph)[0] == 0
-    assert guest.shared.budget.used == 8 * MiB
+    assert guest.executor_regions.budget.used == 8 * MiB
     assert guest.call("GRAPH_DESTROY", kept)[0] == 0
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     for v, f in ((v1, f1), (v2, f2)):
         v.close()
         os.close(f)
@@ -521,8 +522,8 @@ def test_a_capture_the_driver_did_not_end_stays_tracked(guest, monkeypatch):
     monkeypatch.setattr(guest.device, "stream_end_capture", refused_once)
     assert guest.call("STREAM_END_CAPTURE", s)[0] == 908
     assert guest.call("STREAM_CAPTURE_INFO", s, 0)[1][0] == 1  # still capturing
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 0, dptr, 64, s)
-    assert guest.call("SHM_DETACH", region)[0] == 0
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 0, dptr, 64, s)
+    assert guest.call("REGION_DETACH", region)[0] == 0
     assert guest.device.registered  # parked
     status, (graph,) = guest.call("STREAM_END_CAPTURE", s)
     assert status == 0
@@ -531,7 +532,7 @@ def test_a_capture_the_driver_did_not_end_stays_tracked(guest, monkeypatch):
     assert guest.call("STREAM_SYNCHRONIZE", s)[0] == 0
     assert guest.call("GRAPH_DESTROY", graph)[0] == 0
     assert guest.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     view.close()
     os.close(fd)
 

@@ -124,35 +124,35 @@ HOSTILE = ["..", ".", "../../etc/passwd", "a/../../b", "/etc/shadow", "x\x00y", 
 
 @pytest.mark.parametrize("vm", HOSTILE)
 @pytest.mark.parametrize("device", [0, 1, 7])
-def test_a_shared_memory_file_is_always_one_name_directly_in_dev_shm(vm, device):
-    from hvgpu.host.names import shm_name, shm_path
+def test_a_region_file_is_always_one_name_directly_in_dev_shm(vm, device):
+    from hvgpu.host.names import region_name, region_path
 
     try:
-        path = shm_path(VgpuKey(vm, device))
+        path = region_path(VgpuKey(vm, device))
     except BadVmName:
         return  # refused: nothing to escape with
-    name = shm_name(VgpuKey(vm, device))
+    name = region_name(VgpuKey(vm, device))
     assert path == "/dev/shm/" + name and "/" not in name and "\0" not in name
     assert name.startswith("hvgpu-") and len(name.encode()) <= 255
     assert Path(path).parent == Path("/dev/shm") and Path(path).resolve(strict=False).parent \
         == Path("/dev/shm").resolve()  # '..' stays a part of one name: no way out
 
 
-def test_no_two_vgpus_of_any_vms_share_a_shared_memory_file():
-    from hvgpu.host.names import shm_name
+def test_no_two_vgpus_of_any_vms_share_a_region_file():
+    from hvgpu.host.names import region_name
 
     keys = [VgpuKey(vm, d) for vm in ("a", "a-1", "a-1-1", "a1", "hvgpu-a", "hvgpu-hvgpu-a")
             for d in range(8)]
-    names = [shm_name(k) for k in keys]
+    names = [region_name(k) for k in keys]
     assert len(set(names)) == len(names)
-    assert shm_name(VgpuKey("a-1")) != shm_name(VgpuKey("a", 1))  # '-N' would make these meet
+    assert region_name(VgpuKey("a-1")) != region_name(VgpuKey("a", 1))  # '-N' would make these meet
 
 
 def test_a_name_too_long_for_a_file_is_refused_saying_how_long_it_may_be():
-    from hvgpu.host.names import shm_name
+    from hvgpu.host.names import region_name
 
-    assert shm_name(VgpuKey("x" * 249)) == "hvgpu-" + "x" * 249  # 255 bytes: a file name
+    assert region_name(VgpuKey("x" * 249)) == "hvgpu-" + "x" * 249  # 255 bytes: a file name
     with pytest.raises(BadVmName, match="at most 249 bytes"):
-        shm_name(VgpuKey("x" * 250))
+        region_name(VgpuKey("x" * 250))
     with pytest.raises(BadVmName, match="at most 247 bytes"):
-        shm_name(VgpuKey("x" * 248, 1))
+        region_name(VgpuKey("x" * 248, 1))

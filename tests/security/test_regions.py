@@ -1,4 +1,4 @@
-"""A hostile guest against the shared-memory lane: a region is only ever the
+"""A hostile guest against the region lane: a region is only ever the
 guest's own memory, named by checked offsets, within its VM's limit; nothing it
 passes or names reaches a host file, another connection's room or the executor's
 memory, and the session goes on after each refusal."""
@@ -39,16 +39,18 @@ def memfd(size: int, seal: bool = True) -> int:
 class Guest:
     """A raw guest on an in-process session over a unix socket pair."""
 
-    def __init__(self, limit: int = 64 * MiB, shared: regions.Shared | None = None,
+    def __init__(self, limit: int = 64 * MiB,
+                 executor_regions: regions.ExecutorRegions | None = None,
                  device: FakeDevice | None = None):
         self.device = device or FakeDevice()
-        self.shared = shared or regions.Shared(limit)
+        self.executor_regions = executor_regions or regions.ExecutorRegions(limit)
         self.sock, host = socket_pair()
         self.sock.settimeout(30)
-        self.session = Session(host, self.device, peer="guest", shared=self.shared)
+        self.session = Session(host, self.device, peer="guest",
+                               executor_regions=self.executor_regions)
         self.thread = threading.Thread(target=self.session.serve, daemon=True)
         self.thread.start()
-        self.sock.sendall(hello(caps=P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE))
+        self.sock.sendall(hello(caps=P.CAP_REGION_MEMFD | P.CAP_REGION_DEVICE))
         _, _, _, status, body = read_reply(self.sock)
         assert status == 0
         self.caps = codec.REPLY[P.OP["HELLO"]].decode(body)[2]
@@ -73,7 +75,7 @@ class Guest:
 
     def attach_memfd(self, size: int, seal: bool = True):
         fd = memfd(size, seal)
-        status, got = self.call("SHM_ATTACH", R.KIND_MEMFD, 0, size, fds=[fd])
+        status, got = self.call("REGION_ATTACH", R.KIND_MEMFD, 0, size, fds=[fd])
         return fd, status, got
 
     def alloc(self, size: int) -> int:
@@ -98,7 +100,7 @@ def guest():
 
 
 def test_a_memfd_region_carries_copies_both_ways_without_bytes_on_the_socket(guest):
-    assert guest.caps & P.CAP_SHM_MEMFD
+    assert guest.caps & P.CAP_REGION_MEMFD
     fd, status, got = guest.attach_memfd(4 * MiB)
     assert status == 0, got
     region, _, size, token = got
@@ -106,15 +108,15 @@ def test_a_memfd_region_carries_copies_both_ways_without_bytes_on_the_socket(gue
     view = mmap.mmap(fd, size)
     view[0:8] = b"ABCDEFGH"
     dptr = guest.alloc(1 * MiB)
-    guest.post("MEMCPY_HTOD_SHM", dptr, region, 0, 0, 8, 0)
-    guest.post("MEMCPY_DTOH_SHM", region, 0, 4096, dptr, 8, 0)
+    guest.post("MEMCPY_HTOD_REGION", dptr, region, 0, 0, 8, 0)
+    guest.post("MEMCPY_DTOH_REGION", region, 0, 4096, dptr, 8, 0)
     assert guest.call("STREAM_SYNCHRONIZE", 0)[0] == 0
     assert view[4096:4104] == b"ABCDEFGH"
     assert guest.session.counts["h2d_bytes"] == 8 and guest.session.counts["d2h_bytes"] == 8
     assert guest.device.registered  # page-locked for DMA
-    assert guest.call("SHM_DETACH", region)[0] == 0
+    assert guest.call("REGION_DETACH", region)[0] == 0
     assert not guest.device.registered
-    assert guest.shared.budget.used == 0
+    assert guest.executor_regions.budget.used == 0
     view.close()
     os.close(fd)
 
@@ -124,17 +126,17 @@ def test_what_is_not_a_sealed_memfd_of_the_size_said_is_refused(guest, what):
     size = 1 * MiB
     if what == "pipe":
         r, w = os.pipe()
-        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, size, fds=[r])
+        status, msg = guest.call("REGION_ATTACH", R.KIND_MEMFD, 0, size, fds=[r])
         os.close(r), os.close(w)
     elif what == "no-fd":
-        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, size)
+        status, msg = guest.call("REGION_ATTACH", R.KIND_MEMFD, 0, size)
     else:
         fd = memfd(size // 2 if what == "short" else size, seal=what != "unsealed")
         said = size + 100 if what == "unaligned" else size
-        status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, said, fds=[fd])
+        status, msg = guest.call("REGION_ATTACH", R.KIND_MEMFD, 0, said, fds=[fd])
         os.close(fd)
     assert status == P.CUDA_ERROR_INVALID_VALUE, msg
-    assert not guest.device.registered and guest.shared.budget.used == 0
+    assert not guest.device.registered and guest.executor_regions.budget.used == 0
     assert not guest.session.reader.fds  # the descriptor did not linger
     assert guest.call("PING")[0] == 0  # and the session goes on
 
@@ -144,40 +146,40 @@ def test_offsets_outside_the_region_or_overflowing_are_refused(guest):
     region = got[0]
     dptr = guest.alloc(2 * MiB)
     for offset, size in ((MiB - 8, 16), (MiB, 1), ((1 << 64) - 8, 16), (0, 2 * MiB)):
-        guest.post("MEMCPY_DTOH_SHM", region, 0, offset, dptr, size, 0)
+        guest.post("MEMCPY_DTOH_REGION", region, 0, offset, dptr, size, 0)
         status, msg = guest.call("CTX_SYNCHRONIZE")
         assert status == P.CUDA_ERROR_INVALID_VALUE and "outside" in msg, (offset, size, msg)
-    guest.post("MEMCPY_HTOD_SHM", dptr, region + 1, 0, 0, 8, 0)  # a region never attached
+    guest.post("MEMCPY_HTOD_REGION", dptr, region + 1, 0, 0, 8, 0)  # a region never attached
     status, msg = guest.call("CTX_SYNCHRONIZE")
     assert status == P.CUDA_ERROR_INVALID_VALUE and "not attached" in msg
     # a device address the guest does not own is refused as for any copy
-    guest.post("MEMCPY_HTOD_SHM", 0x10, region, 0, 0, 8, 0)
+    guest.post("MEMCPY_HTOD_REGION", 0x10, region, 0, 0, 8, 0)
     status, msg = guest.call("CTX_SYNCHRONIZE")
     assert status == P.CUDA_ERROR_INVALID_VALUE
     os.close(fd)
 
 
 def test_regions_count_against_the_limit_and_come_back_at_disconnect():
-    shared = regions.Shared(8 * MiB)
-    g = Guest(shared=shared)
+    executor_regions = regions.ExecutorRegions(8 * MiB)
+    g = Guest(executor_regions=executor_regions)
     fd1, status, _ = g.attach_memfd(6 * MiB)
     assert status == 0
     fd2, status, msg = g.attach_memfd(4 * MiB)
     assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "limit" in msg
-    assert shared.budget.used == 6 * MiB
+    assert executor_regions.budget.used == 6 * MiB
     g.close()
-    assert shared.budget.used == 0 and not g.device.registered
+    assert executor_regions.budget.used == 0 and not g.device.registered
     for fd in (fd1, fd2):
         os.close(fd)
 
 
-def test_a_vm_without_shared_memory_offers_none_and_refuses_attach():
+def test_a_vm_without_region_offers_none_and_refuses_attach():
     g = Guest(limit=0)
-    assert not g.caps & (P.CAP_SHM_MEMFD | P.CAP_SHM_DEVICE)
+    assert not g.caps & (P.CAP_REGION_MEMFD | P.CAP_REGION_DEVICE)
     fd, status, msg = g.attach_memfd(1 * MiB)
-    assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "hvgpu attach --shm" in msg
-    status, msg = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
-    assert status == P.CUDA_ERROR_NOT_SUPPORTED and "--shm" in msg
+    assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "hvgpu attach --region" in msg
+    status, msg = g.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)
+    assert status == P.CUDA_ERROR_NOT_SUPPORTED and "--region" in msg
     os.close(fd)
     g.close()
 
@@ -195,7 +197,7 @@ def test_a_flood_of_descriptors_is_closed_not_kept(guest):
     assert len(os.listdir("/proc/self/fd")) <= before
 
 
-def _device_shared(tmp_path, size=4 * MiB):
+def _device_regions(tmp_path, size=4 * MiB):
     path = tmp_path / "hvgpu-vm1"
     with open(path, "wb") as f:
         f.truncate(size)
@@ -203,52 +205,53 @@ def _device_shared(tmp_path, size=4 * MiB):
     def open_device():
         return os.open(path, os.O_RDWR), size
 
-    return regions.Shared(size, open_device, vgpu=0), path
+    return regions.ExecutorRegions(size, open_device, vgpu=0), path
 
 
 def test_the_device_region_is_shared_by_a_vms_connections_but_rooms_are_not(tmp_path):
-    shared, path = _device_shared(tmp_path)
+    executor_regions, path = _device_regions(tmp_path)
     device = FakeDevice()
-    a, b = Guest(shared=shared, device=device), Guest(shared=shared, device=device)
-    assert a.caps & P.CAP_SHM_DEVICE
-    status, (ra, _, size, token) = a.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+    a, b = (Guest(executor_regions=executor_regions, device=device),
+            Guest(executor_regions=executor_regions, device=device))
+    assert a.caps & P.CAP_REGION_DEVICE
+    status, (ra, _, size, token) = a.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)
     assert status == 0 and size == 4 * MiB
     with open(path, "rb") as f:  # what the guest finds in its BAR
         assert R.unpack_header(f.read(R.HEADER.size)) == (size, token, 0)
-    status, (rb, _, _, token_b) = b.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)
+    status, (rb, _, _, token_b) = b.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)
     assert token_b == token
-    (oa,) = a.call("SHM_ALLOC", ra, 0, 8192)[1]
-    (ob,) = b.call("SHM_ALLOC", rb, 0, 8192)[1]
+    (oa,) = a.call("REGION_ALLOC", ra, 0, 8192)[1]
+    (ob,) = b.call("REGION_ALLOC", rb, 0, 8192)[1]
     assert oa >= R.DATA_OFFSET and ob >= R.DATA_OFFSET and abs(oa - ob) >= 8192
     dptr = a.alloc(MiB)
-    a.post("MEMCPY_DTOH_SHM", ra, 0, ob, dptr, 16, 0)  # into b's room: refused
+    a.post("MEMCPY_DTOH_REGION", ra, 0, ob, dptr, 16, 0)  # into b's room: refused
     status, msg = a.call("CTX_SYNCHRONIZE")
     assert status == P.CUDA_ERROR_INVALID_VALUE and "not inside an allocation" in msg
-    a.post("MEMCPY_DTOH_SHM", ra, 0, 0, dptr, 16, 0)  # the header: nobody's room
+    a.post("MEMCPY_DTOH_REGION", ra, 0, 0, dptr, 16, 0)  # the header: nobody's room
     assert a.call("CTX_SYNCHRONIZE")[0] == P.CUDA_ERROR_INVALID_VALUE
-    a.post("MEMCPY_DTOH_SHM", ra, 0, oa, dptr, 16, 0)
+    a.post("MEMCPY_DTOH_REGION", ra, 0, oa, dptr, 16, 0)
     assert a.call("CTX_SYNCHRONIZE")[0] == 0
-    status, msg = a.call("SHM_FREE", ra, 0, ob)
+    status, msg = a.call("REGION_FREE", ra, 0, ob)
     assert status == P.CUDA_ERROR_INVALID_VALUE
     a.close()  # its room comes back; b's stays
-    assert b.call("SHM_ALLOC", rb, 0, 8192)[1][0] == oa
+    assert b.call("REGION_ALLOC", rb, 0, 8192)[1][0] == oa
     b.close()
-    assert shared.budget.used == size  # the device region stays mapped with the executor
-    shared.close()
-    assert shared.budget.used == 0 and not device.registered
+    assert executor_regions.budget.used == size  # the device region stays mapped with the executor
+    executor_regions.close()
+    assert executor_regions.budget.used == 0 and not device.registered
 
 
 def test_rooms_in_the_device_region_are_bounded(tmp_path):
-    shared, _ = _device_shared(tmp_path, 1 * MiB)
-    g = Guest(shared=shared)
-    region = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
-    status, msg = g.call("SHM_ALLOC", region, 0, 2 * MiB)
+    executor_regions, _ = _device_regions(tmp_path, 1 * MiB)
+    g = Guest(executor_regions=executor_regions)
+    region = g.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+    status, msg = g.call("REGION_ALLOC", region, 0, 2 * MiB)
     assert status == P.CUDA_ERROR_INVALID_VALUE
-    got = [g.call("SHM_ALLOC", region, 0, 4096) for _ in range(300)]
+    got = [g.call("REGION_ALLOC", region, 0, 4096) for _ in range(300)]
     assert got[-1][0] == P.CUDA_ERROR_OUT_OF_MEMORY  # 255 pages after the header
     assert sum(1 for s, _ in got if s == 0) == (1 * MiB - R.DATA_OFFSET) // 4096
     g.close()
-    shared.close()
+    executor_regions.close()
 
 
 def test_rooms_first_fit_and_coalesce():
@@ -268,10 +271,10 @@ F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
 def test_a_memfd_sealed_against_writing_is_refused_and_the_session_goes_on(guest, seal):
     fd = memfd(MiB)
     fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seal)  # the executor cannot map it writable
-    status, msg = guest.call("SHM_ATTACH", R.KIND_MEMFD, 0, MiB, fds=[fd])
+    status, msg = guest.call("REGION_ATTACH", R.KIND_MEMFD, 0, MiB, fds=[fd])
     os.close(fd)
     assert status == P.CUDA_ERROR_INVALID_VALUE and "cannot be mapped" in msg, msg
-    assert guest.shared.budget.used == 0 and not guest.device.registered
+    assert guest.executor_regions.budget.used == 0 and not guest.device.registered
     assert guest.call("PING")[0] == 0
 
 
@@ -313,7 +316,7 @@ def test_a_region_that_cannot_be_registered_closes_its_descriptor_once():
             os.close(device.opened)
         except OSError:
             pass
-    assert g.shared.budget.used == 0
+    assert g.executor_regions.budget.used == 0
     assert g.call("PING")[0] == 0
     g.close()
 
@@ -322,32 +325,32 @@ def test_an_earlier_one_way_error_neither_stops_nor_is_lost_to_the_lanes_bookkee
     """The guest library attaches, allocates and frees on its own; a deferred CUDA error
     must wait for the program's next CUDA call, and a room or region given back must
     be given back (else it stays held while the guest thinks it free)."""
-    device_region, _ = _device_shared(tmp_path)
-    shared = regions.Shared(8 * MiB, device_region.open_device)
-    g = Guest(shared=shared)
+    device_region, _ = _device_regions(tmp_path)
+    executor_regions = regions.ExecutorRegions(8 * MiB, device_region.open_device)
+    g = Guest(executor_regions=executor_regions)
     dptr = g.alloc(MiB)
-    region = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
+    region = g.call("REGION_ATTACH", R.KIND_DEVICE, 0, 0)[1][0]
     fd, status, got = g.attach_memfd(MiB)
     assert status == 0, got
     g.post("MEMSET", 0x10, 1, 0, 1, 0)  # not this guest's memory: a deferred error
     failed = g.seq
-    status, got_room = g.call("SHM_ALLOC", region, 0, 8192)
+    status, got_room = g.call("REGION_ALLOC", region, 0, 8192)
     assert status == 0, got_room
     (room,) = got_room
-    assert g.call("SHM_FREE", region, 0, room) == (0, ())
-    assert g.call("SHM_DETACH", got[0]) == (0, ())
-    assert shared.budget.used == 4 * MiB  # the memfd's share came back
-    assert g.call("SHM_ALLOC", region, 0, 8192) == (0, (room,))  # the room came back
+    assert g.call("REGION_FREE", region, 0, room) == (0, ())
+    assert g.call("REGION_DETACH", got[0]) == (0, ())
+    assert executor_regions.budget.used == 4 * MiB  # the memfd's share came back
+    assert g.call("REGION_ALLOC", region, 0, 8192) == (0, (room,))  # the room came back
     g.seq += 1
     g.sock.sendall(frame("CTX_SYNCHRONIZE", seq=g.seq))
     _, _, _, status, body = read_reply(g.sock)
     assert status == P.CUDA_ERROR_INVALID_VALUE  # reported where a CUDA call would see it
     assert codec.ERROR.decode(body)[2] == failed
-    g.post("MEMCPY_DTOH_SHM", region, 0, room, dptr, 16, 0)
+    g.post("MEMCPY_DTOH_REGION", region, 0, room, dptr, 16, 0)
     assert g.call("CTX_SYNCHRONIZE")[0] == 0
     os.close(fd)
     g.close()
-    shared.close()
+    executor_regions.close()
 
 
 def test_regions_per_connection_are_bounded(guest):
@@ -358,19 +361,19 @@ def test_regions_per_connection_are_bounded(guest):
         if i < regions.MAX_REGIONS:
             assert status == 0, got
     assert status == P.CUDA_ERROR_OUT_OF_MEMORY and "at most" in got
-    assert guest.shared.budget.used == regions.MAX_REGIONS * 4096
+    assert guest.executor_regions.budget.used == regions.MAX_REGIONS * 4096
     assert guest.call("PING")[0] == 0
     for fd in fds:
         os.close(fd)
 
 
 def test_the_device_region_is_taken_whole_or_not_at_all(tmp_path):
-    shared, _ = _device_shared(tmp_path)
-    g = Guest(shared=shared)
-    status, msg = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 4096)
+    executor_regions, _ = _device_regions(tmp_path)
+    g = Guest(executor_regions=executor_regions)
+    status, msg = g.call("REGION_ATTACH", R.KIND_DEVICE, 0, 4096)
     assert status == P.CUDA_ERROR_INVALID_VALUE and "0 takes it whole" in msg
     assert not g.session.regions
-    status, got = g.call("SHM_ATTACH", R.KIND_DEVICE, 0, 4 * MiB)
+    status, got = g.call("REGION_ATTACH", R.KIND_DEVICE, 0, 4 * MiB)
     assert status == 0 and got[2] == 4 * MiB
     g.close()
-    shared.close()
+    executor_regions.close()

@@ -144,8 +144,8 @@ BAD_ROWS = {
     "device = 9": "device 9",
     "gpu_uuid = ''": "GPU UUID ''",
     "vm = 'a/b'": "contains '/'",
-    "shm = 3145728": "3 MiB is not a size for a shared-memory region",
-    "shm = -1": "-1 is not a size for a shared-memory region",
+    "region = 3145728": "3 MiB is not a size for a region",
+    "region = -1": "-1 is not a size for a region",
 }
 
 

@@ -12,16 +12,16 @@ import shutil
 import pytest
 
 from hvgpu.virtio import region as region_layout
-from tests.vm import guest_shm, vm
+from tests.vm import guest_region, vm
 
 
 class GuestRun:
     """What one boot reported: its console lines, its steps, the host's actions, and
-    the shared-memory region as the host read it back after the guest was off."""
+    the region as the host read it back after the guest was off."""
 
-    def __init__(self, lines, steps, work, actions, shm=None):
+    def __init__(self, lines, steps, work, actions, region=None):
         self.lines, self.steps, self.work, self.actions = lines, steps, work, actions
-        self.shm = shm
+        self.region = region
 
     def step(self, name: str) -> tuple[int, str]:
         if name not in self.steps:
@@ -31,24 +31,24 @@ class GuestRun:
         return rc, "\n".join(out)
 
 
-def region_token(region: vm.SharedRegion) -> bytes:
+def region_token(region: vm.RegionFile) -> bytes:
     """The token of the header the host writes before boot, for the steps that map the
-    device before any slice is attached (tests/vm/guest_shm.py). Once the guest's
+    device before any slice is attached (tests/vm/guest_region.py). Once the guest's
     program attaches the region, the executor writes its own header and token
-    (tests/vm/guest_shm_api.py)."""
+    (tests/vm/guest_region_api.py)."""
     token = os.urandom(region_layout.TOKEN_SIZE)
     region.write(0, region_layout.pack_header(region.size, token, 0))
     return token
 
 
-def read_back(region: vm.SharedRegion, token: bytes) -> dict:
-    """What the guest left in the region (tests/vm/guest_shm.py says where)."""
-    tail = len(guest_shm.TAIL_MARK)
+def read_back(region: vm.RegionFile, token: bytes) -> dict:
+    """What the guest left in the region (tests/vm/guest_region.py says where)."""
+    tail = len(guest_region.TAIL_MARK)
     return {"token": token, "size": region.size,
             "header": region.read(0, region_layout.HEADER.size),
-            "pattern": region.read(guest_shm.PATTERN_OFFSET, guest_shm.PATTERN_SIZE),
-            "user": region.read(guest_shm.USER_OFFSET, len(guest_shm.USER_MARK)),
-            "shim": region.read(guest_shm.SHIM_OFFSET, len(guest_shm.SHIM_MARK)),
+            "pattern": region.read(guest_region.PATTERN_OFFSET, guest_region.PATTERN_SIZE),
+            "user": region.read(guest_region.USER_OFFSET, len(guest_region.USER_MARK)),
+            "shim": region.read(guest_region.SHIM_OFFSET, len(guest_region.SHIM_MARK)),
             "tail": region.read(region.size - tail, tail)}
 
 
@@ -69,19 +69,19 @@ def guest_run(tmp_path_factory) -> GuestRun:
     for name, exe in vm.programs(work / "programs").items():
         shutil.copy(exe, overlay / "opt/programs" / name)
     shutil.copy(vm.HERE / "guest_api.py", overlay / "opt/tests")
-    shutil.copy(vm.HERE / "guest_shm.py", overlay / "opt/tests")
-    shutil.copy(vm.HERE / "guest_shm_api.py", overlay / "opt/tests")
+    shutil.copy(vm.HERE / "guest_region.py", overlay / "opt/tests")
+    shutil.copy(vm.HERE / "guest_region_api.py", overlay / "opt/tests")
     shutil.copy(vm.HERE / "guest_test.sh", overlay / "guest-test.sh")
     os.chmod(overlay / "guest-test.sh", 0o755)
     actions = []
-    with vm.SharedRegion() as region:
+    with vm.RegionFile() as region:
         token = region_token(region)
-        (overlay / "opt/tests/shm-token").write_text(token.hex())
+        (overlay / "opt/tests/region-token").write_text(token.hex())
         initrd = vm.initrd(cache, overlay, work / "initrd.cpio")
-        with vm.Host(cache, work, shm_dir=region.dir) as host:
+        with vm.Host(cache, work, region_dir=region.dir) as host:
             def on_line(line: str) -> None:
                 if line == "VMWANT attach":
-                    done = host.hvgpu("attach", vm.VM, "--mem", "256M", "--shm",
+                    done = host.hvgpu("attach", vm.VM, "--mem", "256M", "--region",
                                       f"{region.size >> 20}M")
                     actions.append(("attach", done.returncode, done.stdout + done.stderr))
                 elif line == "VMWANT restart":
@@ -89,6 +89,6 @@ def guest_run(tmp_path_factory) -> GuestRun:
                     host.start_agent()
                     host.tell_guest(1235, "restarted")
                     actions.append(("restart", 0, ""))
-            lines = vm.boot(cache, initrd, host, work / "console.log", on_line, shm=region)
-        shm = read_back(region, token)
-    return GuestRun(lines, vm.results(lines), work, actions, shm)
+            lines = vm.boot(cache, initrd, host, work / "console.log", on_line, region=region)
+        region = read_back(region, token)
+    return GuestRun(lines, vm.results(lines), work, actions, region)

@@ -41,26 +41,26 @@ install() {
 }
 step install install
 export PATH=/opt/hvgpu/bin:$PATH
-# The shared-memory device (ivshmem-plain): mapped by root, then by an ordinary user,
+# The region device (ivshmem-plain): mapped by root, then by an ordinary user,
 # refused before `hvgpu-guest install` gives group hvgpu its resource2 and served
 # after. This minimal guest has no useradd or groupadd: the user and the group are
 # written as those tools (and `usermod -aG hvgpu cuda`) would write them.
 printf '%s\n' 'root:x:0:0:root:/root:/bin/sh' 'cuda:x:1000:1000:a CUDA user:/tmp:/bin/sh' \
     >> /etc/passwd
 printf '%s\n' 'root:x:0:' 'cuda:x:1000:' 'hvgpu:x:990:cuda' >> /etc/group
-SHM="/opt/hvgpu/bin/python /opt/tests/guest_shm.py /opt/tests/shm-token"
-step shm $SHM root
-step shm_shim $SHM shim
-step shm_denied $SHM user cuda
-step shm_install hvgpu-guest install
-step shm_user $SHM user cuda
+REGION="/opt/hvgpu/bin/python /opt/tests/guest_region.py /opt/tests/region-token"
+step region $REGION root
+step region_shim $REGION shim
+step region_denied $REGION user cuda
+step region_install hvgpu-guest install
+step region_user $REGION user cuda
 step noslice hvgpu-guest info
 echo "VMWANT attach"
 until_ok 240 hvgpu-guest info
 step info hvgpu-guest info
 step smi hvgpu-guest smi
 step api /opt/hvgpu/bin/python /opt/tests/guest_api.py
-step shm_api /opt/hvgpu/bin/python /opt/tests/guest_shm_api.py
+step region_api /opt/hvgpu/bin/python /opt/tests/guest_region_api.py
 step cuda hvgpu-guest run -- /opt/programs/saxpy_static
 # The agent restarts under a running program: its next call fails, the next program works.
 mkfifo /tmp/go

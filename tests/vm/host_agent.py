@@ -1,7 +1,7 @@
 """The host side of a VM test: hvgpu's agent with the GPU test double, its slices kept
 in WORKDIR/state and its control socket at WORKDIR/control.sock, serving the guest's
 hybrid vsock on UDS_5170 as VM ``vm1`` (``--listen hvsock://UDS:5170=vm1``), its region
-file in $HVGPU_TEST_SHM_DIR when set. Runs until
+file in $HVGPU_TEST_REGION_DIR when set. Runs until
 SIGTERM; started again on the same WORKDIR it finds the slices it had.
 
     python -m tests.vm.host_agent WORKDIR UDS [VM]
@@ -27,8 +27,8 @@ def main() -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent = RunningAgent(work, FAKE_DEVICE, extra_listen=[f"hvsock://{uds}:5170={vm}"],
                          slices=True)
-    if os.environ.get("HVGPU_TEST_SHM_DIR"):  # the VM's region file (QEMU's ivshmem) is there
-        agent.agent.config.shm_dir = os.environ["HVGPU_TEST_SHM_DIR"]
+    if os.environ.get("HVGPU_TEST_REGION_DIR"):  # the VM's region file (QEMU's ivshmem) is there
+        agent.agent.config.region_dir = os.environ["HVGPU_TEST_REGION_DIR"]
     print(f"host agent: serving {vm} on hvsock://{uds}:5170, control {agent.control}",
           flush=True)
     stop.wait()

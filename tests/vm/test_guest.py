@@ -2,7 +2,7 @@
 to the agent on the host, which runs the GPU test double: installed from the wheel as a
 user installs it, refused while the VM has no slice, then the CLI, the Python API, an
 unmodified nvcc-built program, and an agent restart under a running program; and the
-VM's shared-memory device (QEMU's ivshmem-plain) found by its region's token and
+VM's region device (QEMU's ivshmem-plain) found by its region's token and
 mapped from its PCI BAR, by root and by a user of group hvgpu.
 
 Run alone: ``pytest -m vm tests/vm``. What the guest printed is read back from its
@@ -15,7 +15,7 @@ import re
 import pytest
 
 from hvgpu.virtio import region as layout
-from tests.vm import guest_shm
+from tests.vm import guest_region
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
 
@@ -74,56 +74,56 @@ def test_an_agent_restart_fails_the_running_program_and_the_next_one_works(guest
     assert rc == 0 and "copy back: no error" in out, out
 
 
-def test_the_guest_maps_the_shared_memory_device_by_its_token_and_the_host_sees_its_writes(
+def test_the_guest_maps_the_region_device_by_its_token_and_the_host_sees_its_writes(
         guest_run):
-    rc, out = guest_run.step("shm")
+    rc, out = guest_run.step("region")
     assert rc == 0, out
-    shm = guest_run.shm
-    assert (f"header size {shm['size']}, vGPU 0, token matches, mapped {shm['size']} bytes"
+    region = guest_run.region
+    assert (f"header size {region['size']}, vGPU 0, token matches, mapped {region['size']} bytes"
             in out), out
     assert "read back the same" in out, out
     # Read back from the host's /dev/shm file after the guest was off, not assumed:
-    assert shm["pattern"] == guest_shm.pattern(shm["token"])
-    assert shm["tail"] == guest_shm.TAIL_MARK  # the whole BAR is the file
+    assert region["pattern"] == guest_region.pattern(region["token"])
+    assert region["tail"] == guest_region.TAIL_MARK  # the whole BAR is the file
     rc, out = guest_run.step("info")
-    assert re.search(rf"shared memory: device [0-9a-f:.]+, {shm['size'] >> 20} MiB, readable "
+    assert re.search(rf"region: device [0-9a-f:.]+, {region['size'] >> 20} MiB, readable "
                      r"and writable by this user", out), out
 
 
 def test_the_shims_own_lookup_maps_the_same_device(guest_run):
-    rc, out = guest_run.step("shm_shim")
+    rc, out = guest_run.step("region_shim")
     assert rc == 0, out
-    assert f"hvgpu_region_find: 0\nmapped {guest_run.shm['size']} bytes; header carries the token" \
-        in out, out
-    assert guest_run.shm["shim"] == guest_shm.SHIM_MARK
+    assert (f"hvgpu_region_find: 0\nmapped {guest_run.region['size']} bytes; header carries "
+            "the token") in out, out
+    assert guest_run.region["shim"] == guest_region.SHIM_MARK
 
 
 def test_an_ordinary_user_maps_the_device_once_hvgpu_guest_install_has_run(guest_run):
-    rc, out = guest_run.step("shm_denied")
+    rc, out = guest_run.step("region_denied")
     assert rc == 1, out
-    assert "RegionError shm-permission" in out and "resource2" in out, out
+    assert "RegionError region-permission" in out and "resource2" in out, out
     assert "hvgpu-guest install" in out and "Traceback" not in out, out
-    rc, out = guest_run.step("shm_install")
+    rc, out = guest_run.step("region_install")
     assert rc == 0, out
     assert "kept the existing group hvgpu (gid 990)" in out, out
     assert re.search(r"gave group hvgpu read and write on /sys/bus/pci/devices/[0-9a-f:.]+/"
                      r"resource2", out), out
-    rc, out = guest_run.step("shm_user")
+    rc, out = guest_run.step("region_user")
     assert rc == 0, out
     assert "as uid 1000, groups [990, 1000]" in out and "token matches" in out, out
-    assert guest_run.shm["user"] == guest_shm.USER_MARK
+    assert guest_run.region["user"] == guest_region.USER_MARK
 
 
 def test_a_program_copies_through_its_vms_region_served_by_the_executor(guest_run):
-    """Attached with --shm, the executor writes the header with its own token when the
+    """Attached with --region, the executor writes the header with its own token when the
     program asks for the region; the program finds the device by it and its pinned and
     staged copies name offsets (no bytes on the vsock)."""
-    rc, out = guest_run.step("shm_api")
+    rc, out = guest_run.step("region_api")
     assert rc == 0, out
     assert "region: device" in out, out
     assert "pinned round trip: same bytes" in out and "staged round trip: same bytes" in out, out
     token = re.search(r"token ([0-9a-f]{32})", out).group(1)
     # read back from the host's file after the guest was off: the executor's header
-    header = layout.unpack_header(guest_run.shm["header"])
-    assert header == (guest_run.shm["size"], bytes.fromhex(token), 0)
-    assert "copies by op: MEMCPY_DTOH_SHM" in out and "MEMCPY_HTOD_SHM" in out, out
+    header = layout.unpack_header(guest_run.region["header"])
+    assert header == (guest_run.region["size"], bytes.fromhex(token), 0)
+    assert "copies by op: MEMCPY_DTOH_REGION" in out and "MEMCPY_HTOD_REGION" in out, out

@@ -4,8 +4,8 @@ vhost-device-vsock, which hands a guest connection to (CID 2, port P) to the hos
 connection to the unix socket UDS_P, the hybrid-vsock convention the agent serves
 (``hvsock://UDS:5170``); host-to-guest connections go through UDS with ``CONNECT P``.
 
-The guest also gets a shared-memory device as libvirt's ``<shmem>`` gives one: QEMU's
-``ivshmem-plain`` backed by a file in /dev/shm (:class:`SharedRegion`), which the
+The guest also gets a region device as libvirt's ``<shmem>`` gives one: QEMU's
+``ivshmem-plain`` backed by a file in /dev/shm (:class:`RegionFile`), which the
 guest maps from its PCI BAR 2 and the host reads back.
 
 The guest is the cached image of guest_image.sh plus an overlay per boot: hvgpu's
@@ -119,21 +119,21 @@ def initrd(cache: Path, overlay: Path, out: Path) -> Path:
     return out
 
 
-SHM_SIZE = 64 << 20  # room for a program's staging slots and pinned memory, and the marks
+REGION_SIZE = 64 << 20  # room for a program's staging slots and pinned memory, and the marks
 
 
-class SharedRegion:
-    """The VM's shared-memory region on the host: a /dev/shm file (one per run, removed
+class RegionFile:
+    """The VM's region on the host: a /dev/shm file (one per run, removed
     after it) that QEMU maps as an ivshmem-plain device's BAR 2."""
 
-    def __init__(self, size: int = SHM_SIZE):
+    def __init__(self, size: int = REGION_SIZE):
         self.size = size
-        # named as the agent looks for it (names.shm_name), in a directory of this run's
-        # that the agent is told is its shm directory
+        # named as the agent looks for it (names.region_name), in a directory of this run's
+        # that the agent is told is its region directory
         self.dir = Path(f"/dev/shm/hvgpu-test-{os.getpid()}")
         self.path = self.dir / f"hvgpu-{VM}"
 
-    def __enter__(self) -> "SharedRegion":
+    def __enter__(self) -> "RegionFile":
         shutil.rmtree(self.dir, ignore_errors=True)  # a killed run's, under this same pid
         self.dir.mkdir(mode=0o700)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -157,17 +157,17 @@ class SharedRegion:
             return f.read(n)
 
     def qemu_args(self) -> list[str]:
-        return ["-object", f"memory-backend-file,id=hvgpu-shm,size={self.size},"
+        return ["-object", f"memory-backend-file,id=hvgpu-region,size={self.size},"
                            f"mem-path={self.path},share=on",
-                "-device", "ivshmem-plain,memdev=hvgpu-shm"]
+                "-device", "ivshmem-plain,memdev=hvgpu-region"]
 
 
 class Host:
     """vhost-device-vsock and the agent (tests/vm/host_agent.py) for one guest."""
 
-    def __init__(self, cache: Path, work: Path, shm_dir: Path | None = None):
+    def __init__(self, cache: Path, work: Path, region_dir: Path | None = None):
         self.cache, self.work = cache, work
-        self.shm_dir = shm_dir  # where the agent finds the VM's region file
+        self.region_dir = region_dir  # where the agent finds the VM's region file
         self.run = work / "run"
         self.run.mkdir(parents=True, exist_ok=True)
         self.vhost = self.run / "vhost.sock"
@@ -201,8 +201,8 @@ class Host:
         log = open(self.work / f"agent-{self.agent_starts}.log", "ab")
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(REPO), os.environ.get("PYTHONPATH", "")]))
-        if self.shm_dir is not None:
-            env["HVGPU_TEST_SHM_DIR"] = str(self.shm_dir)
+        if self.region_dir is not None:
+            env["HVGPU_TEST_REGION_DIR"] = str(self.region_dir)
         self.agent = subprocess.Popen(
             [sys.executable, "-m", "tests.vm.host_agent", str(self.agent_dir), str(self.uds),
              VM], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -246,10 +246,10 @@ class Host:
 
 
 def qemu_command(cache: Path, initrd_path: Path, host: Host, mem_mb: int = 512,
-                 shm: SharedRegion | None = None) -> list[str]:
+                 region: RegionFile | None = None) -> list[str]:
     """QEMU under TCG with the guest's console on stdio, its vsock device served by
     the host's vhost-device-vsock (vhost-user needs the guest's RAM shared: memfd), and
-    ``shm``'s ivshmem-plain device where one is given."""
+    ``region``'s ivshmem-plain device where one is given."""
     return ["qemu-system-x86_64", "-nodefaults", "-no-user-config", "-display", "none",
             "-no-reboot", "-accel", "tcg", "-cpu", "max", "-M", "q35,memory-backend=mem",
             "-m", str(mem_mb), "-smp", "2",
@@ -258,15 +258,15 @@ def qemu_command(cache: Path, initrd_path: Path, host: Host, mem_mb: int = 512,
             "-device", "vhost-user-vsock-pci,chardev=vvs",
             "-kernel", str(cache / "vmlinuz"), "-initrd", str(initrd_path),
             "-append", "console=ttyS0 quiet panic=-1", "-serial", "stdio",
-            *(shm.qemu_args() if shm else [])]
+            *(region.qemu_args() if region else [])]
 
 
 def boot(cache: Path, initrd_path: Path, host: Host, console: Path,
          on_line: Callable[[str], None] = lambda line: None, timeout: float = 600,
-         mem_mb: int = 512, shm: SharedRegion | None = None) -> list[str]:
+         mem_mb: int = 512, region: RegionFile | None = None) -> list[str]:
     """Boots the guest until it powers off; returns its console lines, each also handed
     to on_line as it arrives (the host's actions happen there)."""
-    cmd = qemu_command(cache, initrd_path, host, mem_mb, shm)
+    cmd = qemu_command(cache, initrd_path, host, mem_mb, region)
     lines: list[str] = []
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)

@@ -2,15 +2,15 @@
  * (hvgpu/guest/client.py loads it with ctypes from hvgpu/guest/shim/, where it is
  * built beside the shim).
  *
- * It is built from the shim's own wire.c, shared.c, region.c and pcopy.c (framing,
- * HELLO, coalescing, the shared-memory lane, staging, parallel copies: one
+ * It is built from the shim's own wire.c, region_lane.c, region.c and pcopy.c (framing,
+ * HELLO, coalescing, the region lane, staging, parallel copies: one
  * implementation), plus this file, which says who it is. It is a library of its own,
  * not libcuda.so.1 loaded into Python: a process that loads a library whose soname is
  * libcuda.so.1 gets it again for every later dlopen("libcuda.so.1") (CuPy, PyTorch,
  * cuda-python in the same process would find the shim instead of NVIDIA's driver),
  * and the shim's crash handler (crash.c, a constructor) has no business in Python.
  *
- * Only wire.c's hvgpu_client_* and shared.c's hvgpu_client_* are its API; the
+ * Only wire.c's hvgpu_client_* and region_lane.c's hvgpu_client_* are its API; the
  * per-vGPU connections wire.c also keeps are the shim's, unused here.
  */
 #include "shim.h"

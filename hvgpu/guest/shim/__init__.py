@@ -3,7 +3,7 @@
 Its NVML counterpart, libnvidia-ml.so.1, is built into this directory too, so
 whatever puts the shim on the library path puts NVML there with it; so is
 libhvgpu-client.so.1, the Python API's client, made of the shim's own wire and
-shared-memory lane (hvgpu/guest/client.py loads it).
+region lane (hvgpu/guest/client.py loads it).
 
 The C sources beside this file are compiled into ``libcuda.so.1`` at install
 time (setup.py). This module only finds the library and reads its coverage
@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 LIBRARY = HERE / "libcuda.so.1"
 NVML_LIBRARY = HERE / "libnvidia-ml.so.1"  # built beside it (sources: hvgpu/guest/nvml/)
 # The Python API's client (hvgpu/guest/client.py loads it), built from the shim's wire.c,
-# shared.c, region.c and pcopy.c with client.c: not the shim itself (client.c says why).
+# region_lane.c, region.c and pcopy.c with client.c: not the shim itself (client.c says why).
 CLIENT_LIBRARY = HERE / "libhvgpu-client.so.1"
 
 

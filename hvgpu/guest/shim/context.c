@@ -18,8 +18,8 @@ static __thread struct hv_ctx *ctx_stack[STACK_MAX];
 static __thread int ctx_depth;
 
 const char hv_client_software[] = "hvgpu libcuda shim";
-const uint64_t hv_client_caps = HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS | HVGPU_CAP_SHM_MEMFD |
-                                HVGPU_CAP_SHM_DEVICE | HVGPU_CAP_OUTPUT;
+const uint64_t hv_client_caps = HVGPU_CAP_PARAM_INFO | HVGPU_CAP_PROGRESS | HVGPU_CAP_REGION_MEMFD |
+                                HVGPU_CAP_REGION_DEVICE | HVGPU_CAP_OUTPUT;
 
 struct hv_ctx *hv_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
 

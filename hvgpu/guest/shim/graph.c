@@ -15,7 +15,7 @@
  *
  * What the executor's graph cannot hold is kept in the guest (graph_guest.c): a copy
  * between the device and pageable memory is captured through a room of the
- * shared-memory region and delivered to or from the program's memory at each launch;
+ * region and delivered to or from the program's memory at each launch;
  * a host function splits the graph into parts, and runs between them in the
  * launching thread. Where that cannot be (no region, a host function on a stream
  * joined into a capture) the call is refused with
@@ -224,9 +224,9 @@ int hv_capture_copy(CUdeviceptr dptr, void *user, size_t n, int to_host, CUstrea
     if (c && !c->lost && status == 1 && hv_captured_copy(&c->got, dptr, user, n, to_host, stream, r))
         return 1;
     *r = hv_capture_refuse(stream, to_host ? "a copy to pageable memory with no room for it in "
-                                             "the shared-memory region"
+                                             "the region"
                                            : "a copy from pageable memory with no room for it "
-                                             "in the shared-memory region");
+                                             "in the region");
     return 1;
 }
 
@@ -764,7 +764,7 @@ static int side(const memcpy_side *s, size_t n, int device, uint64_t *addr, uint
     if (s->type == MEMORYTYPE_HOST) host = (const char *)s->host + s->x;
     else if (s->type == MEMORYTYPE_UNIFIED) host = (const char *)(uintptr_t)(s->device + s->x);
     else return 0;
-    if (hv_shm_locate(host, n, device, region, addr)) return 2;
+    if (hv_region_locate(host, n, device, region, addr)) return 2;
     if (s->type == MEMORYTYPE_UNIFIED) { /* a device address given as unified */
         *addr = s->device + s->x;
         return 1;

@@ -3,7 +3,7 @@
  *
  * A copy between the device and the program's pageable memory on a capturing stream
  * is captured as a copy between the device and a room of pinned memory in the
- * shared-memory region (shared.c), made for the graph; the graph keeps a
+ * region (region_lane.c), made for the graph; the graph keeps a
  * *delivery*: before each launch, the program's source bytes are copied into the
  * room (the driver's graph reads pageable memory when it runs, and the program's
  * bytes at launch are what it wrote before launching); after the launch, the room's
@@ -91,7 +91,7 @@ static void rooms_drop(struct rooms *r) {
     if (!last) return;
     for (int i = 0; i < r->n; i++) {
         CUresult e;
-        hv_shm_host_free(r->d[i].room, &e);
+        hv_region_host_free(r->d[i].room, &e);
     }
     free(r->d);
     free(r);
@@ -114,7 +114,7 @@ int hv_captured_copy(struct hv_captured **c, CUdeviceptr dptr, void *user, size_
                      int to_host, CUstream stream, CUresult *r) {
     void *room = NULL;
     CUresult e = CUDA_SUCCESS;
-    if (!hv_shm_host_alloc(&room, n, 0, &e)) return 0; /* no room: the caller refuses it */
+    if (!hv_region_host_alloc(&room, n, 0, &e)) return 0; /* no room: the caller refuses it */
     if (e) { /* an earlier one-way frame's error, reported here */
         *r = e;
         return 1;
@@ -126,14 +126,14 @@ int hv_captured_copy(struct hv_captured **c, CUdeviceptr dptr, void *user, size_
     if (!grow((void **)&rs->d, &rs->cap, rs->n + 1, sizeof *rs->d)) goto fail;
     rs->d[rs->n++] = (struct delivery){ user, room, n, to_host, (*c)->n };
     if (to_host) {
-        if (!hv_shm_dtoh(room, dptr, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
+        if (!hv_region_dtoh(room, dptr, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
     } else {
         memcpy(room, user, n);
-        if (!hv_shm_htod(dptr, room, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
+        if (!hv_region_htod(dptr, room, n, stream, 0, r)) *r = CUDA_ERROR_NOT_SUPPORTED;
     }
     return 1;
 fail:
-    hv_shm_host_free(room, &e);
+    hv_region_host_free(room, &e);
     *r = CUDA_ERROR_OUT_OF_MEMORY;
     return 1;
 }

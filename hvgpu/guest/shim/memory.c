@@ -6,7 +6,7 @@
  * do); device-to-host copies wait for their bytes, so the Async forms finish
  * before returning (stronger than CUDA promises, never weaker).
  *
- * Where the agent offers a shared-memory region (shared.c), pinned host memory
+ * Where the agent offers a region (region_lane.c), pinned host memory
  * (cuMemHostAlloc) lies in it: copies from and to it carry offsets, not bytes, and
  * are asynchronous as CUDA's are; large pageable copies are staged through it.
  * Elsewhere pinned memory is ordinary guest memory and the bytes travel on the
@@ -80,7 +80,7 @@ HV_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUde
 HV_EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
     if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
     CUresult r;
-    if (hv_shm_host_alloc(pp, size, flags, &r)) return r;
+    if (hv_region_host_alloc(pp, size, flags, &r)) return r;
     void *p = NULL;
     if (posix_memalign(&p, 4096, size)) return CUDA_ERROR_OUT_OF_MEMORY;
     hv_host_add(p, size, flags);
@@ -92,7 +92,7 @@ HV_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t size) { return cuMemHostA
 
 HV_EXPORT CUresult cuMemFreeHost(void *p) {
     CUresult r;
-    if (hv_shm_host_free(p, &r)) return r;
+    if (hv_region_host_free(p, &r)) return r;
     if (!hv_host_remove(p)) return CUDA_ERROR_INVALID_VALUE;
     free(p);
     return CUDA_SUCCESS;
@@ -157,14 +157,14 @@ static CUresult host_copy(void *dst, const void *src, size_t n, CUstream stream)
    though still allocated on the executor, which would take the copy: refused here. */
 static int kept(int device, CUdeviceptr ptr, size_t n) { return hv_kept_touches(device, ptr, n); }
 
-/* On the routed vGPU: through the shared-memory region where it takes the copy. */
+/* On the routed vGPU: through the region where it takes the copy. */
 static CUresult htod_routed(CUdeviceptr dst, const void *src, size_t n, CUstream stream,
                             int wait) {
     CUresult r;
-    if (hv_capture_active() && !hv_shm_holds(src, n) &&
+    if (hv_capture_active() && !hv_region_holds(src, n) &&
         hv_capture_copy(dst, (void *)src, n, 0, stream, &r))
         return r;
-    if (hv_shm_htod(dst, src, n, stream, wait, &r)) return r;
+    if (hv_region_htod(dst, src, n, stream, wait, &r)) return r;
     return htod_on(dst, src, n, stream);
 }
 
@@ -195,10 +195,10 @@ static CUresult dtoh_on(void *dst, CUdeviceptr src, size_t n, CUstream stream) {
 
 static CUresult dtoh_routed(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
     CUresult r;
-    if (hv_capture_active() && !hv_shm_holds(dst, n) &&
+    if (hv_capture_active() && !hv_region_holds(dst, n) &&
         hv_capture_copy(src, dst, n, 1, stream, &r))
         return r;
-    if (hv_shm_dtoh(dst, src, n, stream, wait, &r)) return r;
+    if (hv_region_dtoh(dst, src, n, stream, wait, &r)) return r;
     return dtoh_on(dst, src, n, stream);
 }
 
@@ -449,8 +449,8 @@ static CUresult copy2d(const hv_memcpy2d *c, CUstream stream, int wait) {
     /* Rows from or to pinned memory are one-way frames: the synchronous form waits
        once, after the last. */
     int pinned = wait && rows > 1 && c->height &&
-                 (hv_shm_holds((const void *)src, (rows - 1) * c->src_pitch + width) ||
-                  hv_shm_holds((const void *)dst, (rows - 1) * c->dst_pitch + width));
+                 (hv_region_holds((const void *)src, (rows - 1) * c->src_pitch + width) ||
+                  hv_region_holds((const void *)dst, (rows - 1) * c->dst_pitch + width));
     for (size_t i = 0; i < rows; i++) {
         CUresult r = any_copy(dst + i * c->dst_pitch, src + i * c->src_pitch, width, stream,
                               wait && !pinned);

@@ -1,4 +1,4 @@
-/* Large memory copies on several threads: what the shared-memory lane uses to move a
+/* Large memory copies on several threads: what the region lane uses to move a
  * staged chunk between the program's pageable memory and a slot of the region.
  *
  * One thread's memcpy moves 8-10 GB/s on the GPU machine, less than the driver's

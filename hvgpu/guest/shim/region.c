@@ -1,9 +1,9 @@
-/* The VM's shared-memory device, found and mapped (for the shim and the Python API).
+/* The VM's region device, found and mapped (for the shim and the Python API).
  *
  * An ivshmem-plain device (PCI 1af4:1110) needs no kernel driver: its memory is
  * BAR 2, mapped from sysfs (/sys/bus/pci/devices/ADDR/resource2). The executor
  * writes a header at the region's start (hvgpu/virtio/region.py) and hands the
- * guest its token in SHM_ATTACH's reply; hvgpu_region_find maps each ivshmem
+ * guest its token in REGION_ATTACH's reply; hvgpu_region_find maps each ivshmem
  * device in turn and keeps the one whose header carries that token and vGPU.
  *
  * The header's layout and numbers are hvgpu/virtio/region.py's, generated into
@@ -67,9 +67,9 @@ static int map_resource(const char *dir, const char *address, void **base, uint6
     if (fd < 0) {
         int err = errno;
         if (err == EACCES || err == EPERM)
-            say("the VM's shared-memory device %s is there, but this user (uid %u) may "
+            say("the VM's region device %s is there, but this user (uid %u) may "
                 "not open %s for reading and writing: as root, run `hvgpu-guest install` "
-                "(the udev rule /etc/udev/rules.d/70-hvgpu-shm.rules gives group hvgpu "
+                "(the udev rule /etc/udev/rules.d/70-hvgpu-region.rules gives group hvgpu "
                 "read and write on it) and add this user to group hvgpu",
                 address, (unsigned)geteuid(), path);
         else
@@ -151,6 +151,6 @@ HV_EXPORT int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], ui
     }
     closedir(d);
     if (failure) return failure;
-    say("no shared-memory device in %s carries this region's token", devices);
+    say("no region device in %s carries this region's token", devices);
     return -ENOENT;
 }

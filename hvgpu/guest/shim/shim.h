@@ -88,7 +88,7 @@ CUresult hv_flush(void);
    surfaced at a later call): what the guest assumed they did may not hold. */
 unsigned hv_oneway_failures(void);
 /* The routed vGPU's connection held (locked) across several frames: a copy through
-   the shared-memory lane sends synchronous requests before reading their replies
+   the region lane sends synchronous requests before reading their replies
    (in order). hv_wire_hold connects first; NULL with *r saying why. pass >= 0: a
    descriptor travels with the frame (only where hv_wire_passes_fds). */
 struct wire;
@@ -104,7 +104,7 @@ CUresult hv_wire_oneway_payload(struct wire *w, uint16_t op, const void *body, u
 CUresult hv_wire_call_payload(struct wire *w, uint16_t op, const void *body, uint32_t body_len,
                               void *rpayload, uint64_t rpayload_len);
 /* A standalone wire (hvgpu_client_open, wire.c's exported API): hv_wire_device is -1
-   for it, and shared.c keeps its lane in *hv_wire_lane. hv_wire_take locks a wire
+   for it, and region_lane.c keeps its lane in *hv_wire_lane. hv_wire_take locks a wire
    one has, as hv_wire_hold does the routed vGPU's (hv_wire_release lets go), and
    begins an exported call on it. */
 int hv_wire_standalone(const struct wire *w);
@@ -205,7 +205,7 @@ void hv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 const char *hv_agent_address(void);
 int hv_driver_version(void);              /* the host driver's, once connected */
 
-/* region.c: the VM's shared-memory device (ivshmem BAR 2, mapped through sysfs). */
+/* region.c: the VM's region device (ivshmem BAR 2, mapped through sysfs). */
 int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device, void **base,
                       uint64_t *size);
 const char *hvgpu_region_error(void);     /* why the last find failed, in a sentence */
@@ -266,17 +266,17 @@ void hv_pool_closing(int device, uint64_t pool);
 void hv_pool_destroyed(int device, uint64_t pool, int ok);
 int hv_stats_enabled(void);               /* wire.c: HVGPU_SHIM_STATS is set */
 
-/* shared.c: the shared-memory lane. Each returns 0 where it did nothing (the caller
+/* region_lane.c: the region lane. Each returns 0 where it did nothing (the caller
    goes on as without a region), else 1 with the call's status in *r. Copies run on
    the routed vGPU; `wait`: the synchronous form (the copy has landed on return). */
-int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r);
-int hv_shm_host_free(void *p, CUresult *r);
-int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
+int hv_region_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r);
+int hv_region_host_free(void *p, CUresult *r);
+int hv_region_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
                 CUresult *r);
-int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r);
-int hv_shm_holds(const void *p, size_t n); /* [p, p + n) lies in one region allocation */
+int hv_region_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r);
+int hv_region_holds(const void *p, size_t n); /* [p, p + n) lies in one region allocation */
 /* ... of vGPU device's lane: 1 with its region and the offset of p there, else 0. */
-int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset);
+int hv_region_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset);
 
 /* Run one call on another vGPU's connection. */
 #define HV_ON(device, call) ({ int hv_prev_ = hv_route(device); CUresult hv_r_ = (call); \

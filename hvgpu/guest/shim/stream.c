@@ -10,7 +10,7 @@
  *
  * Completion is never answered here: stream and event queries and synchronisations
  * always ask the executor, after the one-way frames sent before them on the same
- * connection. So a copy into pinned memory (shared.c), which returns before its
+ * connection. So a copy into pinned memory (region_lane.c), which returns before its
  * bytes are there, is done once such an answer says its stream's work is.
  */
 #define _GNU_SOURCE

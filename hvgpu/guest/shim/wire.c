@@ -19,7 +19,7 @@
  * HVGPU_SHIM_STATS=1 counts the frames sent, per op, synchronous calls (each a
  * round trip) apart from one-way frames, and prints them on stderr at exit.
  *
- * The shared-memory lane (shared.c) holds one connection's lock across a whole
+ * The region lane (region_lane.c) holds one connection's lock across a whole
  * copy (hv_wire_hold): it sends several synchronous requests before reading
  * their replies, which come in order, and passes a memfd with a frame
  * (SCM_RIGHTS on its first byte) where the connection is a unix socket.
@@ -69,7 +69,7 @@ struct wire {
        agent's statuses unmapped, and nothing said on stderr (the caller raises). */
     int standalone;
     double timeout;          /* seconds; 0: none */
-    void *lane;              /* shared.c's state of its shared-memory lane */
+    void *lane;              /* region_lane.c's state of its region lane */
     int refused;             /* the first refusal since the exported call began: */
     int refused_status;
     uint16_t refused_op;
@@ -884,7 +884,7 @@ CUresult hv_flush(void) {
     return r;
 }
 
-/* -- one connection held across several frames (shared.c) ------------------- */
+/* -- one connection held across several frames (region_lane.c) ------------------- */
 
 struct wire *hv_wire_hold(CUresult *r) {
     *r = hv_ensure();
@@ -1154,7 +1154,7 @@ HV_EXPORT const void *hvgpu_client_reply_body(const struct wire *w) { return w->
 
 HV_EXPORT const void *hvgpu_client_reply_payload(const struct wire *w) { return w->payload_heap; }
 
-/* shared.c: lets go of a standalone wire's lane (weak: a library without the lane). */
+/* region_lane.c: lets go of a standalone wire's lane (weak: a library without the lane). */
 void hv_lane_close(struct wire *w) __attribute__((weak));
 
 /* Sends what is coalesced, closes the socket and frees the wire. */

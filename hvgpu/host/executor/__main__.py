@@ -91,10 +91,10 @@ def watch_lifeline(fd: int) -> None:
 
 
 def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
-                compute: int = 0, shm: int = 0, vgpu: int = 0,
+                compute: int = 0, region: int = 0, vgpu: int = 0,
                 output: KernelOutput | None = None) -> None:
     quota = RemoteQuota(link)
-    shared = regions.Shared(shm, link.region, vgpu)
+    executor_regions = regions.ExecutorRegions(region, link.region, vgpu)
     staging = StagingPool(device) if device is not None else None
     heartbeat = Heartbeat()
     stats = Stats(link)
@@ -127,8 +127,8 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
             session = Session(sock, device, peer=peer, cache=cache, device_error=error,
                               quota=quota, owns_device=False, slice_name=name, compute=compute,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
-                              on_poisoned=poison, shared=shared, neighbours=neighbours,
-                              kernel_output=output)
+                              on_poisoned=poison, executor_regions=executor_regions,
+                              neighbours=neighbours, kernel_output=output)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             stats.add(session)
             with lock:
@@ -214,7 +214,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
     if staging is not None:
         staging.close()
     if device is not None:
-        shared.close()
+        executor_regions.close()
         device.close()
 
 
@@ -225,7 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vm", default="")
     ap.add_argument("--vgpu", type=int, default=0)
     ap.add_argument("--compute", type=int, default=0)
-    ap.add_argument("--shm", type=int, default=0, help="bytes of shared-memory regions")
+    # --shm: its name when an agent started before an upgrade spawns this executor
+    ap.add_argument("--region", "--shm", dest="region", type=int, default=0,
+                    help="bytes of regions")
     ap.add_argument("--peer", default="")
     ap.add_argument("--gpu", type=int, default=0)
     ap.add_argument("--cache-dir", default=None)
@@ -265,11 +267,12 @@ def main(argv=None) -> int:
     output = KernelOutput.install() if device is not None else None
     if args.control_fd is not None:
         serve_slice(AgentLink(adopt_control(args.control_fd)), device, error, cache, name,
-                    args.compute, args.shm, args.vgpu, output)
+                    args.compute, args.region, args.vgpu, output)
         return 0
-    shared = regions.Shared(args.shm)  # memfds only: no VM, no device region
+    executor_regions = regions.ExecutorRegions(args.region)  # memfds only: no VM, no device region
     Session(adopt(args.fd), device, peer=args.peer, cache=cache, device_error=error,
-            heartbeat=Heartbeat(), shared=shared, kernel_output=output).serve()  # its own staging pool, closed with it
+            heartbeat=Heartbeat(), executor_regions=executor_regions,
+            kernel_output=output).serve()  # its own staging pool, closed with it
     return 0
 
 

@@ -68,7 +68,7 @@ class AgentLink:
         return message, fields, fds
 
     def region(self) -> tuple[int, int]:
-        """(fd, size) of the VM's shared-memory device region, opened by the agent."""
+        """(fd, size) of the VM's region device region, opened by the agent."""
         reply = self.request(messages.REGION)
         fd = reply.get("fd")
         if fd is None:

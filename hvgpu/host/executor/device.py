@@ -66,7 +66,7 @@ class GpuDevice(Protocol):
     def host_free(self, addr: int) -> None: ...
 
     def host_register(self, addr: int, size: int) -> None:
-        """Page-lock memory the executor mapped (a shared region) for DMA."""
+        """Page-lock memory the executor mapped (a region) for DMA."""
 
     def host_unregister(self, addr: int) -> None: ...
     def stream(self, special: int) -> Any:

@@ -6,12 +6,12 @@ land in the graph. This module keeps the handles (graphs, instantiations, the
 nodes a capture query names) and what a graph could still reach after the guest
 let go of it:
 
-- a graph may copy to or from the connection's shared-memory regions and record
+- a graph may copy to or from the connection's regions and record
   its events, and its kernels are its modules' code; so while the connection holds
   any graph, instantiation or capture, giving those back is *parked* (the guest's
   handle goes at once, the host object when the last graph has gone), so a replay
   never reaches memory the executor has unmapped or code it has unloaded. Events,
-  regions, allocations (cuMemFree) and rooms of the VM's device region (SHM_FREE,
+  regions, allocations (cuMemFree) and rooms of the VM's device region (REGION_FREE,
   which would go to the VM's other processes) are parked only where a graph may
   reach them (``events``, ``regions``, ``allocations``, ``rooms``: a kernel's
   parameters are read as pointers for it, every aligned 8 bytes that falls in an

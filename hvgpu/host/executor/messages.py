@@ -102,7 +102,7 @@ STATS = Message("stats", TO_AGENT, (
        "sent every few seconds while they change and at exit")
 
 REGION = Message("region", TO_AGENT, (_ID,),
-                 doc="open the VM's shared-memory device region; answered by REGION_FD, or "
+                 doc="open the VM's region device region; answered by REGION_FD, or "
                      "by a REPLY with status+message")
 REGION_FD = Message("region_fd", TO_EXECUTOR, (_ID, Field("size", int, 1, MAX_BYTES)), fds=1,
                     doc="the VM's region file, opened read-write, size bytes long")

@@ -1,15 +1,15 @@
-"""Shared-memory regions on the executor's side: mapped, registered, bounded.
+"""Regions on the executor's side: mapped, registered, bounded.
 
 A region is memory a guest and its executor both map (hvgpu/virtio/region.py):
-a sealed memfd the guest passed with SHM_ATTACH, or the VM's ivshmem file, whose
+a sealed memfd the guest passed with REGION_ATTACH, or the VM's ivshmem file, whose
 descriptor only the agent opens. The executor maps it, registers it with the
 driver so copies from and to it are DMA, and hands out page-aligned room in it
-(SHM_ALLOC). What a guest names in a copy is (region, offset, size), checked
-here against the region's bounds and, in the VM's shared device region, against
+(REGION_ALLOC). What a guest names in a copy is (region, offset, size), checked
+here against the region's bounds and, in the VM's device region (its processes share it), against
 the room this connection was given: the other processes of the same VM keep
 theirs.
 
-Every region counts against one budget per executor (the slice's shared-memory
+Every region counts against one budget per executor (the slice's region
 limit, set at attach; for host-local use, the agent's). Nothing is ever read
 back from a region but a copy's bytes: the guest writes it at will.
 
@@ -32,7 +32,7 @@ from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
 
 MAX_REGIONS = 256  # per connection: its memfds (one per pinned allocation) and the VM's region
-MAX_ROOMS = 4096  # SHM_ALLOCs one connection may hold at once
+MAX_ROOMS = 4096  # REGION_ALLOCs one connection may hold at once
 _SEALS_NEEDED = fcntl.F_SEAL_SHRINK  # without it the guest could cut the mapping under us
 
 
@@ -52,10 +52,10 @@ class Budget:
         with self.lock:
             if self.used + n > self.limit:
                 raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
-                                f"{what} of {n} bytes exceeds the shared-memory limit "
+                                f"{what} of {n} bytes exceeds the region limit "
                                 f"({self.used} of {self.limit} bytes in use; set with "
-                                "hvgpu attach --shm)" if self.limit else
-                                f"{what}: this VM has no shared memory (hvgpu attach --shm)")
+                                "hvgpu attach --region)" if self.limit else
+                                f"{what}: this VM has no region (hvgpu attach --region)")
             self.used += n
 
     def give(self, n: int) -> None:
@@ -147,17 +147,17 @@ def check_memfd(fd: int, size: int) -> None:
     ``size`` bytes. Raises (the caller closes fd)."""
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
-        raise _invalid("the descriptor passed with SHM_ATTACH is not a memfd")
+        raise _invalid("the descriptor passed with REGION_ATTACH is not a memfd")
     try:
         seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
     except OSError:
-        raise _invalid("the descriptor passed with SHM_ATTACH is not a memfd "
+        raise _invalid("the descriptor passed with REGION_ATTACH is not a memfd "
                        "(it takes no seals)") from None
     if not seals & _SEALS_NEEDED:
-        raise _invalid("the memfd passed with SHM_ATTACH must be sealed against shrinking "
+        raise _invalid("the memfd passed with REGION_ATTACH must be sealed against shrinking "
                        "(F_SEAL_SHRINK)")
     if size <= 0 or st.st_size < size:
-        raise _invalid(f"the memfd holds {st.st_size} bytes, SHM_ATTACH said {size}")
+        raise _invalid(f"the memfd holds {st.st_size} bytes, REGION_ATTACH said {size}")
     if size % mmap.PAGESIZE:
         raise _invalid(f"a region's size must be a multiple of {mmap.PAGESIZE} bytes")
 
@@ -169,7 +169,7 @@ class Attached:
     def __init__(self, region: Region, owned: bool):
         self.region = region
         self.owned = owned
-        self.rooms: dict[int, int] = {}  # offset -> size, in a shared region
+        self.rooms: dict[int, int] = {}  # offset -> size, in the VM's device region
 
     def take(self, size: int) -> int:
         if len(self.rooms) >= MAX_ROOMS:
@@ -180,7 +180,7 @@ class Attached:
         at = self.region.rooms.take(size)
         if at is None:
             raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY,
-                            f"the shared-memory region has no free room of {size} bytes")
+                            f"the region has no free room of {size} bytes")
         self.rooms[at] = size
         return at
 
@@ -207,9 +207,9 @@ class Attached:
         return region.addr + offset
 
 
-class Shared:
+class ExecutorRegions:
     """What an executor's sessions share: the budget, and the VM's device region,
-    mapped on the first SHM_ATTACH that asks for it and kept until the executor
+    mapped on the first REGION_ATTACH that asks for it and kept until the executor
     ends (QEMU keeps the file as long as the VM runs)."""
 
     def __init__(self, limit: int, open_device=None, vgpu: int = 0):
@@ -221,21 +221,21 @@ class Shared:
 
     @property
     def caps(self) -> int:
-        caps = P.CAP_SHM_MEMFD if self.budget.limit else 0
-        return caps | (P.CAP_SHM_DEVICE if self.open_device and self.budget.limit else 0)
+        caps = P.CAP_REGION_MEMFD if self.budget.limit else 0
+        return caps | (P.CAP_REGION_DEVICE if self.open_device and self.budget.limit else 0)
 
     def attach_device(self, device) -> Region:
         with self.lock:
             if self.device_region is None:
                 if self.open_device is None or not self.budget.limit:
                     raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED,
-                                    "this VM has no shared-memory device (hvgpu attach --shm)")
+                                    "this VM has no region device (hvgpu attach --region)")
                 fd, size = self.open_device()
                 try:
                     if size > self.budget.limit or size % mmap.PAGESIZE:
                         raise CudaError(P.HV_INTERNAL, f"the VM's region is {size} bytes, its "
                                         f"limit {self.budget.limit}")
-                    self.budget.take(size, "the VM's shared-memory device")
+                    self.budget.take(size, "the VM's region device")
                 except BaseException:
                     os.close(fd)
                     raise

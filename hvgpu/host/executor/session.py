@@ -65,12 +65,12 @@ from hvgpu.virtio.framing import FrameReader, PeerClosed, pack_header
 log = logging.getLogger(__name__)
 
 _HELLO, _PING = P.OP["HELLO"], P.OP["PING"]
-_SHM_ATTACH = P.OP["SHM_ATTACH"]
+_REGION_ATTACH = P.OP["REGION_ATTACH"]
 # The lane's bookkeeping, which the guest library does on its own (a region on the first
 # large copy, its rooms): a deferred CUDA error waits for the next CUDA call instead,
 # which must not lose it, nor leave a room or region held that the guest thinks it gave.
-_SHM_SETUP = frozenset(P.OP[name] for name in ("SHM_ATTACH", "SHM_DETACH", "SHM_ALLOC",
-                                               "SHM_FREE"))
+_REGION_SETUP = frozenset(P.OP[name] for name in ("REGION_ATTACH", "REGION_DETACH", "REGION_ALLOC",
+                                               "REGION_FREE"))
 # Ending a capture is never skipped for an earlier one-way frame's error (which waits for
 # the next call): the capture would go on here while the guest believes it over.
 _END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
@@ -112,7 +112,7 @@ class Session:
                  compute: int = 0, vgpus: Callable[[], int] | None = None,
                  staging: StagingPool | None = None, heartbeat: Heartbeat | None = None,
                  on_poisoned: Callable[[int], None] | None = None,
-                 shared: regions.Shared | None = None,
+                 executor_regions: regions.ExecutorRegions | None = None,
                  neighbours: Callable[[], list] | None = None,
                  uploads: admission.UploadBudget | None = None,
                  kernel_output: KernelOutput | None = None):
@@ -174,11 +174,11 @@ class Session:
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use
-        # Shared-memory regions: the executor's budget and VM region; none by default
-        self.shared = shared or regions.Shared(0)
+        # Regions: the executor's budget and VM region; none by default
+        self.executor_regions = executor_regions or regions.ExecutorRegions(0)
         self.regions: dict[int, regions.Attached] = {}
         self.region_ids = 0
-        self.frame_fd: int | None = None  # the descriptor the SHM_ATTACH in work came with
+        self.frame_fd: int | None = None  # the descriptor the REGION_ATTACH in work came with
         self.owns_staging = staging is None
         self.version = 0
         self.serving = _SERVING  # op -> serve(session, hdr, body)
@@ -289,8 +289,8 @@ class Session:
                     self._failed(hdr, oneway, refused, body)  # before the bytes are skipped
                     self.reader.skip_payload()
                     continue
-            if hdr.op in _SHM_SETUP:
-                self.frame_fd = self.reader.take_fd() if hdr.op == _SHM_ATTACH else None
+            if hdr.op in _REGION_SETUP:
+                self.frame_fd = self.reader.take_fd() if hdr.op == _REGION_ATTACH else None
                 try:
                     self._serve_one(hdr, body, oneway)
                 finally:
@@ -442,9 +442,9 @@ class Session:
         mycaps = (self.device.caps if self.device is not None else 0) | P.CAP_PROGRESS \
             | P.CAP_MONITOR | (P.CAP_OUTPUT if self.kernel_output is not None else 0)
         if self.device is not None:
-            mycaps |= self.shared.caps
+            mycaps |= self.executor_regions.caps
             if self.reader.fds is None:  # descriptors travel on unix sockets only
-                mycaps &= ~P.CAP_SHM_MEMFD
+                mycaps &= ~P.CAP_REGION_MEMFD
         log.info("%s: connected, protocol v%d, client %s", self.peer, chosen, clip(client))
         reply = (chosen, 0, caps & mycaps, P.MAX_PAYLOAD, P.MAX_BODY, self.peer,
                  f"hvgpu {__version__}")

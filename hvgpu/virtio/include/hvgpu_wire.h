@@ -35,8 +35,8 @@
 #define HVGPU_CAP_OUTPUT 0x40ull
 #define HVGPU_CAP_PARAM_INFO 0x2ull
 #define HVGPU_CAP_PROGRESS 0x4ull
-#define HVGPU_CAP_SHM_DEVICE 0x10ull
-#define HVGPU_CAP_SHM_MEMFD 0x8ull
+#define HVGPU_CAP_REGION_DEVICE 0x10ull
+#define HVGPU_CAP_REGION_MEMFD 0x8ull
 
 
 typedef struct __attribute__((packed)) hvgpu_header {
@@ -127,12 +127,12 @@ enum hvgpu_op {
     HVGPU_OP_MEM_POOL_SET_ATTRIBUTE = 0x75,  /* cuMemPoolSetAttribute; attrib is CUmemPool_attribute's number. */
     HVGPU_OP_MEM_POOL_GET_ATTRIBUTE = 0x76,
     HVGPU_OP_MEM_POOL_TRIM_TO = 0x77,  /* cuMemPoolTrimTo. */
-    HVGPU_OP_SHM_ATTACH = 0x90,  /* kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose header the executor writes with the token and vGPU device number it replies (size 0: all of it). The region is registered with the driver (DMA) and counts against the VM's shared-memory limit. */
-    HVGPU_OP_SHM_DETACH = 0x91,  /* Waits for the connection's work, then unregisters and unmaps the region. */
-    HVGPU_OP_SHM_ALLOC = 0x92,  /* Room in a region (page-aligned) for this connection: its pinned host memory. */
-    HVGPU_OP_SHM_FREE = 0x93,  /* Gives back an SHM_ALLOC after the connection's work on it is done. */
-    HVGPU_OP_MEMCPY_HTOD_SHM = 0x94,  /* cuMemcpyHtoDAsync from the region: ordered on the stream, DMA. */
-    HVGPU_OP_MEMCPY_DTOH_SHM = 0x95,  /* cuMemcpyDtoHAsync into the region: the bytes are there once a later synchronising op on the stream (or the context) has answered. */
+    HVGPU_OP_REGION_ATTACH = 0x90,  /* kind 1 (memfd): the fd travels with this frame (SCM_RIGHTS), sealed against shrinking, size bytes long; kind 2 (device): the VM's ivshmem region, whose header the executor writes with the token and vGPU device number it replies (size 0: all of it). The region is registered with the driver (DMA) and counts against the VM's region limit. */
+    HVGPU_OP_REGION_DETACH = 0x91,  /* Waits for the connection's work, then unregisters and unmaps the region. */
+    HVGPU_OP_REGION_ALLOC = 0x92,  /* Room in a region (page-aligned) for this connection: its pinned host memory. */
+    HVGPU_OP_REGION_FREE = 0x93,  /* Gives back an REGION_ALLOC after the connection's work on it is done. */
+    HVGPU_OP_MEMCPY_HTOD_REGION = 0x94,  /* cuMemcpyHtoDAsync from the region: ordered on the stream, DMA. */
+    HVGPU_OP_MEMCPY_DTOH_REGION = 0x95,  /* cuMemcpyDtoHAsync into the region: the bytes are there once a later synchronising op on the stream (or the context) has answered. */
     HVGPU_OP_FUNC_SET_CACHE_CONFIG = 0x80,  /* cuFuncSetCacheConfig; config is CUfunc_cache's number. */
     HVGPU_OP_STREAM_BEGIN_CAPTURE = 0xa0,  /* cuStreamBeginCapture; mode is CUstreamCaptureMode's number. Replies the capture's id and the handle of the graph it builds (the one END_CAPTURE gives). */
     HVGPU_OP_STREAM_END_CAPTURE = 0xa1,  /* cuStreamEndCapture: the graph's handle. A capture that failed replies its error (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, ...) and has ended all the same. Carried out even where an earlier one-way frame's error is owed (a later call reports it); a one-way frame of the capture that failed invalidated it. */
@@ -179,8 +179,8 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_STREAM_WAIT_EVENT:
     case HVGPU_OP_EVENT_RECORD:
     case HVGPU_OP_MEM_FREE_ASYNC:
-    case HVGPU_OP_MEMCPY_HTOD_SHM:
-    case HVGPU_OP_MEMCPY_DTOH_SHM:
+    case HVGPU_OP_MEMCPY_HTOD_REGION:
+    case HVGPU_OP_MEMCPY_DTOH_REGION:
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG:
     case HVGPU_OP_GRAPH_LAUNCH:
     case HVGPU_OP_GRAPH_UPLOAD:
@@ -266,12 +266,12 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_POOL_SET_ATTRIBUTE: return "MEM_POOL_SET_ATTRIBUTE";
     case HVGPU_OP_MEM_POOL_GET_ATTRIBUTE: return "MEM_POOL_GET_ATTRIBUTE";
     case HVGPU_OP_MEM_POOL_TRIM_TO: return "MEM_POOL_TRIM_TO";
-    case HVGPU_OP_SHM_ATTACH: return "SHM_ATTACH";
-    case HVGPU_OP_SHM_DETACH: return "SHM_DETACH";
-    case HVGPU_OP_SHM_ALLOC: return "SHM_ALLOC";
-    case HVGPU_OP_SHM_FREE: return "SHM_FREE";
-    case HVGPU_OP_MEMCPY_HTOD_SHM: return "MEMCPY_HTOD_SHM";
-    case HVGPU_OP_MEMCPY_DTOH_SHM: return "MEMCPY_DTOH_SHM";
+    case HVGPU_OP_REGION_ATTACH: return "REGION_ATTACH";
+    case HVGPU_OP_REGION_DETACH: return "REGION_DETACH";
+    case HVGPU_OP_REGION_ALLOC: return "REGION_ALLOC";
+    case HVGPU_OP_REGION_FREE: return "REGION_FREE";
+    case HVGPU_OP_MEMCPY_HTOD_REGION: return "MEMCPY_HTOD_REGION";
+    case HVGPU_OP_MEMCPY_DTOH_REGION: return "MEMCPY_DTOH_REGION";
     case HVGPU_OP_FUNC_SET_CACHE_CONFIG: return "FUNC_SET_CACHE_CONFIG";
     case HVGPU_OP_STREAM_BEGIN_CAPTURE: return "STREAM_BEGIN_CAPTURE";
     case HVGPU_OP_STREAM_END_CAPTURE: return "STREAM_END_CAPTURE";
@@ -950,64 +950,64 @@ typedef struct __attribute__((packed)) hvgpu_mem_pool_trim_to_req {
 } hvgpu_mem_pool_trim_to_req_t;
 _Static_assert(sizeof(hvgpu_mem_pool_trim_to_req_t) == 16, "hvgpu_mem_pool_trim_to_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_attach_req {
+typedef struct __attribute__((packed)) hvgpu_region_attach_req {
     uint32_t kind;
     uint32_t flags;
     uint64_t size;
-} hvgpu_shm_attach_req_t;
-_Static_assert(sizeof(hvgpu_shm_attach_req_t) == 16, "hvgpu_shm_attach_req_t");
+} hvgpu_region_attach_req_t;
+_Static_assert(sizeof(hvgpu_region_attach_req_t) == 16, "hvgpu_region_attach_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_attach_rep {
+typedef struct __attribute__((packed)) hvgpu_region_attach_rep {
     uint32_t region;
     uint32_t device;
     uint64_t size;
     uint32_t token_len;
-} hvgpu_shm_attach_rep_t;
-_Static_assert(sizeof(hvgpu_shm_attach_rep_t) == 20, "hvgpu_shm_attach_rep_t");
+} hvgpu_region_attach_rep_t;
+_Static_assert(sizeof(hvgpu_region_attach_rep_t) == 20, "hvgpu_region_attach_rep_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_detach_req {
+typedef struct __attribute__((packed)) hvgpu_region_detach_req {
     uint32_t region;
-} hvgpu_shm_detach_req_t;
-_Static_assert(sizeof(hvgpu_shm_detach_req_t) == 4, "hvgpu_shm_detach_req_t");
+} hvgpu_region_detach_req_t;
+_Static_assert(sizeof(hvgpu_region_detach_req_t) == 4, "hvgpu_region_detach_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_alloc_req {
+typedef struct __attribute__((packed)) hvgpu_region_alloc_req {
     uint32_t region;
     uint32_t reserved;
     uint64_t size;
-} hvgpu_shm_alloc_req_t;
-_Static_assert(sizeof(hvgpu_shm_alloc_req_t) == 16, "hvgpu_shm_alloc_req_t");
+} hvgpu_region_alloc_req_t;
+_Static_assert(sizeof(hvgpu_region_alloc_req_t) == 16, "hvgpu_region_alloc_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_alloc_rep {
+typedef struct __attribute__((packed)) hvgpu_region_alloc_rep {
     uint64_t offset;
-} hvgpu_shm_alloc_rep_t;
-_Static_assert(sizeof(hvgpu_shm_alloc_rep_t) == 8, "hvgpu_shm_alloc_rep_t");
+} hvgpu_region_alloc_rep_t;
+_Static_assert(sizeof(hvgpu_region_alloc_rep_t) == 8, "hvgpu_region_alloc_rep_t");
 
-typedef struct __attribute__((packed)) hvgpu_shm_free_req {
+typedef struct __attribute__((packed)) hvgpu_region_free_req {
     uint32_t region;
     uint32_t reserved;
     uint64_t offset;
-} hvgpu_shm_free_req_t;
-_Static_assert(sizeof(hvgpu_shm_free_req_t) == 16, "hvgpu_shm_free_req_t");
+} hvgpu_region_free_req_t;
+_Static_assert(sizeof(hvgpu_region_free_req_t) == 16, "hvgpu_region_free_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_memcpy_htod_shm_req {
+typedef struct __attribute__((packed)) hvgpu_memcpy_htod_region_req {
     uint64_t dst;
     uint32_t region;
     uint32_t reserved;
     uint64_t offset;
     uint64_t size;
     uint64_t stream;
-} hvgpu_memcpy_htod_shm_req_t;
-_Static_assert(sizeof(hvgpu_memcpy_htod_shm_req_t) == 40, "hvgpu_memcpy_htod_shm_req_t");
+} hvgpu_memcpy_htod_region_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_htod_region_req_t) == 40, "hvgpu_memcpy_htod_region_req_t");
 
-typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_shm_req {
+typedef struct __attribute__((packed)) hvgpu_memcpy_dtoh_region_req {
     uint32_t region;
     uint32_t reserved;
     uint64_t offset;
     uint64_t src;
     uint64_t size;
     uint64_t stream;
-} hvgpu_memcpy_dtoh_shm_req_t;
-_Static_assert(sizeof(hvgpu_memcpy_dtoh_shm_req_t) == 40, "hvgpu_memcpy_dtoh_shm_req_t");
+} hvgpu_memcpy_dtoh_region_req_t;
+_Static_assert(sizeof(hvgpu_memcpy_dtoh_region_req_t) == 40, "hvgpu_memcpy_dtoh_region_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_func_set_cache_config_req {
     uint64_t function;
@@ -1612,12 +1612,12 @@ static inline int hvgpu_func_get_attributes_rep_decode(const void *body, uint32_
     return whole ? cut : -1;
 }
 
-typedef struct hvgpu_shm_attach_rep_view {
-    hvgpu_shm_attach_rep_t fixed;
+typedef struct hvgpu_region_attach_rep_view {
+    hvgpu_region_attach_rep_t fixed;
     hvgpu_span_t token;
-} hvgpu_shm_attach_rep_view_t;
+} hvgpu_region_attach_rep_view_t;
 
-static inline int hvgpu_shm_attach_rep_decode(const void *body, uint32_t n, hvgpu_shm_attach_rep_view_t *v) {
+static inline int hvgpu_region_attach_rep_decode(const void *body, uint32_t n, hvgpu_region_attach_rep_view_t *v) {
     const uint8_t *p = (const uint8_t *)body, *end = p + n;
     int cut = 0, whole = n >= sizeof v->fixed;
     memset(v, 0, sizeof *v);
@@ -1672,7 +1672,7 @@ static inline int hvgpu_error_rep_decode(const void *body, uint32_t n, hvgpu_err
     return whole ? cut : -1;
 }
 
-/* -- the shared-memory region (hvgpu/virtio/region.py) ------------------------------ */
+/* -- the region (hvgpu/virtio/region.py) ------------------------------ */
 
 #define HVGPU_REGION_MAGIC "HVGPUSHM"
 #define HVGPU_REGION_VERSION 1

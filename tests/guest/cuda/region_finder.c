@@ -1,4 +1,4 @@
-/* A test double for the shim's finder of the VM's shared-memory device (region.c):
+/* A test double for the shim's finder of the VM's region device (region.c):
  * preloaded, it maps the file $HVGPU_TEST_REGION as a guest maps the ivshmem BAR,
  * and answers only where the header the executor wrote there carries the token
  * and vGPU asked for (hvgpu/virtio/region.py's HEADER). It counts its calls in

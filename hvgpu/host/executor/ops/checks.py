@@ -120,7 +120,7 @@ def launch_params(session, handle: int, params) -> Any:
 
 
 def region(session, number: int):
-    """The shared-memory region (regions.Attached) a guest's region number names."""
+    """The region (regions.Attached) a guest's region number names."""
     attached = session.regions.get(number)
     if attached is None:
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE,

@@ -1,8 +1,8 @@
-"""The shared-memory lane: regions a guest attaches, room in them, copies through them.
+"""The region lane: regions a guest attaches, room in them, copies through them.
 
 A region (``executor/regions.py``) is a sealed memfd the guest passes with
-SHM_ATTACH, or the VM's device region, and counts against the executor's
-shared-memory budget, not the device quota. A copy names (region, offset,
+REGION_ATTACH, or the VM's device region, and counts against the executor's
+region budget, not the device quota. A copy names (region, offset,
 size), checked against the region and, in the VM's region, against the room
 this connection took. Detaching waits for the GPU and is parked while a graph
 may still copy to or from the region.
@@ -20,7 +20,7 @@ from hvgpu.errors import CudaError
 from hvgpu.host.executor import regions
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops.ledger import quietly
-from hvgpu.host.executor.ops.table import RELEASES, SHARED_MEMORY, Family
+from hvgpu.host.executor.ops.table import RELEASES, REGION_MEMORY, Family
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as region_layout
 
@@ -36,7 +36,7 @@ def drop(session, attached: regions.Attached) -> None:
     attached.give_all()
     if attached.owned:
         attached.region.close()
-        session.shared.budget.give(attached.region.size)
+        session.executor_regions.budget.give(attached.region.size)
 
 
 def _attach(session, hdr, kind, flags, size) -> tuple:
@@ -44,19 +44,19 @@ def _attach(session, hdr, kind, flags, size) -> tuple:
     session's until the action takes it: a refused frame's is closed by the session."""
     fd = session.frame_fd
     if flags:
-        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"SHM_ATTACH flags {flags:#x}")
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"REGION_ATTACH flags {flags:#x}")
     if len(session.regions) >= regions.MAX_REGIONS:
         raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, "a connection attaches at most "
-                        f"{regions.MAX_REGIONS} shared-memory regions")
+                        f"{regions.MAX_REGIONS} regions")
     if kind == region_layout.KIND_MEMFD:
         if fd is None:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            "SHM_ATTACH of a memfd came without its descriptor")
+                            "REGION_ATTACH of a memfd came without its descriptor")
         regions.check_memfd(fd, size)
     elif kind == region_layout.KIND_DEVICE:
         if fd is not None:
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                            "SHM_ATTACH of the device region takes no descriptor")
+                            "REGION_ATTACH of the device region takes no descriptor")
         if any(not a.owned for a in session.regions.values()):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                             "the device region is already attached on this connection")
@@ -65,21 +65,21 @@ def _attach(session, hdr, kind, flags, size) -> tuple:
     return kind, size
 
 
-@declare("SHM_ATTACH", check=_attach, charge=SHARED_MEMORY)
-def shm_attach(session, hdr, kind, size):
+@declare("REGION_ATTACH", check=_attach, charge=REGION_MEMORY)
+def region_attach(session, hdr, kind, size):
     fd, session.frame_fd = session.frame_fd, None
     try:
         if kind == region_layout.KIND_MEMFD:
-            session.shared.budget.take(size, "a memfd region")
+            session.executor_regions.budget.take(size, "a memfd region")
             owned, fd = fd, None  # the Region's from here: it closes it, even failing
             try:
                 got = regions.Region(owned, size, session.device, kind=region_layout.KIND_MEMFD)
             except BaseException:
-                session.shared.budget.give(size)
+                session.executor_regions.budget.give(size)
                 raise
             attached = regions.Attached(got, owned=True)
         else:
-            attached = regions.Attached(session.shared.attach_device(session.device),
+            attached = regions.Attached(session.executor_regions.attach_device(session.device),
                                         owned=False)
             if size not in (0, attached.region.size):
                 raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
@@ -92,7 +92,7 @@ def shm_attach(session, hdr, kind, size):
     session.regions[session.region_ids] = attached
     log.info("%s: attached a %s region of %d bytes as %d", session.peer,
              "memfd" if attached.owned else "device", attached.region.size, session.region_ids)
-    device = 0 if attached.owned else session.shared.vgpu
+    device = 0 if attached.owned else session.executor_regions.vgpu
     return session.region_ids, device, attached.region.size, attached.region.token
 
 
@@ -100,8 +100,8 @@ def _region(session, hdr, number, *fields) -> tuple:
     return (number, checks.region(session, number), *fields)
 
 
-@declare("SHM_DETACH", check=_region, charge=RELEASES)
-def shm_detach(session, hdr, number, attached):
+@declare("REGION_DETACH", check=_region, charge=RELEASES)
+def region_detach(session, hdr, number, attached):
     # A graph may copy from or to it: unmapped only once no graph is left.
     if number not in session.graphs.regions or not session.graphs.park(
             f"region {number}", lambda: drop(session, attached)):
@@ -110,8 +110,8 @@ def shm_detach(session, hdr, number, attached):
     del session.regions[number]
 
 
-@declare("SHM_ALLOC", check=_region)
-def shm_alloc(session, hdr, number, attached, reserved, size):
+@declare("REGION_ALLOC", check=_region)
+def region_alloc(session, hdr, number, attached, reserved, size):
     return (attached.take(size),)
 
 
@@ -123,8 +123,8 @@ def _room(session, hdr, number, reserved, offset) -> tuple:
     return number, attached, offset
 
 
-@declare("SHM_FREE", check=_room)
-def shm_free(session, hdr, number, attached, offset):
+@declare("REGION_FREE", check=_room)
+def region_free(session, hdr, number, attached, offset):
     session.device.synchronize()  # cuMemFreeHost waits for the device, too
     if (number, offset) in session.graphs.rooms:  # a graph may still copy to or from it
         size = attached.rooms.pop(offset)  # the guest's no more; the region's later
@@ -144,8 +144,8 @@ def _upload(session, hdr, dst, number, reserved, offset, size, stream) -> tuple:
     return dst, src, size, checks.stream(session, stream) if size else None
 
 
-@declare("MEMCPY_HTOD_SHM", check=_upload)
-def memcpy_htod_shm(session, hdr, dst, src, size, s):
+@declare("MEMCPY_HTOD_REGION", check=_upload)
+def memcpy_htod_region(session, hdr, dst, src, size, s):
     if size:
         session.device.memcpy_htod_async(dst, src, size, s)
     session.counts["h2d_bytes"] += size
@@ -160,8 +160,8 @@ def _download(session, hdr, number, reserved, offset, src, size, stream) -> tupl
     return dst, src, size, checks.stream(session, stream) if size else None
 
 
-@declare("MEMCPY_DTOH_SHM", check=_download)
-def memcpy_dtoh_shm(session, hdr, dst, src, size, s):
+@declare("MEMCPY_DTOH_REGION", check=_download)
+def memcpy_dtoh_region(session, hdr, dst, src, size, s):
     if size:
         session.device.memcpy_dtoh_async(dst, src, size, s)
     session.counts["d2h_bytes"] += size

@@ -55,18 +55,18 @@ MEASURED = Charge("measured", "charged what the driver's free memory fell by whi
 BOOKS = Charge("books", "charged by the books of its family (vmm.VirtualMemory, pools.Pools), "
                         "ahead of the driver taking the memory and given back as it returns")
 RELEASES = Charge("releases", "gives back what the object it destroys was charged (the "
-                              "quota, or the shared-memory budget) once the driver has it "
+                              "quota, or the region budget) once the driver has it "
                               "back; parked while a graph may still reach it, and given back "
                               "with the last graph")
 SETTLES = Charge("settles", "a synchronisation point: after it, each pool is trimmed to its "
                             "release threshold and what it gave back is uncharged")
 SETTLES_FIRST = Charge("settles first", "before it answers, each pool is trimmed to its "
                                         "release threshold and what it gave back uncharged")
-SHARED_MEMORY = Charge("shared memory", "takes its size from the executor's shared-memory "
-                                        "budget (hvgpu attach --shm), not from the device "
-                                        "quota; given back when it is detached")
+REGION_MEMORY = Charge("region", "takes its size from the executor's region budget (hvgpu "
+                                "attach --region), not from the device quota; given "
+                                "back when it is detached")
 KINDS = ("none", "ahead", "measured", "books", "releases", "settles", "settles first",
-         "shared memory")
+         "region")
 
 
 def ahead(size: Callable[..., int]) -> Charge:

@@ -2,9 +2,9 @@
  * from several threads at once. Linked against libcuda.so.1 by name: the shim, or
  * natively the real driver.
  *
- *   shm_driver errors   copies past the end of an allocation fail (every reply of a
+ *   region_driver errors   copies past the end of an allocation fail (every reply of a
  *                       staged copy read), and the next copies work
- *   shm_driver threads  four threads copy 12 MiB + odd bytes both ways, pageable and
+ *   region_driver threads  four threads copy 12 MiB + odd bytes both ways, pageable and
  *                       pinned, at the same time, each on its own stream
  */
 #include <cuda.h>
@@ -54,7 +54,7 @@ static int errors(void) {
     memset(page, 0, small);
     CHECK(cuMemcpyDtoH(page, d, small));
     bad += differ(page, 9, small);
-    printf("shm_driver errors: htod=%d htod_pinned=%d dtoh=%d dtoh_pinned=%d then wrong=%zu\n",
+    printf("region_driver errors: htod=%d htod_pinned=%d dtoh=%d dtoh_pinned=%d then wrong=%zu\n",
            h2d, h2d_pinned, d2h, d2h_pinned, bad);
     CHECK(cuMemFreeHost(pin));
     CHECK(cuMemFree(d));
@@ -104,7 +104,7 @@ static int threads(void) {
     pthread_t t[4];
     for (unsigned i = 0; i < 4; i++) pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)i);
     for (unsigned i = 0; i < 4; i++) pthread_join(t[i], NULL);
-    printf("shm_driver threads: 4 x 3 rounds wrong=%zu\n", wrong);
+    printf("region_driver threads: 4 x 3 rounds wrong=%zu\n", wrong);
     return wrong != 0;
 }
 

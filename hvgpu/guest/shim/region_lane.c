@@ -1,16 +1,16 @@
-/* The shared-memory lane: pinned host memory, and copies that name offsets in a
+/* The region lane: pinned host memory, and copies that name offsets in a
  * region the guest and its executor both map (hvgpu/virtio/region.py), for the shim
  * and for the Python API alike.
  *
  * A connection (one per vGPU) whose agent offers a region gets one on its first
  * pinned allocation or pageable copy of HVGPU_STAGE_MIN bytes or more:
- * - the VM's device region (HELLO's CAP_SHM_DEVICE): SHM_ATTACH kind 2 answers a
+ * - the VM's device region (HELLO's CAP_REGION_DEVICE): REGION_ATTACH kind 2 answers a
  *   token and vGPU number, and hvgpu_region_find (region.c) maps the ivshmem BAR
  *   whose header carries them; the staging slots and pinned memory are room in it
- *   (SHM_ALLOC);
+ *   (REGION_ALLOC);
  * - otherwise (no such device, or one the guest cannot map: it is detached again),
- *   on a unix socket to the agent (CAP_SHM_MEMFD), sealed memfds passed with
- *   SHM_ATTACH kind 1: one for the staging slots, one per pinned allocation.
+ *   on a unix socket to the agent (CAP_REGION_MEMFD), sealed memfds passed with
+ *   REGION_ATTACH kind 1: one for the staging slots, one per pinned allocation.
  * The staging slots are made on the first copy that needs them.
  * A copy from or to pinned memory is a one-way frame naming (region, offset): the
  * executor's DMA moves the bytes, and a device-to-host copy's are there once a
@@ -47,7 +47,7 @@
 
 /* The region's numbers (HVGPU_REGION_*) and the staging (HVGPU_STAGE_*) are
    hvgpu/virtio/region.py's and tuning.py's. */
-/* region.c: the VM's shared-memory device whose header carries token; 0 when found.
+/* region.c: the VM's region device whose header carries token; 0 when found.
    Weak: a shim built without it finds none, and uses a memfd or the socket. */
 int hvgpu_region_find(const uint8_t token[HVGPU_REGION_TOKEN_SIZE], uint32_t device, void **base,
                       uint64_t *size)
@@ -102,7 +102,7 @@ struct block {
     uintptr_t addr;
     size_t size;
     size_t mapped;     /* whole: the memfd mapping's length, unmapped at free */
-    int whole;         /* a memfd region of its own (SHM_DETACH) or room (SHM_FREE) */
+    int whole;         /* a memfd region of its own (REGION_DETACH) or room (REGION_FREE) */
     const struct lane *owner; /* the lane it was made on; NULL: that connection closed */
     unsigned epoch;
     uint32_t region;
@@ -179,9 +179,9 @@ static int block_find(const void *p, size_t n, const struct lane *owner, uint32_
     return found;
 }
 
-int hv_shm_holds(const void *p, size_t n) { return block_find(p, n, NULL, NULL, NULL); }
+int hv_region_holds(const void *p, size_t n) { return block_find(p, n, NULL, NULL, NULL); }
 
-int hv_shm_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
+int hv_region_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
     return device >= 0 && device < HV_MAX_DEVICES &&
            block_find(p, n, &lanes[device], region, offset);
 }
@@ -255,13 +255,13 @@ static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **
         close(fd);
         return 0;
     }
-    hvgpu_shm_attach_req_t q = { HVGPU_REGION_KIND_MEMFD, 0, size };
-    unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
+    hvgpu_region_attach_req_t q = { HVGPU_REGION_KIND_MEMFD, 0, size };
+    unsigned char rep[sizeof(hvgpu_region_attach_rep_t) + 64] = {0};
     uint32_t got = 0;
-    CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, fd, rep, sizeof rep, &got);
+    CUresult r = hv_wire_call(w, HVGPU_OP_REGION_ATTACH, &q, sizeof q, fd, rep, sizeof rep, &got);
     close(fd); /* the executor has its own, and the mapping stays */
-    hvgpu_shm_attach_rep_view_t a;
-    if (r || hvgpu_shm_attach_rep_decode(rep, got, &a) < 0 || a.fixed.size < size) {
+    hvgpu_region_attach_rep_view_t a;
+    if (r || hvgpu_region_attach_rep_decode(rep, got, &a) < 0 || a.fixed.size < size) {
         snprintf(why, whylen, "the agent did not attach a memfd of %llu bytes (CUDA error %d)",
                  (unsigned long long)size, r ? r : CUDA_ERROR_INVALID_VALUE);
         munmap(p, size);
@@ -275,40 +275,40 @@ static int memfd_region(struct wire *w, uint64_t size, uint32_t *region, void **
 /* The VM's device region, attached on w and found among the VM's devices. */
 static int attach_device(struct wire *w, struct lane *l, char *why, size_t whylen,
                          CUresult *earlier) {
-    hvgpu_shm_attach_req_t q = { HVGPU_REGION_KIND_DEVICE, 0, 0 };
-    unsigned char rep[sizeof(hvgpu_shm_attach_rep_t) + 64] = {0};
+    hvgpu_region_attach_req_t q = { HVGPU_REGION_KIND_DEVICE, 0, 0 };
+    unsigned char rep[sizeof(hvgpu_region_attach_rep_t) + 64] = {0};
     uint32_t got = 0;
-    CUresult r = hv_wire_call(w, HVGPU_OP_SHM_ATTACH, &q, sizeof q, -1, rep, sizeof rep, &got);
+    CUresult r = hv_wire_call(w, HVGPU_OP_REGION_ATTACH, &q, sizeof q, -1, rep, sizeof rep, &got);
     if (r) {
-        snprintf(why, whylen, "the agent did not attach the VM's shared-memory device "
+        snprintf(why, whylen, "the agent did not attach the VM's region device "
                  "(CUDA error %d)", r);
         return 0;
     }
-    hvgpu_shm_attach_rep_view_t a; /* too short: region 0, which is detached again */
-    int cut = hvgpu_shm_attach_rep_decode(rep, got, &a);
+    hvgpu_region_attach_rep_view_t a; /* too short: region 0, which is detached again */
+    int cut = hvgpu_region_attach_rep_decode(rep, got, &a);
     void *base = NULL;
     uint64_t size = 0;
     region_finder find = NULL;
     region_error_fn find_error = NULL;
     if (cut != 0 || a.token.len != HVGPU_REGION_TOKEN_SIZE) {
-        snprintf(why, whylen, "the agent's SHM_ATTACH reply carries no region token");
+        snprintf(why, whylen, "the agent's REGION_ATTACH reply carries no region token");
     } else if (!(find = finder(&find_error))) {
         snprintf(why, whylen, "this shim was built without the finder of the VM's "
-                 "shared-memory device");
+                 "region device");
     } else if (find(a.token.data, a.fixed.device, &base, &size) != 0) {
         const char *said = find_error ? find_error() : NULL;
-        snprintf(why, whylen, "%s", said && *said ? said : "no shared-memory device of this VM "
+        snprintf(why, whylen, "%s", said && *said ? said : "no region device of this VM "
                  "carries the agent's token");
         base = NULL;
     } else if (size < a.fixed.size) { /* not the region the executor maps */
-        snprintf(why, whylen, "the VM's shared-memory device maps %llu bytes, the agent's "
+        snprintf(why, whylen, "the VM's region device maps %llu bytes, the agent's "
                  "region is %llu", (unsigned long long)size, (unsigned long long)a.fixed.size);
         munmap(base, size);
         base = NULL;
     }
     if (!base) {
-        hvgpu_shm_detach_req_t d = { a.fixed.region };
-        lane_call(w, HVGPU_OP_SHM_DETACH, &d, sizeof d, NULL, 0, NULL, earlier);
+        hvgpu_region_detach_req_t d = { a.fixed.region };
+        lane_call(w, HVGPU_OP_REGION_DETACH, &d, sizeof d, NULL, 0, NULL, earlier);
         return 0;
     }
     l->mode = LANE_DEVICE;
@@ -325,22 +325,22 @@ static void attach(struct wire *w, struct lane *l, CUresult *earlier) {
     if (l->tried) return;
     char why[512] = "";
     uint64_t caps = hv_wire_caps(w);
-    if ((caps & HVGPU_CAP_SHM_DEVICE) && !attach_device(w, l, why, sizeof why, earlier) &&
+    if ((caps & HVGPU_CAP_REGION_DEVICE) && !attach_device(w, l, why, sizeof why, earlier) &&
         hv_trace_enabled())
-        hv_log("device %d: the VM's shared-memory device cannot be used: %s", l->device,
+        hv_log("device %d: the VM's region device cannot be used: %s", l->device,
                why);
-    if (l->mode == LANE_NONE && (caps & HVGPU_CAP_SHM_MEMFD) && hv_wire_passes_fds(w))
+    if (l->mode == LANE_NONE && (caps & HVGPU_CAP_REGION_MEMFD) && hv_wire_passes_fds(w))
         l->mode = LANE_MEMFD;
     if (l->mode == LANE_NONE && !why[0])
-        snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_SHM_MEMFD)
+        snprintf(why, sizeof why, "%s", (caps & HVGPU_CAP_REGION_MEMFD)
                  ? "the agent offers memfd regions, which travel only on a unix socket to it"
-                 : "the agent offers no shared-memory region");
+                 : "the agent offers no region");
     snprintf(l->why, sizeof l->why, "%s", why);
     __atomic_store_n(&l->tried, 1, __ATOMIC_RELEASE); /* route() reads it without the lock */
     if (hv_trace_enabled()) {
         if (l->mode != LANE_NONE)
-            hv_log("device %d: pinned memory and large copies go through a shared-memory "
-                   "region (%s)", l->device,
+            hv_log("device %d: pinned memory and large copies go through a region "
+                   "(%s)", l->device,
                    l->mode == LANE_DEVICE ? "the VM's device" : "memfds");
         else
             hv_log("device %d: %s; copies travel on the socket and pinned memory is ordinary "
@@ -356,10 +356,10 @@ static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
     uint64_t slots = HVGPU_STAGE_SLOTS * HVGPU_STAGE_CHUNK;
     char why[512] = "";
     if (l->mode == LANE_DEVICE) {
-        hvgpu_shm_alloc_req_t q = { l->device_region, 0, slots };
-        hvgpu_shm_alloc_rep_t v;
+        hvgpu_region_alloc_req_t q = { l->device_region, 0, slots };
+        hvgpu_region_alloc_rep_t v;
         uint32_t got = 0;
-        CUresult r = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
+        CUresult r = lane_call(w, HVGPU_OP_REGION_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
         if (!r && got == sizeof v && v.offset <= l->device_size &&
             slots <= l->device_size - v.offset) {
             l->stage_region = l->device_region;
@@ -368,7 +368,7 @@ static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
             l->staged = 1;
         } else {
             snprintf(why, sizeof why, "no room of %llu bytes for staging in the VM's "
-                     "shared-memory device (CUDA error %d)", (unsigned long long)slots, r);
+                     "region device (CUDA error %d)", (unsigned long long)slots, r);
         }
     } else {
         void *map;
@@ -395,10 +395,10 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
     attach(w, l, earlier);
     struct block b = { 0, size, 0, 0, l, epoch, 0, 0 };
     if (l->mode == LANE_DEVICE) {
-        hvgpu_shm_alloc_req_t q = { l->device_region, 0, size };
-        hvgpu_shm_alloc_rep_t v;
+        hvgpu_region_alloc_req_t q = { l->device_region, 0, size };
+        hvgpu_region_alloc_rep_t v;
         uint32_t got = 0;
-        CUresult s = lane_call(w, HVGPU_OP_SHM_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
+        CUresult s = lane_call(w, HVGPU_OP_REGION_ALLOC, &q, sizeof q, &v, sizeof v, &got, earlier);
         if (!s && got == sizeof v && v.offset <= l->device_size &&
             size <= l->device_size - v.offset) {
             b.addr = (uintptr_t)(l->device_base + v.offset);
@@ -406,7 +406,7 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
             b.offset = v.offset;
         } else {
             *refused = s;
-            snprintf(why, whylen, "SHM_ALLOC failed (CUDA error %d)", s);
+            snprintf(why, whylen, "REGION_ALLOC failed (CUDA error %d)", s);
         }
     } else if (l->mode == LANE_MEMFD) {
         void *map;
@@ -420,19 +420,19 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
     }
     if (b.addr && (*earlier || !block_add(&b))) { /* not handed out: given back */
         if (b.whole) {
-            hvgpu_shm_detach_req_t q = { b.region };
-            lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
+            hvgpu_region_detach_req_t q = { b.region };
+            lane_call(w, HVGPU_OP_REGION_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
             munmap((void *)b.addr, b.mapped);
         } else {
-            hvgpu_shm_free_req_t q = { b.region, 0, b.offset };
-            lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
+            hvgpu_region_free_req_t q = { b.region, 0, b.offset };
+            lane_call(w, HVGPU_OP_REGION_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
         }
         b.addr = 0;
     }
     return (void *)b.addr;
 }
 
-int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
+int hv_region_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
     CUresult e;
     struct wire *w = hold(&e);
     if (!w) return 0; /* no agent: ordinary memory, as without the lane */
@@ -460,14 +460,14 @@ int hv_shm_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
 /* Gives a block back on w (held); the agent's status. */
 static CUresult block_free(struct wire *w, const struct block *b, CUresult *earlier) {
     if (b->whole) {
-        hvgpu_shm_detach_req_t q = { b->region };
-        return lane_call(w, HVGPU_OP_SHM_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
+        hvgpu_region_detach_req_t q = { b->region };
+        return lane_call(w, HVGPU_OP_REGION_DETACH, &q, sizeof q, NULL, 0, NULL, earlier);
     }
-    hvgpu_shm_free_req_t q = { b->region, 0, b->offset };
-    return lane_call(w, HVGPU_OP_SHM_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
+    hvgpu_region_free_req_t q = { b->region, 0, b->offset };
+    return lane_call(w, HVGPU_OP_REGION_FREE, &q, sizeof q, NULL, 0, NULL, earlier);
 }
 
-int hv_shm_host_free(void *p, CUresult *r) {
+int hv_region_host_free(void *p, CUresult *r) {
     struct block b;
     if (!p || !block_take((uintptr_t)p, &b)) return 0;
     if (hv_host_remove) hv_host_remove(p);
@@ -530,9 +530,9 @@ static CUresult staged_htod(struct wire *w, struct lane *l, CUdeviceptr dst, con
         if (err) break;
         size_t c = chunk_len(n, off);
         hv_copy(l->stage + slot, src + off, c);
-        hvgpu_memcpy_htod_shm_req_t q = { dst + off, l->stage_region, 0, l->stage_offset + slot,
+        hvgpu_memcpy_htod_region_req_t q = { dst + off, l->stage_region, 0, l->stage_offset + slot,
                                           c, hv_untag(stream) };
-        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_SHM, &q, sizeof q);
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_REGION, &q, sizeof q);
         if (!err) err = fence_send(w, stream, &fences[nf]);
         if (err) break;
         nf++;
@@ -552,10 +552,10 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
     size_t asked = 0;
     while (asked < chunks && asked < HVGPU_STAGE_SLOTS) {
         uint64_t off = asked * HVGPU_STAGE_CHUNK, c = chunk_len(n, off);
-        hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
+        hvgpu_memcpy_dtoh_region_req_t q = { l->stage_region, 0,
                                           l->stage_offset + slot_at(asked),
                                           src + off, c, hv_untag(stream) };
-        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_REGION, &q, sizeof q);
         if (!err) err = fence_send(w, stream, &fences[nf]);
         if (err) break;
         nf++;
@@ -572,10 +572,10 @@ static CUresult staged_dtoh(struct wire *w, struct lane *l, char *dst, CUdevicep
         if (asked < chunks) { /* into the slot just emptied */
             uint64_t aoff = asked * HVGPU_STAGE_CHUNK;
             uint64_t ac = chunk_len(n, aoff);
-            hvgpu_memcpy_dtoh_shm_req_t q = { l->stage_region, 0,
+            hvgpu_memcpy_dtoh_region_req_t q = { l->stage_region, 0,
                                               l->stage_offset + slot_at(asked),
                                               src + aoff, ac, hv_untag(stream) };
-            err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+            err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_REGION, &q, sizeof q);
             if (!err) err = fence_send(w, stream, &fences[nf]);
             if (err) continue;
             nf++;
@@ -605,8 +605,8 @@ static int htod_held(struct wire *w, int how, uint32_t region, uint64_t offset, 
                      const void *src, size_t n, CUstream stream, int wait, CUresult *r) {
     CUresult err = CUDA_SUCCESS;
     if (how == 1) {
-        hvgpu_memcpy_htod_shm_req_t q = { dst, region, 0, offset, n, hv_untag(stream) };
-        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_SHM, &q, sizeof q);
+        hvgpu_memcpy_htod_region_req_t q = { dst, region, 0, offset, n, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_HTOD_REGION, &q, sizeof q);
         /* CUDA: the synchronous form from pinned memory returns once the copy is done */
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
@@ -625,8 +625,8 @@ static int dtoh_held(struct wire *w, int how, uint32_t region, uint64_t offset, 
         /* the async form returns now: the bytes are there after the program's next
            synchronising call on the stream or context, which the executor answers
            only once the copy is done */
-        hvgpu_memcpy_dtoh_shm_req_t q = { region, 0, offset, src, n, hv_untag(stream) };
-        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_SHM, &q, sizeof q);
+        hvgpu_memcpy_dtoh_region_req_t q = { region, 0, offset, src, n, hv_untag(stream) };
+        err = hv_wire_oneway(w, HVGPU_OP_MEMCPY_DTOH_REGION, &q, sizeof q);
         if (!err) err = wait ? fence(w, stream) : hv_wire_flush(w);
     } else {
         struct lane *l = lane_of(w);
@@ -642,7 +642,7 @@ static struct lane *routed_lane(void) {
     return device >= 0 && device < HV_MAX_DEVICES ? &lanes[device] : NULL;
 }
 
-int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
+int hv_region_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int wait,
                 CUresult *r) {
     uint32_t region = 0;
     uint64_t offset = 0;
@@ -656,7 +656,7 @@ int hv_shm_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, int
     return done;
 }
 
-int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
+int hv_region_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r) {
     uint32_t region = 0;
     uint64_t offset = 0;
     int how = n && dst ? route(routed_lane(), dst, n, &region, &offset) : 0;
@@ -676,7 +676,7 @@ int hv_shm_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait,
  */
 
 static int lane_ready(struct wire *w) { /* may the lane be asked at all */
-    return (hv_wire_caps(w) & (HVGPU_CAP_SHM_DEVICE | HVGPU_CAP_SHM_MEMFD)) != 0;
+    return (hv_wire_caps(w) & (HVGPU_CAP_REGION_DEVICE | HVGPU_CAP_REGION_MEMFD)) != 0;
 }
 
 /* Host to device: through the lane where it takes the copy (pinned memory, a large

@@ -1,12 +1,12 @@
-"""Runs in the guest: finds the VM's shared-memory device (QEMU's ivshmem-plain) by
+"""Runs in the guest: finds the VM's region device (QEMU's ivshmem-plain) by
 its region's token with the guest's C client library (hvgpu_region_find, the code
 the Python API's lane and the shim both run), reads its header and writes a pattern
 the host reads back from the /dev/shm file behind the device (tests/vm/vm.py).
 
-    guest_shm.py TOKEN_FILE root         as root: map, check, write PATTERN at PATTERN_OFFSET
-    guest_shm.py TOKEN_FILE user NAME    as user NAME (its groups from /etc/group, as at
+    guest_region.py TOKEN_FILE root         as root: map, check, write PATTERN at PATTERN_OFFSET
+    guest_region.py TOKEN_FILE user NAME    as user NAME (its groups from /etc/group, as at
                                          login): map, write USER_MARK after the pattern
-    guest_shm.py TOKEN_FILE shim         the shim's own lookup (hvgpu_region_find), through
+    guest_region.py TOKEN_FILE shim         the shim's own lookup (hvgpu_region_find), through
                                          ctypes: map, read the header, write SHIM_MARK
 
 Prints one line per fact; exits 1 when the region is not found or cannot be mapped.
@@ -43,7 +43,7 @@ def pattern(token: bytes) -> bytes:
 
 def token(path: str) -> bytes:
     """The region's token. The host test writes the header and hands the token over in
-    a file; once the executor serves SHM_ATTACH, the token comes from its reply."""
+    a file; once the executor serves REGION_ATTACH, the token comes from its reply."""
     with open(path) as f:
         return bytes.fromhex(f.read().strip())
 
@@ -91,7 +91,7 @@ def find(lib, want: bytes):
     if rc == -errno.ENOENT:
         print(f"no device carries the token: {said}", flush=True)
     else:
-        code = "shm-permission" if rc in (-errno.EACCES, -errno.EPERM) else "shm-device"
+        code = "region-permission" if rc in (-errno.EACCES, -errno.EPERM) else "region-device"
         print(f"RegionError {code}: {said}", flush=True)
     return None
 

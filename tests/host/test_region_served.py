@@ -1,4 +1,4 @@
-"""A VM's shared-memory device region served end to end, without a VM: the agent
+"""A VM's region device region served end to end, without a VM: the agent
 opens the slice's region file for its executor, the executor writes the header,
 and the guest API finds the "device" by its token in a sysfs whose BAR 2 is that
 same file (as QEMU's ivshmem-plain makes it in a real guest: tests/vm covers that).
@@ -12,7 +12,7 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
-from hvgpu.host.names import VgpuKey, shm_name
+from hvgpu.host.names import VgpuKey, region_name
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
 from tests.conftest import FAKE_DEVICE, RunningAgent
@@ -23,12 +23,12 @@ MiB = 1 << 20
 
 @pytest.fixture
 def vm_with_region(tmp_path, monkeypatch):
-    shm_dir = tmp_path / "shm"
-    shm_dir.mkdir()
+    region_dir = tmp_path / "region"
+    region_dir.mkdir()
     running = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
-    running.agent.config.shm_dir = str(shm_dir)
-    running.api.attach("vm1", "256M", shm="32M")
-    region = shm_dir / shm_name(VgpuKey("vm1", 0))
+    running.agent.config.region_dir = str(region_dir)
+    running.api.attach("vm1", "256M", region="32M")
+    region = region_dir / region_name(VgpuKey("vm1", 0))
     with open(region, "wb") as f:  # as QEMU makes it for the device
         f.truncate(32 * MiB)
     sysfs = tmp_path / "sysfs"
@@ -44,7 +44,7 @@ def vm_with_region(tmp_path, monkeypatch):
 def test_the_guest_maps_its_vms_region_and_copies_by_offset(vm_with_region):
     running, region = vm_with_region
     conn = Connection(running.vm_address("vm1"))
-    assert conn.caps & P.CAP_SHM_DEVICE
+    assert conn.caps & P.CAP_REGION_DEVICE
     dev = Device(connection=conn)
     pinned = dev.pinned(3 * MiB)
     assert conn.lane()[0] == "device"  # the device region, not a memfd
@@ -72,7 +72,7 @@ def test_two_programs_of_the_vm_get_separate_rooms(vm_with_region):
     # a's copy naming b's room is refused by the executor
     buf = Device(connection=a).allocate(MiB)
     assert pa.region == pb.region  # the VM's one region
-    a.post("MEMCPY_DTOH_SHM", pa.region, 0, pb.offset, buf.ptr, MiB, 0)
+    a.post("MEMCPY_DTOH_REGION", pa.region, 0, pb.offset, buf.ptr, MiB, 0)
     with pytest.raises(CudaError) as info:
         a.call("CTX_SYNCHRONIZE")
     assert info.value.status == P.CUDA_ERROR_INVALID_VALUE

@@ -125,6 +125,6 @@ int main(int argc, char **argv) {
         }
     }
     CHECK(cudaStreamDestroy(s));
-    printf("shm_copies %s: sizes=1000,1048576,%zu wrong=%llu\n", mode, sizes[2], wrong);
+    printf("region_copies %s: sizes=1000,1048576,%zu wrong=%llu\n", mode, sizes[2], wrong);
     return wrong != 0;
 }

@@ -1,5 +1,5 @@
-"""Runs in the guest after the slice is attached with --shm: the Python API's pinned
-memory and a large pageable copy go through the VM's shared-memory device, which the
+"""Runs in the guest after the slice is attached with --region: the Python API's pinned
+memory and a large pageable copy go through the VM's region device, which the
 executor's header (and token) identifies. Prints one line per fact; exits 1 on a
 wrong byte."""
 
@@ -12,7 +12,7 @@ from hvgpu.guest.client import frames_sent
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as layout
 
-COPIES = ("MEMCPY_HTOD", "MEMCPY_DTOH", "MEMCPY_HTOD_SHM", "MEMCPY_DTOH_SHM")
+COPIES = ("MEMCPY_HTOD", "MEMCPY_DTOH", "MEMCPY_HTOD_REGION", "MEMCPY_DTOH_REGION")
 
 MiB = 1 << 20
 
@@ -44,7 +44,7 @@ def main() -> int:
     sent = {op: sum(frames_sent(op)) - before[op] for op in COPIES}
     print("copies by op: " + ", ".join(f"{op} {n}" for op, n in sorted(sent.items()) if n),
           flush=True)
-    print(f"caps: device {bool(conn.caps & P.CAP_SHM_DEVICE)}", flush=True)
+    print(f"caps: device {bool(conn.caps & P.CAP_REGION_DEVICE)}", flush=True)
     return 0 if same and staged else 1
 
 
