@@ -63,6 +63,9 @@ SMALL_STEP = 512
 # CUlimit -> its value in a new context (cuCtxGetLimit; 7, 8 are a CIG context's).
 LIMITS = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
 HOST_PAGE = 4096  # what cuMemAddressReserve asks of a size and a hint
+# What this process's devices hold is one file (HVGPU_FAKE_DEVICE_WIDE), written by
+# the threads of its sessions one at a time.
+_PUBLISHING = threading.Lock()
 
 
 class _Pool:
@@ -463,9 +466,12 @@ class FakeDevice:
         if shared:
             path = os.path.join(shared, str(os.getpid()))
             new = f"{path}.{threading.get_ident()}.new"  # sessions publish from their threads
-            with open(new, "w") as f:
-                f.write(str(self._used()))
-            os.replace(new, path)
+            # Figured and put in place as one step: a session whose figure was taken
+            # before another's release must not put it in place after that release's.
+            with _PUBLISHING:
+                with open(new, "w") as f:
+                    f.write(str(self._used()))
+                os.replace(new, path)
 
     def _others_used(self):
         shared = os.environ.get("HVGPU_FAKE_DEVICE_WIDE")

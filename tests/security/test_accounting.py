@@ -362,3 +362,72 @@ def test_a_release_by_another_connection_never_shrinks_what_a_module_load_is_cha
     finally:
         loader.close()
         other.close()
+
+
+# -- a pool's memory is charged until the driver has it back -------------------------
+
+
+class Watched(Ledger):
+    """The ledger of one guest, which notes each moment it charges less than the
+    device holds: after each release it is given, and after each frame."""
+
+    def __init__(self, limit: int, device):
+        super().__init__(limit)
+        self.device, self.below = device, []
+
+    def release(self, n: int) -> None:
+        super().release(n)
+        self.look(f"release of {n}")
+
+    def look(self, when: str) -> None:
+        held = self.device._used()
+        if held > self.used:
+            self.below.append((when, held, self.used))
+
+
+@pytest.mark.parametrize("double", [FakeDevice, FreesWaitForTheGpu])
+def test_a_stream_ordered_free_gives_no_charge_back_before_the_driver_has_the_memory(double):
+    """The frames of the stateful fuzz's pool steps, each seen by the ledger as it is
+    served: a free leaves the memory in its pool (the driver's cuMemFreeAsync does
+    not release it, a synchronisation or a trim past the release threshold does), so
+    only a trim, a synchronisation or a destroyed pool's last free gives a charge
+    back, and only after the driver has the memory. FreesWaitForTheGpu frees as the
+    driver does, when the stream gets there; FakeDevice at once."""
+    device = double()
+    ledger = Watched(32 * M, device)
+    g = SessionGuest(device, ledger)
+
+    def served(op, *values, oneway=False):
+        if oneway:  # one-way: served once the PING behind it is answered
+            g.send(g.oneway(op, *values))
+            g.ok("PING")
+        else:
+            g.call(op, *values)
+        ledger.look(op)
+
+    pool = g.ok("MEM_POOL_CREATE", 1, 0, 1, 0, 0, 0)
+    ledger.look("MEM_POOL_CREATE")
+    ptr = g.ok("MEM_ALLOC_ASYNC", M, pool, 0)
+    ledger.look("MEM_ALLOC_ASYNC")
+    assert ledger.used == device._used() == 2 * M  # the pool's granule
+    served("MEM_POOL_DESTROY", pool)  # with an allocation live: it goes with that
+    served("MEM_FREE_ASYNC", ptr, 0, oneway=True)  # the last one: the pool goes
+    assert ledger.used == device._used() == 0
+    kept = g.ok("MEM_ALLOC_ASYNC", 3 * M, 0, 0)  # the guest's default pool
+    ledger.look("MEM_ALLOC_ASYNC")
+    served("MEM_FREE_ASYNC", kept, 0, oneway=True)
+    assert ledger.used == 4 * M  # freed into its pool, which still holds it
+    # reused where the free was done, else the pool grows: charged as it holds, either way
+    again = g.ok("MEM_ALLOC_ASYNC", 3 * M, 0, 0)
+    ledger.look("MEM_ALLOC_ASYNC")
+    assert ledger.used == device._used() == (4 if double is FakeDevice else 8) * M
+    served("MEM_FREE_ASYNC", again, 0, oneway=True)
+    served("STREAM_SYNCHRONIZE", 0)  # past the release threshold (0): given back
+    assert ledger.used == device._used() == 0
+    ptr = g.ok("MEM_ALLOC_ASYNC", M, 0, 0)
+    ledger.look("MEM_ALLOC_ASYNC")
+    served("MEM_FREE_ASYNC", ptr, 0, oneway=True)
+    served("MEM_POOL_TRIM_TO", g.ok("MEM_POOL_DEFAULT"), 0)
+    g.close()
+    assert ledger.used == device._used() == 0
+    assert ledger.below == []

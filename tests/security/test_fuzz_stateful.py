@@ -43,8 +43,9 @@ canary's device addresses, earlier connections' handles and edge values.
   gRPC's 4 MiB, forged caller metadata, half-sent requests and more connections
   at once than the relay takes.
 
-Throughout: the ledger never charges vm1 less than its executor's device holds,
-nor more than the quota; each connection's own memory and device-region room,
+Throughout: the ledger never charges vm1 less than its executor's device holds
+(read with no frame of either connection still being served), nor more than the
+quota; each connection's own memory and device-region room,
 filled once and aimed at by the other, are unchanged when it closes; every
 canary round (a saxpy checked, a fresh connection) is right.
 
@@ -71,6 +72,7 @@ import os
 import random
 import socket
 import struct
+import threading
 import urllib.request
 from collections import defaultdict
 
@@ -87,6 +89,7 @@ from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
 from hvgpu.virtio.framing import MAX_HELD_FDS, pack_header
 from tests.conftest import FAKE_DEVICE, RunningAgent
+from tests.fake_gpu import FakeDevice
 from tests.host.test_agent import SAXPY, reports
 from tests.security.data_lane import (exactly, executor_pid, fds, frame, raw, read_reply,
                                       read_to_eof, rss, threads, vm_status, wait_for)
@@ -1286,11 +1289,48 @@ def _errors(samples, vm: str) -> dict:
             if name == "hvgpu_vgpu_errors_total" and dict(labels).get("vm") == vm}
 
 
-def _held(agent, pid: int) -> tuple[int, int]:
-    """(what vm1's executor holds of the device, what vm1's ledger charges)."""
+def _held(agent, pid: int, *tenants: Tenant) -> tuple[int, int]:
+    """(what vm1's executor holds of the device, what vm1's ledger charges), once
+    every frame the tenants sent has been served. The two are read one after the
+    other; the executor gives memory back to the device before its charge to the
+    ledger, so a release served in between (a one-way MEM_FREE_ASYNC that was the
+    last allocation of a destroyed pool, say) would be read as held and not charged.
+    A PING of each connection waits for its frames (served in order); the releases
+    the executor then sends the agent can only be late, which reads as more charged."""
+    for t in tenants:
+        t.call("PING")
     path = agent.tmp / "device-wide" / str(pid)
     device = int(path.read_text() or 0) if path.exists() else 0
     return device, vm_status(agent, "vm1")["mem_used"]
+
+
+def test_the_device_figure_is_never_put_back_by_an_older_reading(tmp_path, monkeypatch):
+    """What _held reads of the device: two sessions publish it from their threads; the
+    one whose figure was taken before the other's release puts it in place after."""
+    monkeypatch.setenv("HVGPU_FAKE_DEVICE_WIDE", str(tmp_path))
+    reached, go = threading.Event(), threading.Event()
+    older = None
+
+    class Slow(FakeDevice):
+        def _used(self):
+            n = super()._used()
+            if threading.current_thread() is older:
+                reached.set()
+                assert go.wait(30)
+            return n
+
+    device = Slow()
+    ptr = device.mem_alloc(4 * M)
+    older = threading.Thread(target=device._publish)  # a figure with the 4 MiB in it
+    older.start()
+    assert reached.wait(30)
+    release = threading.Thread(target=device.mem_free, args=(ptr,))
+    release.start()
+    release.join(1)  # it may publish now, or wait for the older figure to be in place
+    go.set()
+    older.join(30)
+    release.join(30)
+    assert (tmp_path / str(os.getpid())).read_text() == str(device._used())
 
 
 def _me() -> tuple[int, int]:
@@ -1340,7 +1380,7 @@ def test_stateful_hostile_sequences_break_nothing_leak_nothing_and_stop_no_one(
             if not (a.alive or b.alive):
                 break
             if i % 10 == 9:  # the ledger never charges less than the device holds
-                device, charged = _held(agent, pid)
+                device, charged = _held(agent, pid, a, b)
                 assert device <= charged <= QUOTA, (device, charged)
             if i % 40 == 39:
                 control.step()
