@@ -5,37 +5,19 @@ cuda/ctx_limits_coop.c makes contexts with and without CUctxCreateParams, sets l
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from hvgpu.guest.shim import library
-from tests.conftest import FAKE_DEVICE, RunningAgent
-from tests.guest.test_shim_vmm import cuda_include, run
+from tests.guest.test_shim_vmm import build, run
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def exe(tmp_path_factory):
-    include = cuda_include()
-    if include is None:
-        pytest.skip("cuda.h (CUDA toolkit) is not installed")
-    out = tmp_path_factory.mktemp("ctx") / "ctx_limits_coop"
-    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-Wno-deprecated-declarations",
-                    "-o", str(out), str(HERE / "cuda/ctx_limits_coop.c"), f"-I{include}",
-                    f"-L{library().parent}", "-l:libcuda.so.1"], check=True, timeout=120)
-    return out
-
-
-@pytest.fixture
-def sliced(tmp_path):
-    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
-    agent.api.attach("vm1", "64M")
-    yield agent
-    agent.stop()
+    return build(tmp_path_factory.mktemp("ctx_limits_coop"), "ctx_limits_coop", ("-Wno-deprecated-declarations",))
 
 
 def test_contexts_limits_and_cooperative_launches_run_through_the_shim(exe, fake_agent):

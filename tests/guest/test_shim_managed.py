@@ -5,37 +5,19 @@ advises and prefetches it, and goes past the slice's quota with it."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from hvgpu.guest.shim import library
-from tests.conftest import FAKE_DEVICE, RunningAgent
-from tests.guest.test_shim_vmm import cuda_include, run
+from tests.guest.test_shim_vmm import build, run
 
 HERE = Path(__file__).parent
 
 
 @pytest.fixture(scope="module")
 def exe(tmp_path_factory):
-    include = cuda_include()
-    if include is None:
-        pytest.skip("cuda.h (CUDA toolkit) is not installed")
-    out = tmp_path_factory.mktemp("managed") / "managed"
-    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-o", str(out),
-                    str(HERE / "cuda/managed.c"), f"-I{include}", f"-L{library().parent}",
-                    "-l:libcuda.so.1"], check=True, timeout=120)
-    return out
-
-
-@pytest.fixture
-def sliced(tmp_path):
-    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
-    agent.api.attach("vm1", "64M")
-    yield agent
-    agent.stop()
+    return build(tmp_path_factory.mktemp("managed"), "managed", ())
 
 
 def test_the_host_and_the_device_see_the_same_managed_bytes(exe, fake_agent):

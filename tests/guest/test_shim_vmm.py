@@ -15,7 +15,6 @@ import pytest
 
 from bench import toolkit
 from hvgpu.guest.shim import library
-from tests.conftest import FAKE_DEVICE, RunningAgent
 
 HERE = Path(__file__).parent
 
@@ -28,15 +27,15 @@ def cuda_include() -> Path | None:
     return next((r / "include" for r in roots if (r / "include" / "cuda.h").exists()), None)
 
 
-def build(out: Path) -> Path:
-    """cuda/vmm_pools.c, linked against libcuda.so.1 by name: the shim where it is first on
+def build(out: Path, name: str = "vmm_pools", flags=()) -> Path:
+    """cuda/NAME.c, linked against libcuda.so.1 by name: the shim where it is first on
     the library path, else the real driver."""
     include = cuda_include()
     if include is None:
         pytest.skip("cuda.h (CUDA toolkit) is not installed")
-    exe = out / "vmm_pools"
-    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", "-o", str(exe),
-                    str(HERE / "cuda/vmm_pools.c"), f"-I{include}", f"-L{library().parent}",
+    exe = out / name
+    subprocess.run(["gcc", "-std=gnu11", "-O2", "-Wall", *flags, "-o", str(exe),
+                    str(HERE / f"cuda/{name}.c"), f"-I{include}", f"-L{library().parent}",
                     "-l:libcuda.so.1"], check=True, timeout=120)
     return exe
 
@@ -50,14 +49,6 @@ def run(exe: Path, address: str, *args: str):
 @pytest.fixture(scope="module")
 def exe(tmp_path_factory):
     return build(tmp_path_factory.mktemp("vmm"))
-
-
-@pytest.fixture
-def sliced(tmp_path):
-    agent = RunningAgent(tmp_path, FAKE_DEVICE, slices=True, vms=("vm1",))
-    agent.api.attach("vm1", "64M")
-    yield agent
-    agent.stop()
 
 
 def test_the_shim_resolves_every_vmm_and_pool_entry_point():
