@@ -220,6 +220,7 @@ class Graph:
         self.kernels: set[int] = set()  # which of the ops are kernel nodes
         self.destroyed = False
         self._nodes: list = []
+        self.origin: "Graph | None" = None  # the graph this one is a clone of
 
     def node(self, i: int) -> "Node":
         """The node of the i-th recorded work: the same object each time, as the
@@ -1174,6 +1175,21 @@ class FakeDevice:
         self.graphs_alive -= 1
         self.graph_bytes -= self.exec_bytes
         self._publish()
+
+    def graph_clone(self, graph):
+        if graph.destroyed:
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphClone: destroyed graph")
+        self.graphs_alive += 1
+        clone = Graph()
+        clone.ops, clone.kernels, clone.origin = list(graph.ops), set(graph.kernels), graph
+        return clone
+
+    def graph_node_find_in_clone(self, node, clone):
+        origin = clone.origin
+        if origin is None or node not in origin._nodes or node.index >= len(clone.ops):
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphNodeFindInClone: not a node of "
+                                             "the graph cloned")
+        return clone.node(node.index)
 
     def event_query(self, event):
         return True

@@ -388,6 +388,11 @@ OPS: tuple[Op, ...] = (
        _f("u32 result, u32 reserved, u64 error_node"),
        doc="cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails "
            "(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs."),
+    Op(0xB2, "GRAPH_CLONE", SYNC, _f("u64 graph"), _f("u64 clone"),
+       doc="cuGraphClone: a new graph of this connection, a copy of graph."),
+    Op(0xB3, "GRAPH_NODE_FIND_IN_CLONE", SYNC, _f("u64 clone, u64 node"), _f("u64 node"),
+       doc="cuGraphNodeFindInClone: the node of clone that is the copy of node, a node "
+           "of the graph clone was made from."),
     # CUDA arrays, mipmapped arrays, texture and surface objects, 2D/3D copies (issue 27).
     # An array is the executor's, named by a handle of this connection; a texture or
     # surface object is named by the driver's own value (a kernel reads it as a

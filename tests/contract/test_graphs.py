@@ -202,3 +202,34 @@ def test_what_a_capture_refuses(dev, stream):
     assert status(dev.stream_end_capture, stream) == P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
     assert dev.stream_capture_info(stream)[0] == _NONE
     dev.stream_synchronize(stream)  # and the stream serves again
+
+
+def test_a_clone_runs_as_its_graph_and_finds_the_copy_of_each_node(dev, saxpy, stream, bufs):
+    graph = dev.graph_create()
+    memset = dev.graph_add_memset(graph, [], bufs.y, 0, ONE_F, 4, N, 1)
+    kernel = dev.graph_add_kernel(graph, [memset], saxpy, GRID, BLOCK, 0,
+                                  ptx.saxpy_params(2.0, bufs.x, bufs.y, N))
+    clone = dev.graph_clone(graph)
+    other = dev.graph_create()
+    stranger = dev.graph_add_empty(other, [])
+    try:
+        assert len(dev.graph_nodes(clone)) == 2
+        copy = dev.graph_node_find_in_clone(kernel, clone)
+        assert dev.handle_value(copy) != dev.handle_value(kernel)
+        assert status(dev.graph_node_find_in_clone, stranger, clone) == \
+            P.CUDA_ERROR_INVALID_VALUE
+        dev.graph_add_empty(graph, [kernel])  # the clone is a copy, not a view
+        assert len(dev.graph_nodes(clone)) == 2
+        exec_ = dev.graph_instantiate(clone, 0)
+        try:
+            dev.graph_launch(exec_, stream)
+            assert np.array_equal(bufs.read(bufs.y), 2 * X + 1)
+            dev.graph_exec_kernel_set(exec_, copy, saxpy, GRID, BLOCK, 0,
+                                      ptx.saxpy_params(3.0, bufs.x, bufs.y, N))
+            dev.graph_launch(exec_, stream)
+            assert np.array_equal(bufs.read(bufs.y), 3 * X + 1)
+        finally:
+            dev.graph_exec_destroy(exec_)
+    finally:
+        for g in (graph, clone, other):
+            dev.graph_destroy(g)

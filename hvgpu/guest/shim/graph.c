@@ -548,6 +548,47 @@ HV_EXPORT CUresult cuGraphDestroy(void *graph) {
     return about(graph, HVGPU_OP_GRAPH_DESTROY);
 }
 
+HV_EXPORT CUresult cuGraphClone(void **clone, void *graph) {
+    if (!clone || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rr;
+    if (hv_graph_clone(graph, clone, &rr)) return rr; /* captured in parts */
+    int device = hv_tag_device(graph);
+    hvgpu_graph_clone_req_t q = { hv_untag(graph) };
+    hvgpu_graph_clone_rep_t v;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_CLONE, &q, sizeof q, NULL, 0, &v,
+                                       sizeof v, NULL, NULL, 0));
+    *clone = r ? NULL : hv_tag(device, v.clone);
+    if (!r && !hv_shadow_clone(graph, *clone, &r)) { /* its host nodes are the guest's */
+        about(*clone, HVGPU_OP_GRAPH_DESTROY);
+        *clone = NULL;
+    }
+    return r;
+}
+
+HV_EXPORT CUresult cuGraphNodeFindInClone(void **found, void *node, void *clone) {
+    if (!found || !hv_created(node) || !hv_created(clone) ||
+        hv_tag_device(node) != hv_tag_device(clone))
+        return CUDA_ERROR_INVALID_VALUE;
+    int got = hv_shadow_find_in_clone(clone, node, found);
+    if (got >= 0) return got ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(clone);
+    uint64_t parts[64];
+    int n = hv_graph_parts(clone, 0, parts, 64);
+    if (n < 0) { /* the executor's graph alone */
+        parts[0] = hv_untag(clone);
+        n = 1;
+    }
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < n && r == CUDA_ERROR_INVALID_VALUE; i++) { /* the part it copies */
+        hvgpu_graph_node_find_in_clone_req_t q = { parts[i], hv_untag(node) };
+        hvgpu_graph_node_find_in_clone_rep_t v;
+        r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE, &q, sizeof q, NULL, 0, &v,
+                                  sizeof v, NULL, NULL, 0));
+        if (!r) *found = hv_tag(device, v.node);
+    }
+    return r;
+}
+
 HV_EXPORT CUresult cuGraphExecDestroy(void *exec) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rr;
@@ -689,9 +730,6 @@ HV_EXPORT CUresult cuGraphAddKernelNode(void **node, void *graph, void *const *d
 
 static CUresult exec_kernel_set(void *exec, void *node, const kernel_node_params *p, int v2) {
     if (!p || !hv_created(exec) || !hv_created(node)) return CUDA_ERROR_INVALID_VALUE;
-    int parts = 0;
-    if (hv_graph_recorded(exec, 1, &parts) && parts > 1)
-        return split_refused(exec, 1, "cuGraphExecKernelNodeSetParams");
     struct hv_func *f = p->func ? p->func : (v2 ? p->kern : NULL);
     static __thread unsigned char body[sizeof(hvgpu_graph_exec_kernel_node_set_params_req_t) +
                                        HVGPU_MAX_PARAMS];
@@ -703,12 +741,24 @@ static CUresult exec_kernel_set(void *exec, void *node, const kernel_node_params
     if (r) return r;
     if (hv_tag_device(exec) != device || hv_tag_device(node) != device)
         return CUDA_ERROR_INVALID_VALUE;
-    hvgpu_graph_exec_kernel_node_set_params_req_t fixed = {
-        hv_untag(exec), hv_untag(node), handle, p->gx, p->gy, p->gz, p->bx, p->by, p->bz,
-        p->smem, n };
-    memcpy(body, &fixed, sizeof fixed);
-    return HV_ON(device, hv_call(HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS, body,
-                                 (uint32_t)(sizeof fixed + n), NULL, 0, NULL, 0, NULL, NULL, 0));
+    /* An instantiation made in parts (host nodes, host functions, pageable copies): the
+       node is set in the part that holds it. */
+    uint64_t parts[64], nodes[64];
+    int np = hv_graph_exec_node(exec, node, parts, nodes, 64);
+    if (np < 0) {
+        parts[0] = hv_untag(exec);
+        nodes[0] = hv_untag(node);
+        np = 1;
+    }
+    r = CUDA_ERROR_INVALID_VALUE; /* a node of none of them: the driver's answer */
+    for (int i = 0; i < np && r == CUDA_ERROR_INVALID_VALUE; i++) {
+        hvgpu_graph_exec_kernel_node_set_params_req_t fixed = {
+            parts[i], nodes[i], handle, p->gx, p->gy, p->gz, p->bx, p->by, p->bz, p->smem, n };
+        memcpy(body, &fixed, sizeof fixed);
+        r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS, body,
+                                  (uint32_t)(sizeof fixed + n), NULL, 0, NULL, 0, NULL, NULL, 0));
+    }
+    return r;
 }
 
 HV_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(void *exec, void *node,

@@ -57,7 +57,13 @@ struct rooms { /* shared by a graph, its instantiations and pending deliveries *
 };
 
 struct step { uint64_t handle; void (*fn)(void *); void (*cb)(CUstream, CUresult, void *);
-              void *data; CUstream stream; };
+              void *data; CUstream stream;
+              uint64_t graph; /* a hand-built graph's part: kept while its instantiation is,
+                                 so that its nodes can still be named (set-params) */ };
+
+/* Where a node of a hand-built graph went at instantiation: its part and its handle
+   there. */
+struct nmap { void *node; int step; uint64_t part_node; };
 
 struct hv_captured {
     struct rooms *rooms; /* NULL until a pageable copy */
@@ -71,6 +77,8 @@ struct record {
     int n;
     struct step *steps;  /* graph or exec handles (untagged) and the function after each */
     struct rooms *rooms;
+    int nmap;
+    struct nmap *map;    /* an instantiation of a hand-built graph: its nodes' places */
     struct record *next;
 };
 
@@ -142,7 +150,7 @@ int hv_captured_split(struct hv_captured **c, uint64_t part, void (*fn)(void *),
                       void (*cb)(CUstream, CUresult, void *), void *data, CUstream stream) {
     if (!*c && !(*c = calloc(1, sizeof **c))) return 0;
     if (!grow((void **)&(*c)->steps, &(*c)->cap, (*c)->n + 1, sizeof *(*c)->steps)) return 0;
-    (*c)->steps[(*c)->n++] = (struct step){ part, fn, cb, data, stream };
+    (*c)->steps[(*c)->n++] = (struct step){ part, fn, cb, data, stream, 0 };
     return 1;
 }
 
@@ -180,7 +188,7 @@ void *hv_captured_finish(struct hv_captured *c, int device, uint64_t last) {
         hv_captured_drop(c, device);
         return NULL;
     }
-    c->steps[c->n++] = (struct step){ last, NULL, NULL, NULL, NULL };
+    c->steps[c->n++] = (struct step){ last, NULL, NULL, NULL, NULL, 0 };
     void *key = add_record(device, 0, c->steps, c->n, c->rooms);
     if (!key) {
         c->n--;
@@ -218,11 +226,81 @@ int hv_graph_destroy(void *key, int is_exec, CUresult *r) {
         CUresult e = hv_call_handle(rec->device, is_exec ? HVGPU_OP_GRAPH_EXEC_DESTROY
                                                 : HVGPU_OP_GRAPH_DESTROY, rec->steps[i].handle);
         if (!*r) *r = e;
+        if (rec->steps[i].graph) hv_call_handle(rec->device, HVGPU_OP_GRAPH_DESTROY,
+                                                rec->steps[i].graph);
     }
     rooms_drop(rec->rooms);
     free(rec->steps);
+    free(rec->map);
     free(rec);
     return 1;
+}
+
+/* cuGraphClone of a recorded graph: each part cloned on the executor, the functions
+   between them and the rooms (shared, as an instantiation shares them) kept alike. */
+int hv_graph_clone(void *graph, void **clone, CUresult *r) {
+    struct record *g = take(graph, 0, 0);
+    if (!g) return 0;
+    *clone = NULL;
+    struct step *steps = calloc((size_t)g->n, sizeof *steps);
+    if (!steps) {
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return 1;
+    }
+    *r = CUDA_SUCCESS;
+    int made = 0;
+    for (; made < g->n && !*r; made++) {
+        steps[made] = g->steps[made];
+        if (!g->steps[made].handle) continue;
+        hvgpu_graph_clone_req_t q = { g->steps[made].handle };
+        hvgpu_graph_clone_rep_t v;
+        *r = HV_ON(g->device, hv_call(HVGPU_OP_GRAPH_CLONE, &q, sizeof q, NULL, 0, &v,
+                                      sizeof v, NULL, NULL, 0));
+        steps[made].handle = *r ? 0 : v.clone;
+    }
+    if (!*r) {
+        pthread_mutex_lock(&lock);
+        if (g->rooms) g->rooms->refs++;
+        pthread_mutex_unlock(&lock);
+        *clone = add_record(g->device, 0, steps, g->n, g->rooms);
+        if (*clone) return 1;
+        rooms_drop(g->rooms);
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (int i = 0; i < made; i++)
+        if (steps[i].handle) hv_call_handle(g->device, HVGPU_OP_GRAPH_DESTROY, steps[i].handle);
+    free(steps);
+    return 1;
+}
+
+int hv_graph_parts(void *key, int is_exec, uint64_t *parts, int most) {
+    pthread_mutex_lock(&lock);
+    struct record **p = &records;
+    while (*p && ((*p)->key != key || (*p)->is_exec != is_exec)) p = &(*p)->next;
+    int n = 0;
+    for (int i = 0; *p && i < (*p)->n && n < most; i++)
+        if ((*p)->steps[i].handle) parts[n++] = (*p)->steps[i].handle;
+    pthread_mutex_unlock(&lock);
+    return *p ? n : -1;
+}
+
+int hv_graph_exec_node(void *exec, const void *node, uint64_t *parts, uint64_t *nodes,
+                       int most) {
+    struct record *e = take(exec, 1, 0);
+    if (!e) return -1;
+    if (!e->map) { /* captured: the program's node is one part's own; which, the executor
+                      knows */
+        int n = hv_graph_parts(exec, 1, parts, most);
+        for (int i = 0; i < n; i++) nodes[i] = hv_untag(node);
+        return n;
+    }
+    for (int i = 0; i < e->nmap && most > 0; i++)
+        if (e->map[i].node == node) {
+            parts[0] = e->steps[e->map[i].step].handle;
+            nodes[0] = e->map[i].part_node;
+            return 1;
+        }
+    return 0;
 }
 
 int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r) {
@@ -397,6 +475,7 @@ struct snode {
     void (*fn)(void *);
     void *data;
     void *handle;                /* what the program holds */
+    void *from;                  /* in a clone: the node of the original it copies */
 };
 
 struct shadow {
@@ -406,10 +485,12 @@ struct shadow {
     struct snode *nodes;
     int nedges, cap_edges;
     int *edges; /* pairs: from, to */
+    int clone;  /* a clone's: each node's `from` is the original's node it copies */
     struct shadow *next;
 };
 
 static struct shadow *shadows;
+static uint64_t host_nodes; /* host node handles made: each is the process's only one */
 
 static struct shadow *shadow_of(void *graph) {
     struct shadow *s = shadows;
@@ -500,7 +581,7 @@ int hv_shadow_add(void *graph, const struct hv_node_request *q, void *const *dep
         }
     }
     if (ok && !q) {
-        sn.handle = hv_tag(s->device, HOST_MARK | (uint64_t)(s->n + 1));
+        sn.handle = hv_tag(s->device, HOST_MARK | ++host_nodes);
         *node = sn.handle;
         s->hosts++;
     } else if (ok) {
@@ -592,6 +673,7 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     int *depth = calloc((size_t)n, sizeof(int)), *order = calloc((size_t)n, sizeof(int));
     int *left = calloc((size_t)n, sizeof(int));
     uint64_t *made = calloc((size_t)n, sizeof(uint64_t));
+    int *part_of = calloc((size_t)n + 1, sizeof(int));
     for (int k = 0; k < n; k++) total += s->nodes[k].ndeps;
     int *preds = calloc((size_t)(total + s->nedges + 1), sizeof(int));
     int *succs = calloc((size_t)(total + s->nedges + 1), sizeof(int));
@@ -600,7 +682,7 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     int nsteps = 0, cap_steps = 0, maxd = 0;
     *r = CUDA_ERROR_OUT_OF_MEMORY;
     if (!npreds || !pred_at || !depth || !order || !left || !made || !preds || !succs ||
-        !succ_at)
+        !succ_at || !part_of)
         goto out;
     for (int k = 0; k < n; k++) npreds[k] = s->nodes[k].ndeps;
     for (int e = 0; e < s->nedges; e++) npreds[s->edges[2 * e + 1]]++;
@@ -662,14 +744,21 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
         hvgpu_graph_instantiate_rep_t iv;
         if (!*r) *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &iq, sizeof iq, NULL,
                                                0, &iv, sizeof iv, NULL, NULL, 0));
-        hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph); /* the instantiation stays */
-        if (*r) break;
+        if (*r) {
+            hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph);
+            break;
+        }
         if (!grow((void **)&steps, &cap_steps, nsteps + 1, sizeof *steps)) {
             hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
+            hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph);
             *r = CUDA_ERROR_OUT_OF_MEMORY;
             break;
         }
-        steps[nsteps++] = (struct step){ iv.exec, NULL, NULL, NULL, NULL };
+        for (int k = 0; k < n; k++)
+            if (!s->nodes[k].host && depth[k] == d) part_of[k] = nsteps;
+        /* the part's graph stays with the instantiation: its nodes are what the
+           program's node-level calls on the instantiation name */
+        steps[nsteps++] = (struct step){ iv.exec, NULL, NULL, NULL, NULL, cv.graph };
         for (int i = 0; i < n; i++) { /* this depth's host nodes, after its part */
             int k = order[i];
             if (!s->nodes[k].host || depth[k] != d) continue;
@@ -677,20 +766,38 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
                 *r = CUDA_ERROR_OUT_OF_MEMORY;
                 break;
             }
-            steps[nsteps++] = (struct step){ 0, s->nodes[k].fn, NULL, s->nodes[k].data, NULL };
+            steps[nsteps++] = (struct step){ 0, s->nodes[k].fn, NULL, s->nodes[k].data, NULL, 0 };
         }
     }
+    struct nmap *map = NULL;
+    int nmap = 0;
+    if (!*r && !(map = calloc((size_t)n + 1, sizeof *map))) *r = CUDA_ERROR_OUT_OF_MEMORY;
+    for (int k = 0; !*r && k < n; k++)
+        if (!s->nodes[k].host) map[nmap++] = (struct nmap){ s->nodes[k].handle, part_of[k], made[k] };
     if (!*r) {
         *exec = add_record(s->device, 1, steps, nsteps, NULL);
-        if (*exec) steps = NULL;
-        else *r = CUDA_ERROR_OUT_OF_MEMORY;
+        if (*exec) {
+            struct record *rec = take(*exec, 1, 0);
+            pthread_mutex_lock(&lock);
+            rec->map = map;
+            rec->nmap = nmap;
+            pthread_mutex_unlock(&lock);
+            map = NULL;
+            steps = NULL;
+        } else {
+            *r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
     }
+    free(map);
     if (*r) {
-        for (int i = 0; steps && i < nsteps; i++)
+        for (int i = 0; steps && i < nsteps; i++) {
             if (steps[i].handle) hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+            if (steps[i].graph) hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, steps[i].graph);
+        }
         *exec = NULL;
     }
 out:
+    free(part_of);
     free(npreds);
     free(pred_at);
     free(depth);
@@ -702,4 +809,85 @@ out:
     free(succ_at);
     free(steps);
     return 1;
+}
+
+/* cuGraphClone of a hand-built graph: the executor has cloned its nodes into `clone`;
+   the shadow is copied, each executor node's handle the one the executor found for it
+   in the clone, each host node given a handle of its own. 0 with *r set on failure. */
+int hv_shadow_clone(void *graph, void *clone, CUresult *r) {
+    *r = CUDA_SUCCESS;
+    pthread_mutex_lock(&lock);
+    struct shadow *s = shadow_of(graph);
+    pthread_mutex_unlock(&lock);
+    if (!s) return 1; /* not hand-built: the executor's clone is all */
+    struct shadow *c = calloc(1, sizeof *c);
+    if (!c) goto oom;
+    c->graph = clone;
+    c->clone = 1;
+    c->device = hv_tag_device(clone);
+    c->hosts = s->hosts;
+    if (s->n && !(c->nodes = calloc((size_t)s->n, sizeof *c->nodes))) goto oom;
+    c->cap = s->n;
+    if (s->nedges && !(c->edges = malloc(sizeof(int) * 2 * (size_t)s->nedges))) goto oom;
+    c->cap_edges = 2 * s->nedges;
+    c->nedges = s->nedges;
+    if (s->nedges) memcpy(c->edges, s->edges, sizeof(int) * 2 * (size_t)s->nedges);
+    /* As instantiation does, the shadow is read without the lock: the program builds a
+       graph on one thread. */
+    for (int k = 0; k < s->n; k++) {
+        const struct snode *o = &s->nodes[k];
+        struct snode *n = &c->nodes[c->n];
+        *n = *o;
+        n->fixed = n->tail = NULL;
+        n->deps = malloc(sizeof(int) * (size_t)(o->ndeps ? o->ndeps : 1));
+        if (!n->deps) goto oom;
+        c->n++;
+        memcpy(n->deps, o->deps, sizeof(int) * (size_t)o->ndeps);
+        n->from = o->handle;
+        if (o->host) {
+            pthread_mutex_lock(&lock);
+            n->handle = hv_tag(c->device, HOST_MARK | ++host_nodes);
+            pthread_mutex_unlock(&lock);
+            continue;
+        }
+        n->fixed = malloc(o->fixed_len ? o->fixed_len : 1);
+        n->tail = malloc(o->tail_len ? o->tail_len : 1);
+        if (!n->fixed || !n->tail) goto oom;
+        memcpy(n->fixed, o->fixed, o->fixed_len);
+        if (o->tail_len) memcpy(n->tail, o->tail, o->tail_len);
+        hvgpu_graph_node_find_in_clone_req_t q = { hv_untag(clone), hv_untag(o->handle) };
+        hvgpu_graph_node_find_in_clone_rep_t v;
+        *r = HV_ON(c->device, hv_call(HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE, &q, sizeof q, NULL, 0,
+                                      &v, sizeof v, NULL, NULL, 0));
+        if (*r) {
+            shadow_free(c);
+            return 0;
+        }
+        n->handle = hv_tag(c->device, v.node);
+    }
+    pthread_mutex_lock(&lock);
+    c->next = shadows;
+    shadows = c;
+    pthread_mutex_unlock(&lock);
+    return 1;
+oom:
+    if (c) shadow_free(c);
+    *r = CUDA_ERROR_OUT_OF_MEMORY;
+    return 0;
+}
+
+int hv_shadow_find_in_clone(void *clone, const void *node, void **found) {
+    pthread_mutex_lock(&lock);
+    struct shadow *c = shadow_of(clone);
+    int got = -1;
+    if (c && c->clone) {
+        got = 0;
+        for (int k = 0; k < c->n && !got; k++)
+            if (c->nodes[k].from == node) {
+                *found = c->nodes[k].handle;
+                got = 1;
+            }
+    }
+    pthread_mutex_unlock(&lock);
+    return got;
 }

@@ -145,6 +145,14 @@ int hv_graph_instantiate(void *graph, unsigned long long flags, void **exec, CUr
 int hv_graph_upload(void *exec, CUstream stream, CUresult *r);
 int hv_graph_launch(void *exec, CUstream stream, CUresult *r);
 int hv_graph_count(void *graph, size_t *count, CUresult *r);
+int hv_graph_clone(void *graph, void **clone, CUresult *r);
+/* The executor handles of a recorded graph's (or instantiation's) parts, up to most;
+   -1: not recorded. */
+int hv_graph_parts(void *key, int is_exec, uint64_t *parts, int most);
+/* Where node is in a recorded instantiation: the part instantiations that may hold it
+   and its handle in each (count returned, 0: none; -1: not recorded). */
+int hv_graph_exec_node(void *exec, const void *node, uint64_t *parts, uint64_t *nodes,
+                       int most);
 /* ... shadows of graphs built node by node, for their host nodes */
 struct hv_node_request { uint16_t op; const void *fixed; size_t fixed_len, deps_at;
                          const void *tail; size_t tail_len; };
@@ -157,6 +165,10 @@ int hv_shadow_add(void *graph, const struct hv_node_request *q, void *const *dep
 int hv_shadow_edge(void *graph, const void *from, const void *to);
 void hv_shadow_set_host(void *node, void (*fn)(void *), void *data);
 int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r);
+int hv_shadow_clone(void *graph, void *clone, CUresult *r); /* 0: failed, *r says why */
+/* A clone's node copying node: 1 found, 0 not a node of the original, -1 not a clone
+   with a shadow. */
+int hv_shadow_find_in_clone(void *clone, const void *node, void **found);
 /* ... and the synchronising calls that complete its deliveries */
 void hv_graph_synced_stream(CUstream stream);
 void hv_graph_synced_device(int device);

@@ -161,6 +161,10 @@ class GpuDevice(Protocol):
     def graph_upload(self, exec_: Any, stream: Any) -> None: ...
     def graph_destroy(self, graph: Any) -> None: ...
     def graph_exec_destroy(self, exec_: Any) -> None: ...
+    def graph_clone(self, graph: Any) -> Any:
+        """cuGraphClone: a new graph, a copy of graph."""
+    def graph_node_find_in_clone(self, node: Any, clone: Any) -> Any:
+        """cuGraphNodeFindInClone: clone's copy of node (a node of the graph cloned)."""
     # CUDA arrays, texture and surface objects, 3D copies (ops/arrays.py checked every
     # handle, extent and range). A descriptor is (width, height, depth, format, channels,
     # flags) as CUDA_ARRAY3D_DESCRIPTOR has them.

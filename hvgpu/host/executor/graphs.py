@@ -74,6 +74,7 @@ class Graphs:
         # instantiation -> the graph it was made from, and those it was updated from: a
         # node of any names one of its nodes (the driver judges which it accepts)
         self._exec_graph: dict[int, set[int]] = {}
+        self._clone_of: dict[int, int] = {}  # a clone's handle -> the graph it copies
         self.parked: list[tuple[str, Callable[[], None]]] = []
         # Event handles a graph may record or wait for: named by a node, or recorded or
         # waited for while a capture is under way (the C loop serves neither then).
@@ -321,6 +322,35 @@ class Graphs:
         if a:
             self.device.graph_add_dependencies(g, a, b)
 
+    def clone(self, graph: int) -> int:
+        """cuGraphClone: a graph of this connection, counted as many nodes as graph."""
+        g = self.graphs.get(graph)
+        if graph in self.origins.values():
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
+                            "captured")
+        self._room()
+        nodes = self.held.get(("graph", graph), 0)
+        self._take(nodes, f"cloning a graph of {nodes} nodes")
+        try:
+            gh = self._add_graph(self.device.graph_clone(g))
+        except BaseException:
+            self.budget.give(nodes)
+            raise
+        self.held[("graph", gh)] = nodes
+        self._clone_of[gh] = graph
+        return gh
+
+    def find_in_clone(self, clone: int, node: int) -> int:
+        """cuGraphNodeFindInClone: clone's copy of node, a node of the graph it copies
+        (while that graph lives: its nodes' handles go with it)."""
+        c = self.graphs.get(clone)
+        origin = self._clone_of.get(clone)
+        if origin is None or node not in self._graph_nodes.get(origin, ()):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"node {node} is not a node of the "
+                            f"graph {clone} was cloned from")
+        return self._node_handle(clone, self.device.graph_node_find_in_clone(
+            self.nodes.objects[node], c))
+
     def exec_node(self, exec_: int, node: int) -> tuple[Any, Any]:
         """An instantiation and a node of the graph it was made from."""
         ex = self.execs.get(exec_)
@@ -386,6 +416,7 @@ class Graphs:
         self._node_of_value.clear()
         self._graph_nodes.clear()
         self._exec_graph.clear()
+        self._clone_of.clear()
         self.nodes.objects.clear()
         self.events.clear()
         self.regions.clear()
@@ -424,6 +455,7 @@ class Graphs:
 
     def _forget_graph(self, gh: int) -> None:
         self.budget.give(self.held.pop(("graph", gh), 0))
+        self._clone_of.pop(gh, None)
         graph = self.graphs.objects.pop(gh, None)
         if graph is not None:
             self._graph_of_value.pop(self.device.handle_value(graph), None)

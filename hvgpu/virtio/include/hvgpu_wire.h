@@ -152,6 +152,8 @@ enum hvgpu_op {
     HVGPU_OP_GRAPH_ADD_DEPENDENCIES = 0xaf,  /* cuGraphAddDependencies: edges from_nodes[i] -> to_nodes[i]. */
     HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS = 0xb0,  /* cuGraphExecKernelNodeSetParams: the kernel node's parameters in an instantiated graph (node is a node of the graph it was made from). */
     HVGPU_OP_GRAPH_EXEC_UPDATE = 0xb1,  /* cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs. */
+    HVGPU_OP_GRAPH_CLONE = 0xb2,  /* cuGraphClone: a new graph of this connection, a copy of graph. */
+    HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE = 0xb3,  /* cuGraphNodeFindInClone: the node of clone that is the copy of node, a node of the graph clone was made from. */
     HVGPU_OP_ARRAY_CREATE = 0xc0,  /* cuArray3DCreate (cuArrayCreate: depth 0, flags 0), charged what it took. */
     HVGPU_OP_ARRAY_DESTROY = 0xc1,  /* cuArrayDestroy. */
     HVGPU_OP_ARRAY_GET_DESCRIPTOR = 0xc2,  /* cuArray3DGetDescriptor of an array of this connection (a mipmap level too). */
@@ -291,6 +293,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_GRAPH_ADD_DEPENDENCIES: return "GRAPH_ADD_DEPENDENCIES";
     case HVGPU_OP_GRAPH_EXEC_KERNEL_NODE_SET_PARAMS: return "GRAPH_EXEC_KERNEL_NODE_SET_PARAMS";
     case HVGPU_OP_GRAPH_EXEC_UPDATE: return "GRAPH_EXEC_UPDATE";
+    case HVGPU_OP_GRAPH_CLONE: return "GRAPH_CLONE";
+    case HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE: return "GRAPH_NODE_FIND_IN_CLONE";
     case HVGPU_OP_ARRAY_CREATE: return "ARRAY_CREATE";
     case HVGPU_OP_ARRAY_DESTROY: return "ARRAY_DESTROY";
     case HVGPU_OP_ARRAY_GET_DESCRIPTOR: return "ARRAY_GET_DESCRIPTOR";
@@ -1219,6 +1223,27 @@ typedef struct __attribute__((packed)) hvgpu_graph_exec_update_rep {
     uint64_t error_node;
 } hvgpu_graph_exec_update_rep_t;
 _Static_assert(sizeof(hvgpu_graph_exec_update_rep_t) == 16, "hvgpu_graph_exec_update_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_clone_req {
+    uint64_t graph;
+} hvgpu_graph_clone_req_t;
+_Static_assert(sizeof(hvgpu_graph_clone_req_t) == 8, "hvgpu_graph_clone_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_clone_rep {
+    uint64_t clone;
+} hvgpu_graph_clone_rep_t;
+_Static_assert(sizeof(hvgpu_graph_clone_rep_t) == 8, "hvgpu_graph_clone_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_node_find_in_clone_req {
+    uint64_t clone;
+    uint64_t node;
+} hvgpu_graph_node_find_in_clone_req_t;
+_Static_assert(sizeof(hvgpu_graph_node_find_in_clone_req_t) == 16, "hvgpu_graph_node_find_in_clone_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_node_find_in_clone_rep {
+    uint64_t node;
+} hvgpu_graph_node_find_in_clone_rep_t;
+_Static_assert(sizeof(hvgpu_graph_node_find_in_clone_rep_t) == 8, "hvgpu_graph_node_find_in_clone_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_array_create_req {
     uint64_t width;

@@ -156,3 +156,9 @@ class GraphCalls:
 
     def graph_exec_destroy(self, exec_) -> None:
         ok(cu.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
+
+    def graph_clone(self, graph):
+        return ok(cu.cuGraphClone(graph), "cuGraphClone")
+
+    def graph_node_find_in_clone(self, node, clone):
+        return ok(cu.cuGraphNodeFindInClone(node, clone), "cuGraphNodeFindInClone")

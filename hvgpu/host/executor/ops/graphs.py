@@ -105,6 +105,16 @@ def graph_exec_update(session, hdr, exec_, graph):
     return session.graphs.update(exec_, graph)
 
 
+@declare("GRAPH_CLONE", check=by_books)
+def graph_clone(session, hdr, graph):
+    return (session.graphs.clone(graph),)
+
+
+@declare("GRAPH_NODE_FIND_IN_CLONE", check=by_books)
+def graph_node_find_in_clone(session, hdr, clone, node):
+    return (session.graphs.find_in_clone(clone, node),)
+
+
 def _launch(session, hdr, exec_, stream) -> tuple:
     s = checks.stream(session, stream)
     if session.graphs.capturing(s):  # a graph in a graph: copies of it, without bound
