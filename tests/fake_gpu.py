@@ -135,6 +135,20 @@ def _say(dev, value, lines):
     dev.printf_buffer += b"".join(b"kernel says %d\n" % (value + i) for i in range(lines))
 
 
+def _countdown(dev, handle, counter, iterations):
+    """A WHILE body's kernel: one more iteration, one less to go; the loop goes on while
+    any are left (cudaGraphSetConditional)."""
+    c = dev.array(counter, 1, np.int32)
+    c[0] -= 1
+    dev.array(iterations, 1, np.int32)[0] += 1
+    dev.conditionals[handle].value = int(c[0] > 0)
+
+
+def _set_if(dev, handle, flag):
+    """Sets an IF node's condition from the int at flag (cudaGraphSetConditional)."""
+    dev.conditionals[handle].value = int(dev.array(flag, 1, np.int32)[0] != 0)
+
+
 # name -> (parameter layout as cuFuncGetParamInfo gives it, struct format, body)
 KERNELS = {
     "saxpy": ([(0, 4), (8, 8), (16, 8), (24, 4)], "<f4xQQi", _saxpy),
@@ -146,6 +160,8 @@ KERNELS = {
     "burn": ([(0, 8), (8, 4)], "<Qi", lambda dev, out, iters: None),  # bench/multi_tenant.py
     "clustered": ([], "", lambda dev: None),  # its cluster shape was fixed when compiled
     "tex_copy": ([(0, 8), (8, 8), (16, 4)], "<QQi", _tex_copy),
+    "countdown": ([(0, 8), (8, 8), (16, 8)], "<QQQ", _countdown),
+    "set_if": ([(0, 8), (8, 8)], "<QQ", _set_if),
 }
 
 # CUfunction_attribute 0..15 (cuda.h 13.0): what cuFuncGetAttribute answers for a kernel
@@ -221,6 +237,7 @@ class Graph:
         self.destroyed = False
         self._nodes: list = []
         self.origin: "Graph | None" = None  # the graph this one is a clone of
+        self.conditionals: list = []  # handles made for it, set to their default at launch
 
     def node(self, i: int) -> "Node":
         """The node of the i-th recorded work: the same object each time, as the
@@ -230,8 +247,17 @@ class Graph:
         return self._nodes[i]
 
 
+class Conditional:
+    """A conditional handle: its value, and what a launch sets it to first (if anything)."""
+
+    def __init__(self, default: int, flags: int):
+        self.value = default
+        self.default = default if flags & 1 else None
+
+
 class GraphExec:
     def __init__(self, graph: Graph):
+        self.conditionals = list(graph.conditionals)
         self.ops = list(graph.ops)
         self.kernels = set(graph.kernels)
         self.destroyed = False
@@ -314,6 +340,7 @@ class FakeDevice:
         self.capture_ids = 0
         self.graph_launches = 0
         self.graphs_alive = 0  # graphs and instantiations not destroyed
+        self.conditionals: dict[int, Conditional] = {}  # handle value -> its condition
         self.graph_bytes = 0  # device memory instantiations took (exec_bytes each)
         self.exec_bytes = GRAPH_EXEC_BYTES
         self.events_destroyed = 0
@@ -1154,6 +1181,9 @@ class FakeDevice:
         self.graph_launches += 1
 
         def replay():
+            for cond in exec_.conditionals:
+                if cond.default is not None:
+                    cond.value = cond.default
             for op in exec_.ops:
                 op()
         self._on(stream, replay)
@@ -1175,6 +1205,38 @@ class FakeDevice:
         self.graphs_alive -= 1
         self.graph_bytes -= self.exec_bytes
         self._publish()
+
+    def graph_conditional_handle_create(self, graph, default, flags):
+        if graph.destroyed:
+            raise CudaError(S.INVALID_HANDLE, "fake cuGraphConditionalHandleCreate: destroyed")
+        value = 0x7000_0000 + len(self.conditionals)
+        self.conditionals[value] = cond = Conditional(default, flags)
+        graph.conditionals.append(cond)
+        return value
+
+    def graph_add_conditional(self, graph, deps, handle, kind, size):
+        if kind not in (0, 1, 2) or (kind == 1 and size != 1) or (kind == 0 and size > 2):
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphAddNode: conditional node shape")
+        cond = self.conditionals[handle]
+        bodies = [Graph() for _ in range(size)]
+
+        def run(body):
+            for op in body.ops:
+                op()
+
+        def work():
+            if kind == 1:
+                for _ in range(1 << 20):  # bounded, as a test's loop should be
+                    if not cond.value:
+                        break
+                    run(bodies[0])
+            elif kind == 0 and cond.value:
+                run(bodies[0])
+            elif kind == 0 and size == 2:
+                run(bodies[1])
+            elif kind == 2 and cond.value < size:
+                run(bodies[cond.value])
+        return self._add(graph, deps, work), bodies
 
     def graph_clone(self, graph):
         if graph.destroyed:

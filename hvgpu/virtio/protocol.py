@@ -393,6 +393,19 @@ OPS: tuple[Op, ...] = (
     Op(0xB3, "GRAPH_NODE_FIND_IN_CLONE", SYNC, _f("u64 clone, u64 node"), _f("u64 node"),
        doc="cuGraphNodeFindInClone: the node of clone that is the copy of node, a node "
            "of the graph clone was made from."),
+    Op(0xB4, "GRAPH_CONDITIONAL_HANDLE_CREATE", SYNC,
+       _f("u64 graph, u32 default_value, u32 flags"), _f("u64 handle"),
+       doc="cuGraphConditionalHandleCreate: handle is the driver's "
+           "CUgraphConditionalHandle value (a kernel sets it, given it as a parameter); "
+           "flags are CU_GRAPH_COND_ASSIGN_DEFAULT or 0."),
+    Op(0xB5, "GRAPH_ADD_CONDITIONAL_NODE", SYNC,
+       _f("u64 graph, u64 handle, u32 type, u32 size, bytes deps"), _f("u64 node, bytes bodies"),
+       doc="cuGraphAddNode of a conditional node: type is CUgraphConditionalNodeType's "
+           "number (0 IF, 1 WHILE, 2 SWITCH), size how many body graphs (at most "
+           "MAX_CONDITIONAL_BODIES), handle one GRAPH_CONDITIONAL_HANDLE_CREATE made for "
+           "this graph or one it is the body of. bodies: the handles (u64 each) of the "
+           "node's body graphs, the driver's and the node's own: nodes are added to them, "
+           "and they go with the node's graph."),
     # CUDA arrays, mipmapped arrays, texture and surface objects, 2D/3D copies (issue 27).
     # An array is the executor's, named by a handle of this connection; a texture or
     # surface object is named by the driver's own value (a kernel reads it as a
@@ -472,6 +485,7 @@ ACCESS_DESC_SIZE = 12  # one CUmemAccessDesc in MEM_SET_ACCESS's descs
 MAX_ACCESS_DESCS = 64  # descriptors one MEM_SET_ACCESS carries at most
 MAX_QUERY_NODES = 4096  # dependency nodes one STREAM_CAPTURE_INFO answers at most
 MAX_GRAPH_NODES = 65536  # node handles a connection is given at most
+MAX_CONDITIONAL_BODIES = 1024  # body graphs one conditional node has at most (SWITCH)
 # Handles the executor gives (streams, events, modules, functions, graphs, ...) start
 # here: below are CUDA's special stream values (0, 1, 2), which a guest sends as they are.
 FIRST_HANDLE = 16
@@ -495,7 +509,7 @@ C_CONSTANTS = (
     ("LAUNCH_ATTR_COOPERATIVE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
-    ("MAX_GRAPH_NODES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
+    ("MAX_GRAPH_NODES", "i32"), ("MAX_CONDITIONAL_BODIES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
     ("MEMCPY_NODE_FROM_REGION", "i32"), ("MEMCPY_NODE_TO_REGION", "i32"),
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
     ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),

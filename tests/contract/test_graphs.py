@@ -233,3 +233,35 @@ def test_a_clone_runs_as_its_graph_and_finds_the_copy_of_each_node(dev, saxpy, s
     finally:
         for g in (graph, clone, other):
             dev.graph_destroy(g)
+
+
+_COND_ASSIGN_DEFAULT = 1
+_IF, _WHILE, _SWITCH = 0, 1, 2
+
+
+def test_a_conditional_nodes_bodies_run_by_its_handles_value(dev, stream, bufs):
+    """IF and SWITCH nodes whose handles a launch sets to their defaults: the bodies the
+    driver made for them take nodes, and run (or not) by that value."""
+    graph = dev.graph_create()
+    try:
+        yes = dev.graph_conditional_handle_create(graph, 1, _COND_ASSIGN_DEFAULT)
+        no = dev.graph_conditional_handle_create(graph, 0, _COND_ASSIGN_DEFAULT)
+        second = dev.graph_conditional_handle_create(graph, 1, _COND_ASSIGN_DEFAULT)
+        _, (body,) = dev.graph_add_conditional(graph, [], yes, _IF, 1)
+        dev.graph_add_memset(body, [], bufs.y, 0, ONE_F, 4, N, 1)
+        _, (skipped,) = dev.graph_add_conditional(graph, [], no, _IF, 1)
+        dev.graph_add_memset(skipped, [], bufs.z, 0, ONE_F, 4, N, 1)
+        _, bodies = dev.graph_add_conditional(graph, [], second, _SWITCH, 3)
+        assert len(bodies) == 3
+        for i, b in enumerate(bodies):
+            dev.graph_add_memset(b, [], bufs.x + 4 * (10 + i), 0, TWO_F, 4, 1, 1)
+        exec_ = dev.graph_instantiate(graph, 0)
+        try:
+            dev.graph_launch(exec_, stream)
+            assert (bufs.read(bufs.y) == 1).all()
+            assert not bufs.read(bufs.z).any()
+            assert list(bufs.read(bufs.x)[10:13]) == [10, 2, 12]  # body 1 alone
+        finally:
+            dev.graph_exec_destroy(exec_)
+    finally:
+        dev.graph_destroy(graph)  # the bodies go with it

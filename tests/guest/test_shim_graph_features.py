@@ -4,7 +4,8 @@ cuda/graph_features.cu (nvcc, static cudart) calls them as the samples do: clone
 captured, split and hand-built graphs and the copies of nodes in them
 (simpleCudaGraphs), kernel parameters set in instantiations that have guest-side
 parts (jacobiCudaGraphs: a copy to pageable memory; a host node; a host function in
-a capture). Against the GPU test double, whose saxpy runs as the kernel does; on the
+a capture); cudaGraphAddNode with conditional WHILE and IF nodes whose bodies
+the program fills (graphConditionalNodes). Against the GPU test double, whose saxpy runs as the kernel does; on the
 GPU machine the native and shim runs must print the same.
 """
 
@@ -33,6 +34,13 @@ built: a=2, wrong 0, host node ran 2 times
 built: a=3, wrong 0, host node ran 3 times
 built: a node added after instantiating: cudaErrorInvalidValue
 captured: a=5, wrong 0, host function ran 1 times
+done: 0
+""",
+    "conditional": """addnode: memset and kernel nodes, wrong 0
+while: launch 1, 5 iterations in all, counter 0
+while: launch 2, 10 iterations in all, counter 0
+if: flag 1, y is 1.0
+if: flag 0, y is 2.0
 done: 0
 """,
 }

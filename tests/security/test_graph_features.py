@@ -8,6 +8,8 @@ session serving."""
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from hvgpu.host.executor import admission
@@ -77,6 +79,69 @@ def test_a_clone_counts_its_nodes_and_is_refused_past_the_bound(monkeypatch):
         assert budget.held == 800
         assert g.call("GRAPH_DESTROY", clone)[0] == 0
         assert budget.held == 400
+    finally:
+        g.close()
+    assert budget.held == 0
+
+
+def _q(*nodes) -> bytes:
+    return b"".join(n.to_bytes(8, "little") for n in nodes)
+
+
+def test_a_conditional_node_takes_only_its_graphs_handles_and_bounded_bodies(guests):
+    a, b = guests
+    graph = _ok(a, "GRAPH_CREATE", 0)
+    other = _ok(a, "GRAPH_CREATE", 0)
+    handle = _ok(a, "GRAPH_CONDITIONAL_HANDLE_CREATE", graph, 1, 1)
+    foreign = _ok(a, "GRAPH_CONDITIONAL_HANDLE_CREATE", other, 1, 1)
+    assert a.call("GRAPH_CONDITIONAL_HANDLE_CREATE", graph, 1, 2)[0] == 1  # no such flag
+    assert a.call("GRAPH_CONDITIONAL_HANDLE_CREATE", 1 << 40, 1, 0)[0] == 400
+    for handle_, kind, size in ((handle, 3, 1), (handle, 0, 0), (handle, 2, 1 << 31),
+                                (handle, 2, P.MAX_CONDITIONAL_BODIES + 1), (foreign, 0, 1),
+                                (foreign + 1, 0, 1), (0, 0, 1), ((1 << 64) - 1, 1, 1)):
+        status, why = a.call("GRAPH_ADD_CONDITIONAL_NODE", graph, handle_, kind, size, b"")
+        assert status == P.CUDA_ERROR_INVALID_VALUE, (handle_, kind, size, why)
+    node, bodies = a.call("GRAPH_ADD_CONDITIONAL_NODE", graph, handle, 0, 1, b"")[1]
+    (body,) = struct.unpack("<Q", bodies)
+    inner = _ok(a, "GRAPH_ADD_EMPTY_NODE", body, b"")
+    # a body's nodes are its own, not its node's graph's; and the handles of the graph its
+    # node is in may be named by conditional nodes in it
+    assert a.call("GRAPH_ADD_EMPTY_NODE", graph, _q(inner))[0] == 1
+    assert a.call("GRAPH_ADD_EMPTY_NODE", body, _q(node))[0] == 1
+    _, nested = a.call("GRAPH_ADD_CONDITIONAL_NODE", body, handle, 1, 1, b"")[1]
+    # a body goes with its node's graph: not destroyed, instantiated or cloned alone
+    for op, args in (("GRAPH_DESTROY", (body,)), ("GRAPH_INSTANTIATE", (body, 0)),
+                     ("GRAPH_CLONE", (body,))):
+        assert a.call(op, *args)[0] == P.CUDA_ERROR_INVALID_VALUE, op
+    # another connection cannot add to it
+    assert b.call("GRAPH_ADD_EMPTY_NODE", body, b"")[0] != 0
+    exec_ = _ok(a, "GRAPH_INSTANTIATE", graph, 0)
+    assert a.call("GRAPH_EXEC_DESTROY", exec_)[0] == 0
+    assert a.call("GRAPH_DESTROY", graph)[0] == 0
+    (nested_body,) = struct.unpack("<Q", nested)
+    for gone in (body, nested_body):
+        assert a.call("GRAPH_ADD_EMPTY_NODE", gone, b"")[0] == 400
+    assert a.call("PING")[0] == 0 and b.call("PING")[0] == 0
+
+
+def test_a_conditional_nodes_bodies_count_against_the_bound(monkeypatch):
+    budget = admission.NodeBudget(1500)
+    monkeypatch.setattr(admission, "PROCESS_GRAPH_NODES", budget)
+    monkeypatch.setattr(admission, "GRAPH_NODES_PER_CONNECTION", 1000)
+    g = Guest()
+    try:
+        graph = _ok(g, "GRAPH_CREATE", 0)
+        handle = _ok(g, "GRAPH_CONDITIONAL_HANDLE_CREATE", graph, 0, 0)
+        _, bodies = g.call("GRAPH_ADD_CONDITIONAL_NODE", graph, handle, 2, 4, b"")[1]
+        for body in struct.unpack("<4Q", bodies):
+            for _ in range(150):
+                _ok(g, "GRAPH_ADD_EMPTY_NODE", body, b"")
+        assert budget.held == 601
+        # the instantiation counts the bodies' nodes too: 1202 > 1000
+        status, why = g.call("GRAPH_INSTANTIATE", graph, 0)
+        assert status == P.CUDA_ERROR_OUT_OF_MEMORY, why
+        assert g.call("GRAPH_DESTROY", graph)[0] == 0
+        assert budget.held == 0
     finally:
         g.close()
     assert budget.held == 0

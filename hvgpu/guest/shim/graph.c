@@ -646,9 +646,25 @@ static int put_nodes(unsigned char *buf, void *const *nodes, size_t n, int devic
 
 /* A node-adding request: fixed fields (their deps_len set here, at deps_len_at), the
    dependencies, then tail (the op's later variable field, if any). */
+static CUresult add_node_ex(void **node, void *graph, uint16_t op, void *fixed,
+                            size_t fixed_len, size_t deps_len_at, void *const *deps,
+                            size_t ndeps, const void *tail, size_t tail_len, void *rep,
+                            uint32_t rep_cap, uint32_t *rep_len);
+
 static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, size_t fixed_len,
                          size_t deps_len_at, void *const *deps, size_t ndeps, const void *tail,
                          size_t tail_len) {
+    uint64_t v = 0; /* every node-adding op but the conditional one replies one u64 node */
+    uint32_t got = 0;
+    return add_node_ex(node, graph, op, fixed, fixed_len, deps_len_at, deps, ndeps, tail,
+                       tail_len, &v, sizeof v, &got);
+}
+
+/* A node-adding request whose reply starts with the node (u64): rep, rep_cap bytes. */
+static CUresult add_node_ex(void **node, void *graph, uint16_t op, void *fixed,
+                            size_t fixed_len, size_t deps_len_at, void *const *deps,
+                            size_t ndeps, const void *tail, size_t tail_len, void *rep,
+                            uint32_t rep_cap, uint32_t *rep_len) {
     if (!node || !hv_created(graph) || (ndeps && !deps) || ndeps > HVGPU_MAX_QUERY_NODES)
         return CUDA_ERROR_INVALID_VALUE;
     int parts = 0;
@@ -680,9 +696,13 @@ static CUresult add_node(void **node, void *graph, uint16_t op, void *fixed, siz
     if (!put_nodes(body + fixed_len, sent, nsent, device)) r = CUDA_ERROR_INVALID_VALUE;
     free(sent);
     if (tail_len) memcpy(body + fixed_len + dl, tail, tail_len);
-    uint64_t v = 0; /* every node-adding op replies one u64 node */
-    if (!r) r = HV_ON(device, hv_call(op, body, (uint32_t)len, NULL, 0, &v, sizeof v, NULL, NULL, 0));
+    uint64_t v = 0;
+    *rep_len = 0;
+    if (!r) r = HV_ON(device, hv_call(op, body, (uint32_t)len, NULL, 0, rep, rep_cap, rep_len,
+                                      NULL, 0));
     free(body);
+    if (!r && *rep_len < 8) r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) memcpy(&v, rep, 8);
     *node = r ? NULL : hv_tag(device, v);
     if (!r && shadowed) {
         /* deps_at: where deps_len is; the dependencies follow the fixed fields */
@@ -984,4 +1004,118 @@ HV_EXPORT CUresult cuGraphExecUpdate(void *exec, void *graph, void **error_node,
     if (error_node) *error_node = info.error_node;
     if (result) *result = info.result;
     return r;
+}
+
+/* -- conditional nodes and cuGraphAddNode ------------------------------------------------ */
+
+HV_EXPORT CUresult cuGraphConditionalHandleCreate(uint64_t *handle, void *graph, void *ctx,
+                                                  unsigned default_value, unsigned flags) {
+    (void)ctx;
+    if (!handle || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph);
+    hvgpu_graph_conditional_handle_create_req_t q = { hv_untag(graph), default_value, flags };
+    hvgpu_graph_conditional_handle_create_rep_t v;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_CONDITIONAL_HANDLE_CREATE, &q, sizeof q,
+                                       NULL, 0, &v, sizeof v, NULL, NULL, 0));
+    if (!r) *handle = v.handle; /* the driver's value: a kernel sets it, on the executor */
+    return r;
+}
+
+/* A conditional node: the executor's, with the body graphs the driver made for it, into
+   which the program adds nodes (they are the executor's graphs, named as any other). The
+   array handed back is the program's for the node's life: kept for the process's. */
+static CUresult conditional_node(void **node, void *graph, void *const *deps, size_t ndeps,
+                                 uint64_t handle, unsigned type, unsigned size, void ***out) {
+    if (!node || !out || !hv_created(graph) || !size || size > HVGPU_MAX_CONDITIONAL_BODIES)
+        return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph);
+    uint32_t cap = (uint32_t)(sizeof(hvgpu_graph_add_conditional_node_rep_t) + 8 * size);
+    unsigned char *rep = malloc(cap);
+    void **bodies = calloc(size, sizeof *bodies);
+    if (!rep || !bodies) {
+        free(rep);
+        free(bodies);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    hvgpu_graph_add_conditional_node_req_t q = { hv_untag(graph), handle, type, size, 0 };
+    uint32_t got = 0;
+    CUresult r = add_node_ex(node, graph, HVGPU_OP_GRAPH_ADD_CONDITIONAL_NODE, &q, sizeof q,
+                             FIELD_AT(hvgpu_graph_add_conditional_node_req_t, deps_len), deps,
+                             ndeps, NULL, 0, rep, cap, &got);
+    hvgpu_graph_add_conditional_node_rep_view_t v;
+    if (!r && (hvgpu_graph_add_conditional_node_rep_decode(rep, got, &v) < 0 ||
+               v.fixed.bodies_len != 8 * size || v.bodies.len != 8 * size))
+        r = CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; !r && i < size; i++) {
+        uint64_t h;
+        memcpy(&h, v.bodies.data + 8 * i, 8);
+        bodies[i] = hv_tag(device, h);
+    }
+    free(rep);
+    if (r) {
+        free(bodies);
+        return r;
+    }
+    *out = bodies;
+    return CUDA_SUCCESS;
+}
+
+typedef struct { /* CUgraphNodeParams (cuda.h 13.0) */
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        kernel_node_params kernel; /* CUDA_KERNEL_NODE_PARAMS_v3: v2's layout */
+        struct { int flags, reserved; void *ctx; memcpy3d copy; } memcpy;
+        struct { memset_node_params p; void *ctx; } memset;
+        host_node_params host;
+        struct { void *graph; int ownership; } child;
+        struct { CUevent event; } event;
+        struct { uint64_t handle; unsigned type, size; void **graph_out; void *ctx; } cond;
+    } u;
+    long long reserved2;
+} graph_node_params;
+_Static_assert(sizeof(graph_node_params) == 256, "CUgraphNodeParams");
+
+enum { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_HOST, NODE_GRAPH, NODE_EMPTY, NODE_WAIT_EVENT,
+       NODE_EVENT_RECORD, NODE_CONDITIONAL = 13 };
+
+HV_EXPORT CUresult cuGraphAddNode_v2(void **node, void *graph, void *const *deps,
+                                     const unsigned char *edges, size_t ndeps,
+                                     graph_node_params *p) {
+    if (!p || !node) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; edges && i < 8 * ndeps; i++)
+        if (edges[i]) return CUDA_ERROR_NOT_SUPPORTED; /* only the default edge kind */
+    switch (p->type) {
+    case NODE_KERNEL:
+        return kernel_node(node, graph, deps, ndeps, &p->u.kernel, 1);
+    case NODE_MEMCPY:
+        return cuGraphAddMemcpyNode(node, graph, deps, ndeps, &p->u.memcpy.copy, p->u.memcpy.ctx);
+    case NODE_MEMSET:
+        return cuGraphAddMemsetNode(node, graph, deps, ndeps, &p->u.memset.p, p->u.memset.ctx);
+    case NODE_HOST:
+        return cuGraphAddHostNode(node, graph, deps, ndeps, &p->u.host);
+    case NODE_EMPTY:
+        return cuGraphAddEmptyNode(node, graph, deps, ndeps);
+    case NODE_WAIT_EVENT:
+        return cuGraphAddEventWaitNode(node, graph, deps, ndeps, p->u.event.event);
+    case NODE_EVENT_RECORD:
+        return cuGraphAddEventRecordNode(node, graph, deps, ndeps, p->u.event.event);
+    case NODE_CONDITIONAL:
+        return conditional_node(node, graph, deps, ndeps, p->u.cond.handle, p->u.cond.type,
+                                p->u.cond.size, &p->u.cond.graph_out);
+    default: {
+        static int once;
+        if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
+            hv_log("cuGraphAddNode of a node of type %d (child graphs, memory allocation and "
+                   "free, external semaphores, batched memory operations) is not built by "
+                   "hvgpu: CUDA_ERROR_NOT_SUPPORTED", p->type);
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    }
+}
+
+HV_EXPORT CUresult cuGraphAddNode(void **node, void *graph, void *const *deps, size_t ndeps,
+                                  graph_node_params *p) {
+    return cuGraphAddNode_v2(node, graph, deps, NULL, ndeps, p);
 }

@@ -630,6 +630,12 @@ static int rebuild(const struct shadow *s, int k, uint64_t part, const int *dept
                    const int *preds, const int *npreds, const int *pred_at, uint64_t *made,
                    CUresult *r) {
     const struct snode *sn = &s->nodes[k];
+    if (sn->op == HVGPU_OP_GRAPH_ADD_CONDITIONAL_NODE) { /* its bodies are the driver's */
+        hv_log("instantiating a graph with host nodes and a conditional node is not built "
+               "by hvgpu: CUDA_ERROR_NOT_SUPPORTED");
+        *r = CUDA_ERROR_NOT_SUPPORTED;
+        return 0;
+    }
     int nd = 0;
     for (int j = 0; j < npreds[k]; j++) {
         int p = preds[pred_at[k] + j];

@@ -161,6 +161,11 @@ class GpuDevice(Protocol):
     def graph_upload(self, exec_: Any, stream: Any) -> None: ...
     def graph_destroy(self, graph: Any) -> None: ...
     def graph_exec_destroy(self, exec_: Any) -> None: ...
+    def graph_conditional_handle_create(self, graph: Any, default: int, flags: int) -> int:
+        """cuGraphConditionalHandleCreate: the handle's value."""
+    def graph_add_conditional(self, graph: Any, deps: list, handle: int, kind: int,
+                              size: int) -> tuple[Any, list]:
+        """cuGraphAddNode of a conditional node: (the node, its body graphs)."""
     def graph_clone(self, graph: Any) -> Any:
         """cuGraphClone: a new graph, a copy of graph."""
     def graph_node_find_in_clone(self, node: Any, clone: Any) -> Any:

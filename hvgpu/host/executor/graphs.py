@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 MAX_GRAPHS = 4096  # graphs and instantiations a connection may hold at once
 MAX_NODES = P.MAX_GRAPH_NODES  # node handles a connection may have been given
 MAX_QUERY_NODES = P.MAX_QUERY_NODES  # dependencies one capture query answers
+MAX_BODIES = P.MAX_CONDITIONAL_BODIES  # body graphs of one conditional node
+MAX_CONDITIONAL_HANDLES = 65536  # conditional handles a connection may make
+COND_ASSIGN_DEFAULT = 1  # CU_GRAPH_COND_ASSIGN_DEFAULT, cuGraphConditionalHandleCreate's flag
+COND_IF, COND_WHILE, COND_SWITCH = 0, 1, 2  # CUgraphConditionalNodeType
 # One-way frames a connection may send while its captures are under way: each becomes a
 # node the driver keeps in the executor's memory (a training step's graph has thousands).
 MAX_CAPTURED_FRAMES = 1 << 20
@@ -75,6 +79,12 @@ class Graphs:
         # node of any names one of its nodes (the driver judges which it accepts)
         self._exec_graph: dict[int, set[int]] = {}
         self._clone_of: dict[int, int] = {}  # a clone's handle -> the graph it copies
+        # Conditional nodes' body graphs: the driver's, owned by the node's graph (they go
+        # with it, and are neither destroyed nor instantiated on their own).
+        self._bodies: dict[int, list[int]] = {}  # graph -> body graphs of its nodes
+        self._body_parent: dict[int, int] = {}  # body graph -> the graph its node is in
+        self._cond_handles: dict[int, set[int]] = {}  # graph -> conditional handles made
+        self.cond_handles_made = 0
         self.parked: list[tuple[str, Callable[[], None]]] = []
         # Event handles a graph may record or wait for: named by a node, or recorded or
         # waited for while a capture is under way (the C loop serves neither then).
@@ -253,8 +263,9 @@ class Graphs:
         if graph in self.origins.values():
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
                             "captured")
+        self._not_a_body(graph, "instantiated")
         self._room()
-        nodes = self.held.get(("graph", graph), 0)
+        nodes = self._total(graph)
         self._take(nodes, f"instantiating a graph of {nodes} nodes")
         try:
             handle = self.execs.add(self.device.graph_instantiate(g, flags))
@@ -328,8 +339,9 @@ class Graphs:
         if graph in self.origins.values():
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
                             "captured")
+        self._not_a_body(graph, "cloned")
         self._room()
-        nodes = self.held.get(("graph", graph), 0)
+        nodes = self._total(graph)
         self._take(nodes, f"cloning a graph of {nodes} nodes")
         try:
             gh = self._add_graph(self.device.graph_clone(g))
@@ -351,10 +363,76 @@ class Graphs:
         return self._node_handle(clone, self.device.graph_node_find_in_clone(
             self.nodes.objects[node], c))
 
+    def conditional_handle(self, graph: int, default: int, flags: int) -> int:
+        """cuGraphConditionalHandleCreate: the driver's handle value, which this graph's
+        conditional nodes (and those of its nodes' bodies) may name."""
+        g = self._editable(graph)
+        if flags not in (0, COND_ASSIGN_DEFAULT):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"conditional handle flags {flags:#x}")
+        if self.cond_handles_made >= MAX_CONDITIONAL_HANDLES:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection makes at most "
+                            f"{MAX_CONDITIONAL_HANDLES} conditional handles")
+        value = int(self.device.graph_conditional_handle_create(g, default, flags))
+        self.cond_handles_made += 1
+        self._cond_handles.setdefault(graph, set()).add(value)
+        return value
+
+    def add_conditional(self, graph: int, deps: bytes, handle: int, kind: int,
+                        size: int) -> tuple[int, bytes]:
+        """A conditional node: its handle and the handles of its body graphs."""
+        if kind not in (COND_IF, COND_WHILE, COND_SWITCH):
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"conditional node type {kind}")
+        if not 1 <= size <= MAX_BODIES:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"a conditional node of {size} bodies "
+                            f"(1 to {MAX_BODIES})")
+        g, owner = graph, None
+        while g is not None and owner is None:  # made for this graph or one it is in
+            if handle in self._cond_handles.get(g, ()):
+                owner = g
+            g = self._body_parent.get(g)
+        if owner is None:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"conditional handle {handle:#x} was "
+                            f"not made for graph {graph} or a graph it is a body of")
+        if len(self.graphs.objects) + len(self.execs.objects) + size > MAX_GRAPHS:
+            raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"a connection holds at most "
+                            f"{MAX_GRAPHS} graphs and instantiated graphs")
+        bodies: list = []
+
+        def add(g, d):
+            node, made = self.device.graph_add_conditional(g, d, handle, kind, size)
+            bodies.extend(made)
+            return node
+        nh = self.add_node(graph, deps, add)
+        handles = []
+        for body in bodies:
+            bh = self._add_graph(body)
+            self._body_parent[bh] = graph
+            self._bodies.setdefault(graph, []).append(bh)
+            handles.append(bh)
+        return nh, struct.pack(f"<{len(handles)}Q", *handles)
+
+    def _family(self, graph: int) -> list[int]:
+        """graph and the body graphs of its conditional nodes, theirs, and so on."""
+        out, todo = [], [graph]
+        while todo:
+            g = todo.pop()
+            out.append(g)
+            todo.extend(self._bodies.get(g, ()))
+        return out
+
+    def _total(self, graph: int) -> int:
+        return sum(self.held.get(("graph", g), 0) for g in self._family(graph))
+
+    def _not_a_body(self, graph: int, what: str) -> None:
+        if graph in self._body_parent:
+            raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is a conditional "
+                            f"node's body: it is {what} with the graph its node is in")
+
     def exec_node(self, exec_: int, node: int) -> tuple[Any, Any]:
         """An instantiation and a node of the graph it was made from."""
         ex = self.execs.get(exec_)
-        if not any(node in self._graph_nodes.get(g, ()) for g in self._exec_graph.get(exec_, ())):
+        if not any(node in self._graph_nodes.get(b, ()) for g in self._exec_graph.get(exec_, ())
+                   for b in self._family(g)):
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"node {node} is not a node of the "
                             "graph this instantiation was made from")
         return ex, self.nodes.objects[node]
@@ -379,6 +457,7 @@ class Graphs:
 
     def destroy(self, graph: int) -> None:
         g = self.graphs.get(graph)
+        self._not_a_body(graph, "destroyed")
         if graph in self.origins.values():
             raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph {graph} is still being "
                             "captured; end the capture first")
@@ -409,14 +488,18 @@ class Graphs:
         self.held.clear()
         for table, destroy in ((self.execs, self.device.graph_exec_destroy),
                                (self.graphs, self.device.graph_destroy)):
-            for obj in table.objects.values():
-                _quietly(destroy, obj)
+            for handle, obj in table.objects.items():
+                if table is self.execs or handle not in self._body_parent:  # bodies go
+                    _quietly(destroy, obj)                                 # with their node
             table.objects.clear()
         self._graph_of_value.clear()
         self._node_of_value.clear()
         self._graph_nodes.clear()
         self._exec_graph.clear()
         self._clone_of.clear()
+        self._bodies.clear()
+        self._body_parent.clear()
+        self._cond_handles.clear()
         self.nodes.objects.clear()
         self.events.clear()
         self.regions.clear()
@@ -454,6 +537,10 @@ class Graphs:
         self.held[key] = n
 
     def _forget_graph(self, gh: int) -> None:
+        for body in self._bodies.pop(gh, ()):  # the driver destroyed them with their node's
+            self._forget_graph(body)
+        self._body_parent.pop(gh, None)
+        self._cond_handles.pop(gh, None)
         self.budget.give(self.held.pop(("graph", gh), 0))
         self._clone_of.pop(gh, None)
         graph = self.graphs.objects.pop(gh, None)

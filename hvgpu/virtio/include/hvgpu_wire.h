@@ -154,6 +154,8 @@ enum hvgpu_op {
     HVGPU_OP_GRAPH_EXEC_UPDATE = 0xb1,  /* cuGraphExecUpdate: result is CUgraphExecUpdateResult's number; the call fails (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) where the graph's shape differs. */
     HVGPU_OP_GRAPH_CLONE = 0xb2,  /* cuGraphClone: a new graph of this connection, a copy of graph. */
     HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE = 0xb3,  /* cuGraphNodeFindInClone: the node of clone that is the copy of node, a node of the graph clone was made from. */
+    HVGPU_OP_GRAPH_CONDITIONAL_HANDLE_CREATE = 0xb4,  /* cuGraphConditionalHandleCreate: handle is the driver's CUgraphConditionalHandle value (a kernel sets it, given it as a parameter); flags are CU_GRAPH_COND_ASSIGN_DEFAULT or 0. */
+    HVGPU_OP_GRAPH_ADD_CONDITIONAL_NODE = 0xb5,  /* cuGraphAddNode of a conditional node: type is CUgraphConditionalNodeType's number (0 IF, 1 WHILE, 2 SWITCH), size how many body graphs (at most MAX_CONDITIONAL_BODIES), handle one GRAPH_CONDITIONAL_HANDLE_CREATE made for this graph or one it is the body of. bodies: the handles (u64 each) of the node's body graphs, the driver's and the node's own: nodes are added to them, and they go with the node's graph. */
     HVGPU_OP_ARRAY_CREATE = 0xc0,  /* cuArray3DCreate (cuArrayCreate: depth 0, flags 0), charged what it took. */
     HVGPU_OP_ARRAY_DESTROY = 0xc1,  /* cuArrayDestroy. */
     HVGPU_OP_ARRAY_GET_DESCRIPTOR = 0xc2,  /* cuArray3DGetDescriptor of an array of this connection (a mipmap level too). */
@@ -295,6 +297,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_GRAPH_EXEC_UPDATE: return "GRAPH_EXEC_UPDATE";
     case HVGPU_OP_GRAPH_CLONE: return "GRAPH_CLONE";
     case HVGPU_OP_GRAPH_NODE_FIND_IN_CLONE: return "GRAPH_NODE_FIND_IN_CLONE";
+    case HVGPU_OP_GRAPH_CONDITIONAL_HANDLE_CREATE: return "GRAPH_CONDITIONAL_HANDLE_CREATE";
+    case HVGPU_OP_GRAPH_ADD_CONDITIONAL_NODE: return "GRAPH_ADD_CONDITIONAL_NODE";
     case HVGPU_OP_ARRAY_CREATE: return "ARRAY_CREATE";
     case HVGPU_OP_ARRAY_DESTROY: return "ARRAY_DESTROY";
     case HVGPU_OP_ARRAY_GET_DESCRIPTOR: return "ARRAY_GET_DESCRIPTOR";
@@ -1245,6 +1249,33 @@ typedef struct __attribute__((packed)) hvgpu_graph_node_find_in_clone_rep {
 } hvgpu_graph_node_find_in_clone_rep_t;
 _Static_assert(sizeof(hvgpu_graph_node_find_in_clone_rep_t) == 8, "hvgpu_graph_node_find_in_clone_rep_t");
 
+typedef struct __attribute__((packed)) hvgpu_graph_conditional_handle_create_req {
+    uint64_t graph;
+    uint32_t default_value;
+    uint32_t flags;
+} hvgpu_graph_conditional_handle_create_req_t;
+_Static_assert(sizeof(hvgpu_graph_conditional_handle_create_req_t) == 16, "hvgpu_graph_conditional_handle_create_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_conditional_handle_create_rep {
+    uint64_t handle;
+} hvgpu_graph_conditional_handle_create_rep_t;
+_Static_assert(sizeof(hvgpu_graph_conditional_handle_create_rep_t) == 8, "hvgpu_graph_conditional_handle_create_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_conditional_node_req {
+    uint64_t graph;
+    uint64_t handle;
+    uint32_t type;
+    uint32_t size;
+    uint32_t deps_len;
+} hvgpu_graph_add_conditional_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_conditional_node_req_t) == 28, "hvgpu_graph_add_conditional_node_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_conditional_node_rep {
+    uint64_t node;
+    uint32_t bodies_len;
+} hvgpu_graph_add_conditional_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_conditional_node_rep_t) == 12, "hvgpu_graph_add_conditional_node_rep_t");
+
 typedef struct __attribute__((packed)) hvgpu_array_create_req {
     uint64_t width;
     uint64_t height;
@@ -1428,6 +1459,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_ACCESS_DESCS 64
 #define HVGPU_MAX_QUERY_NODES 4096
 #define HVGPU_MAX_GRAPH_NODES 65536
+#define HVGPU_MAX_CONDITIONAL_BODIES 1024
 #define HVGPU_FIRST_HANDLE 16
 #define HVGPU_MEMCPY_NODE_DEVICE 0
 #define HVGPU_MEMCPY_NODE_FROM_REGION 1
@@ -1679,6 +1711,21 @@ static inline int hvgpu_graph_get_nodes_rep_decode(const void *body, uint32_t n,
     if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
     p += whole ? sizeof v->fixed : n;
     hvgpu_span_take(&v->nodes, p, end, v->fixed.nodes_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_graph_add_conditional_node_rep_view {
+    hvgpu_graph_add_conditional_node_rep_t fixed;
+    hvgpu_span_t bodies;
+} hvgpu_graph_add_conditional_node_rep_view_t;
+
+static inline int hvgpu_graph_add_conditional_node_rep_decode(const void *body, uint32_t n, hvgpu_graph_add_conditional_node_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->bodies, p, end, v->fixed.bodies_len, &cut);
     return whole ? cut : -1;
 }
 

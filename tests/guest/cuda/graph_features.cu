@@ -9,6 +9,9 @@
 //   setparams  cudaGraphExecKernelNodeSetParams on instantiations of graphs with guest
 //              parts: a hand-built graph with a copy to pageable memory (jacobiCudaGraphs)
 //              and a host node, and a capture split by a host function
+//   conditional cudaGraphAddNode of kernel nodes, and of conditional nodes (a WHILE loop a
+//              kernel counts down, an IF with an else a kernel decides), whose bodies the
+//              program fills (graphConditionalNodes)
 #include <cstdio>
 #include <cstring>
 #include <cuda_runtime.h>
@@ -20,6 +23,17 @@
 extern "C" __global__ void saxpy(float a, const float *x, float *y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a * x[i] + y[i];
+}
+
+// a WHILE body: one more iteration, one less to go, the loop goes on while any are left
+extern "C" __global__ void countdown(cudaGraphConditionalHandle h, int *counter,
+                                     int *iterations) {
+    ++*iterations;
+    cudaGraphSetConditional(h, --*counter > 0);
+}
+
+extern "C" __global__ void set_if(cudaGraphConditionalHandle h, const int *flag) {
+    cudaGraphSetConditional(h, *flag != 0);
 }
 
 static void CUDART_CB count(void *p) { ++*(int *)p; }
@@ -200,6 +214,112 @@ static int setparams_part(cudaStream_t s) {
     return 0;
 }
 
+static cudaGraphNodeParams kernel_node(void *fn, void **args) {
+    cudaGraphNodeParams p = {};
+    p.type = cudaGraphNodeTypeKernel;
+    p.kernel.func = fn;
+    p.kernel.gridDim = dim3(1);
+    p.kernel.blockDim = dim3(1);
+    p.kernel.kernelParams = args;
+    return p;
+}
+
+static cudaGraphNodeParams memset_node(void *dst, unsigned value, size_t n) {
+    cudaGraphNodeParams p = {};
+    p.type = cudaGraphNodeTypeMemset;
+    p.memset.dst = dst;
+    p.memset.value = value;
+    p.memset.elementSize = 4;
+    p.memset.width = n;
+    p.memset.height = 1;
+    return p;
+}
+
+static int conditional_part(cudaStream_t s) {
+    int *ints;  // counter, iterations, flag
+    CHECK(cudaMalloc(&ints, 3 * sizeof(int)));
+    CHECK(cudaMemset(ints, 0, 3 * sizeof(int)));
+    int *counter = ints, *iterations = ints + 1, *flag = ints + 2;
+    float a = 2.0f;
+    int n = N;
+    void *args[] = { &a, &dx, &dy, &n };
+
+    // a kernel node by cudaGraphAddNode, as the sample adds its nodes
+    cudaGraph_t graph;
+    cudaGraphNode_t node, memset, cond;
+    cudaGraphExec_t exec;
+    CHECK(cudaGraphCreate(&graph, 0));
+    cudaGraphNodeParams mp = memset_node(dy, 0, N);
+    CHECK(cudaGraphAddNode(&memset, graph, NULL, NULL, 0, &mp));
+    cudaGraphNodeParams kp = kernel_node((void *)saxpy, args);
+    kp.kernel.gridDim = dim3(N / 256);
+    kp.kernel.blockDim = dim3(256);
+    CHECK(cudaGraphAddNode(&node, graph, &memset, NULL, 1, &kp));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("addnode: memset and kernel nodes, wrong %d\n", read_wrong(2, 0));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+
+    // WHILE: the counter set to 5 by a memset node, the body counts it down
+    cudaGraphConditionalHandle h;
+    CHECK(cudaGraphCreate(&graph, 0));
+    CHECK(cudaGraphConditionalHandleCreate(&h, graph, 1, cudaGraphCondAssignDefault));
+    mp = memset_node(counter, 5, 1);
+    CHECK(cudaGraphAddNode(&memset, graph, NULL, NULL, 0, &mp));
+    cudaGraphNodeParams cp = {};
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = h;
+    cp.conditional.type = cudaGraphCondTypeWhile;
+    cp.conditional.size = 1;
+    CHECK(cudaGraphAddNode(&cond, graph, &memset, NULL, 1, &cp));
+    cudaGraph_t body = cp.conditional.phGraph_out[0];
+    void *cargs[] = { &h, &counter, &iterations };
+    cudaGraphNodeParams bp = kernel_node((void *)countdown, cargs);
+    CHECK(cudaGraphAddNode(&node, body, NULL, NULL, 0, &bp));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    int got[3];
+    for (int i = 0; i < 2; i++) {
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(got, ints, sizeof got, cudaMemcpyDeviceToHost));
+        printf("while: launch %d, %d iterations in all, counter %d\n", i + 1, got[1], got[0]);
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+
+    // IF with an else: a kernel node sets the condition from *flag
+    CHECK(cudaGraphCreate(&graph, 0));
+    CHECK(cudaGraphConditionalHandleCreate(&h, graph, 0, 0));
+    void *sargs[] = { &h, &flag };
+    cudaGraphNodeParams sp = kernel_node((void *)set_if, sargs);
+    CHECK(cudaGraphAddNode(&node, graph, NULL, NULL, 0, &sp));
+    cp = {};
+    cp.type = cudaGraphNodeTypeConditional;
+    cp.conditional.handle = h;
+    cp.conditional.type = cudaGraphCondTypeIf;
+    cp.conditional.size = 2;
+    CHECK(cudaGraphAddNode(&cond, graph, &node, NULL, 1, &cp));
+    cudaGraph_t then_ = cp.conditional.phGraph_out[0], else_ = cp.conditional.phGraph_out[1];
+    mp = memset_node(dy, 0x3F800000, N);  // 1.0f
+    CHECK(cudaGraphAddNode(&node, then_, NULL, NULL, 0, &mp));
+    mp = memset_node(dy, 0x40000000, N);  // 2.0f
+    CHECK(cudaGraphAddNode(&node, else_, NULL, NULL, 0, &mp));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int f = 1; f >= 0; f--) {
+        CHECK(cudaMemcpy(flag, &f, sizeof f, cudaMemcpyHostToDevice));
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        printf("if: flag %d, y is %s\n", f, read_wrong(0, 1) == 0 ? "1.0" :
+               read_wrong(0, 2) == 0 ? "2.0" : "wrong");
+    }
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    CHECK(cudaFree(ints));
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *part = argc > 1 ? argv[1] : "";
     for (int i = 0; i < N; i++) hx[i] = (float)i;
@@ -211,7 +331,8 @@ int main(int argc, char **argv) {
     int rc = 2;
     if (!strcmp(part, "clone")) rc = clone_part(s);
     else if (!strcmp(part, "setparams")) rc = setparams_part(s);
-    else printf("usage: graph_features clone|setparams\n");
+    else if (!strcmp(part, "conditional")) rc = conditional_part(s);
+    else printf("usage: graph_features clone|setparams|conditional\n");
     cudaStreamDestroy(s);
     cudaFree(dx);
     cudaFree(dy);

@@ -10,11 +10,15 @@ Must not validate guest input beyond what the driver does: the session has.
 from __future__ import annotations
 
 import ctypes
+import struct
 
 from hvgpu.host.executor.cuda_device.driver import (DEVICE, HOST, KernelNodeParams,
                                                     Memcpy3D, MemsetNodeParams,
                                                     UpdateResultInfo, cu, driver_library,
                                                     fail, ok, result_code)
+
+
+GRAPH_NODE_TYPE_CONDITIONAL = 13  # CUgraphNodeType
 
 
 class GraphCalls:
@@ -156,6 +160,27 @@ class GraphCalls:
 
     def graph_exec_destroy(self, exec_) -> None:
         ok(cu.cuGraphExecDestroy(exec_), "cuGraphExecDestroy")
+
+    def graph_conditional_handle_create(self, graph, default: int, flags: int) -> int:
+        handle = ctypes.c_uint64()
+        err = driver_library().cuGraphConditionalHandleCreate(
+            ctypes.byref(handle), ctypes.c_void_p(int(graph)), ctypes.c_void_p(int(self.ctx)),
+            ctypes.c_uint(default), ctypes.c_uint(flags))
+        if err:
+            fail(err, "cuGraphConditionalHandleCreate")
+        return handle.value
+
+    def graph_add_conditional(self, graph, deps, handle: int, kind: int, size: int):
+        # CUgraphNodeParams (cuda.h 13.0): type at 0, the union at 16 (for a conditional
+        # node: handle, type, size, phGraph_out, ctx), 256 bytes in all
+        params = ctypes.create_string_buffer(256)
+        struct.pack_into("<i", params, 0, GRAPH_NODE_TYPE_CONDITIONAL)
+        struct.pack_into("<QIIQQ", params, 16, handle, kind, size, 0, int(self.ctx))
+        node = cu.CUgraphNode(self._add("cuGraphAddNode", driver_library().cuGraphAddNode,
+                                        graph, deps, params))
+        out = struct.unpack_from("<Q", params, 32)[0]
+        bodies = (ctypes.c_void_p * size).from_address(out) if out else []
+        return node, [cu.CUgraph(b or 0) for b in bodies]
 
     def graph_clone(self, graph):
         return ok(cu.cuGraphClone(graph), "cuGraphClone")

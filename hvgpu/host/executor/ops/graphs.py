@@ -240,6 +240,16 @@ def graph_add_event_node(session, hdr, graph, wait, event, obj, deps):
         g, d, wait, obj)),)
 
 
+@declare("GRAPH_CONDITIONAL_HANDLE_CREATE", check=by_books)
+def graph_conditional_handle_create(session, hdr, graph, default_value, flags):
+    return (session.graphs.conditional_handle(graph, default_value, flags),)
+
+
+@declare("GRAPH_ADD_CONDITIONAL_NODE", check=by_books)
+def graph_add_conditional_node(session, hdr, graph, handle, kind, size, deps):
+    return session.graphs.add_conditional(graph, deps, handle, kind, size)
+
+
 @declare("GRAPH_ADD_DEPENDENCIES", check=by_books)
 def graph_add_dependencies(session, hdr, graph, sources, targets):
     session.graphs.add_dependencies(graph, sources, targets)
