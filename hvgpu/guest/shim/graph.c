@@ -979,6 +979,11 @@ HV_EXPORT CUresult cuGraphExecUpdate_v2(void *exec, void *graph, update_result_i
     if (!hv_created(exec) || !hv_created(graph) || hv_tag_device(exec) != hv_tag_device(graph))
         return CUDA_ERROR_INVALID_VALUE;
     int device = hv_tag_device(exec);
+    CUresult made;
+    if (hv_shadow_update(exec, graph, &made)) { /* made in parts: updated part by part */
+        if (info) *info = (update_result_info){ made ? 1 : 0, NULL, NULL };
+        return made;
+    }
     CUresult refused = split_refused(exec, 1, "cuGraphExecUpdate");
     if (!refused) refused = split_refused(graph, 0, "cuGraphExecUpdate");
     if (!refused && hv_shadow_hosts(graph) > 0) refused = CUDA_ERROR_NOT_SUPPORTED;

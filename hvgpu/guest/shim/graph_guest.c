@@ -666,12 +666,20 @@ static int rebuild(const struct shadow *s, int k, uint64_t part, const int *dept
     return !*r;
 }
 
-int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r) {
+/* The graph cut into parts (its docstring says how), each part built again on the
+   executor; then instantiated (target NULL), or (target: an instantiation made so) each of
+   target's parts updated from the part of the same place, where the parts and the host
+   nodes between them line up (else CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, nothing
+   changed). 0: not a graph or instantiation made in parts here. */
+static int shadow_build(void *graph, unsigned long long flags, void *target_key, void **exec,
+                        CUresult *r) {
     pthread_mutex_lock(&lock);
     struct shadow *s = shadow_of(graph);
     int hosts = s ? s->hosts : 0;
     pthread_mutex_unlock(&lock);
-    if (!hosts) return 0;
+    struct record *target = target_key ? take(target_key, 1, 0) : NULL;
+    if (target_key && (!s || !target || !target->map)) return 0;
+    if (!target && !hosts) return 0;
     /* The program builds and instantiates a graph on one thread: the shadow is read
        without the lock from here. */
     int n = s->n, total = 0;
@@ -734,6 +742,19 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
         depth[k] = d;
         if (d > maxd) maxd = d;
     }
+    if (target) { /* the parts and the host nodes between them must line up */
+        int at = 0, same = 1;
+        for (int d = 0; d <= maxd && same; d++) {
+            same = at < target->n && target->steps[at++].handle;
+            for (int i = 0; i < n && same; i++)
+                if (s->nodes[order[i]].host && depth[order[i]] == d)
+                    same = at < target->n && !target->steps[at++].handle;
+        }
+        if (!same || at != target->n) {
+            *r = CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+            goto out;
+        }
+    }
     *r = CUDA_SUCCESS;
     for (int d = 0; d <= maxd && !*r; d++) {
         hvgpu_graph_create_req_t cq = { 0 };
@@ -747,15 +768,23 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
                 rebuild(s, k, cv.graph, depth, preds, npreds, pred_at, made, r);
         }
         hvgpu_graph_instantiate_req_t iq = { cv.graph, flags };
-        hvgpu_graph_instantiate_rep_t iv;
-        if (!*r) *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &iq, sizeof iq, NULL,
-                                               0, &iv, sizeof iv, NULL, NULL, 0));
+        hvgpu_graph_instantiate_rep_t iv = { 0 };
+        if (!*r && target) { /* the part of the same place takes this one's parameters */
+            hvgpu_graph_exec_update_req_t uq = { target->steps[nsteps].handle, cv.graph };
+            hvgpu_graph_exec_update_rep_t uv;
+            *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_EXEC_UPDATE, &uq, sizeof uq, NULL, 0,
+                                          &uv, sizeof uv, NULL, NULL, 0));
+            iv.exec = uq.exec;
+        } else if (!*r) {
+            *r = HV_ON(s->device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &iq, sizeof iq, NULL, 0,
+                                          &iv, sizeof iv, NULL, NULL, 0));
+        }
         if (*r) {
             hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph);
             break;
         }
         if (!grow((void **)&steps, &cap_steps, nsteps + 1, sizeof *steps)) {
-            hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
+            if (!target) hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, iv.exec);
             hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, cv.graph);
             *r = CUDA_ERROR_OUT_OF_MEMORY;
             break;
@@ -780,7 +809,25 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     if (!*r && !(map = calloc((size_t)n + 1, sizeof *map))) *r = CUDA_ERROR_OUT_OF_MEMORY;
     for (int k = 0; !*r && k < n; k++)
         if (!s->nodes[k].host) map[nmap++] = (struct nmap){ s->nodes[k].handle, part_of[k], made[k] };
-    if (!*r) {
+    if (!*r && target) { /* updated: the new parts' graphs and host nodes are its own */
+        struct nmap *old;
+        pthread_mutex_lock(&lock);
+        for (int i = 0; i < nsteps; i++) {
+            uint64_t gone = target->steps[i].graph;
+            target->steps[i].graph = steps[i].graph;
+            target->steps[i].fn = steps[i].fn;
+            target->steps[i].data = steps[i].data;
+            steps[i].graph = gone;
+        }
+        old = target->map;
+        target->map = map;
+        target->nmap = nmap;
+        pthread_mutex_unlock(&lock);
+        for (int i = 0; i < nsteps; i++)
+            if (steps[i].graph) hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, steps[i].graph);
+        free(old);
+        map = NULL;
+    } else if (!*r) {
         *exec = add_record(s->device, 1, steps, nsteps, NULL);
         if (*exec) {
             struct record *rec = take(*exec, 1, 0);
@@ -797,10 +844,11 @@ int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CU
     free(map);
     if (*r) {
         for (int i = 0; steps && i < nsteps; i++) {
-            if (steps[i].handle) hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
+            if (steps[i].handle && !target)
+                hv_call_handle(s->device, HVGPU_OP_GRAPH_EXEC_DESTROY, steps[i].handle);
             if (steps[i].graph) hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, steps[i].graph);
         }
-        *exec = NULL;
+        if (exec) *exec = NULL;
     }
 out:
     free(part_of);
@@ -815,6 +863,14 @@ out:
     free(succ_at);
     free(steps);
     return 1;
+}
+
+int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r) {
+    return shadow_build(graph, flags, NULL, exec, r);
+}
+
+int hv_shadow_update(void *exec, void *graph, CUresult *r) {
+    return shadow_build(graph, 0, exec, NULL, r);
 }
 
 /* cuGraphClone of a hand-built graph: the executor has cloned its nodes into `clone`;

@@ -165,6 +165,8 @@ int hv_shadow_add(void *graph, const struct hv_node_request *q, void *const *dep
 int hv_shadow_edge(void *graph, const void *from, const void *to);
 void hv_shadow_set_host(void *node, void (*fn)(void *), void *data);
 int hv_shadow_instantiate(void *graph, unsigned long long flags, void **exec, CUresult *r);
+/* cuGraphExecUpdate of an instantiation made in parts from a hand-built graph. */
+int hv_shadow_update(void *exec, void *graph, CUresult *r);
 int hv_shadow_clone(void *graph, void *clone, CUresult *r); /* 0: failed, *r says why */
 /* A clone's node copying node: 1 found, 0 not a node of the original, -1 not a clone
    with a shadow. */

@@ -186,6 +186,33 @@ static int setparams_part(cudaStream_t s) {
     cudaError_t e = cudaGraphExecKernelNodeSetParams(exec, later, &p);
     cudaGetLastError();
     printf("built: a node added after instantiating: %s\n", cudaGetErrorName(e));
+    // updated from a graph of the same shape (its own host node's counter), then from one
+    // of another shape (no host node)
+    cudaGraph_t same, other;
+    cudaGraphNode_t k2, h2;
+    int runs2 = 0;
+    float a2 = 7.0f;
+    void *args2[] = { &a2, &dx, &dy, &n };
+    if (build(&same, &k2, &h2, &a2, args2, &runs2, out)) return 1;
+    cudaGraphExecUpdateResultInfo info;
+    CHECK(cudaGraphExecUpdate(exec, same, &info));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("built: updated, a=7, wrong %d, host nodes ran %d and %d times\n", wrong(out, 7, 0),
+           runs, runs2);
+    a2 = 8.0f;
+    p = saxpy_params(&a2, args2);
+    CHECK(cudaGraphExecKernelNodeSetParams(exec, k2, &p));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    printf("built: the new graph's node set, a=8, wrong %d\n", wrong(out, 8, 0));
+    if (build(&other, &k2, &h2, &a2, args2, NULL, out)) return 1;
+    e = cudaGraphExecUpdate(exec, other, &info);
+    cudaGetLastError();
+    printf("built: updated from another shape: %s, result %d\n", cudaGetErrorName(e),
+           info.result != cudaGraphExecUpdateSuccess);
+    CHECK(cudaGraphDestroy(same));
+    CHECK(cudaGraphDestroy(other));
     CHECK(cudaGraphExecDestroy(exec));
     CHECK(cudaGraphDestroy(graph));
 
