@@ -26,6 +26,15 @@
  * mode, so the rules the driver applies per thread are not applied; a call CUDA would
  * refuse to a thread during another thread's global-mode capture goes through.
  *
+ * A clone (cuGraphClone) is the executor's clone of each part, the guest's record or
+ * shadow copied with it; cuGraphNodeFindInClone asks the shadow, or the executor (of the
+ * part that holds the node). Node-level calls on an instantiation made in parts
+ * (cuGraphExecKernelNodeSetParams, cuGraphExecUpdate) go to the part that holds the node.
+ * Conditional nodes (cuGraphAddNode) are the executor's, and so are their bodies, which
+ * the driver makes and the program fills as any graph; a graph with host nodes and a
+ * conditional node is not instantiated (its parts would be rebuilt without the bodies).
+ * Graph memory nodes (allocation and free) are not built: refused as not supported.
+ *
  * Must not touch a graph's contents in the guest: they are the executor's.
  */
 #define _GNU_SOURCE

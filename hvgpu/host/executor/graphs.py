@@ -24,6 +24,14 @@ let go of it:
   invalidates that capture (``invalidate``), so it never ends as a graph the guest
   believes holds that frame's work.
 
+A clone counts its nodes as its graph does, and remembers that graph: only nodes of it
+are found in the clone. A conditional node's body graphs are the driver's, owned by the
+node: they get handles as graphs do (nodes are added to them), are counted with the
+graph their node is in when it is instantiated or cloned, go with it, and are never
+destroyed, instantiated or cloned on their own; a conditional handle is the driver's
+value, and a conditional node may name only one made for its graph or a graph it is a
+body of (so a guest never hands the driver a value it did not make).
+
 The serving thread's capture mode is relaxed (``CudaDevice.bind_thread``): several
 guest threads, and the executor's own calls, share that one thread, so the driver's
 per-thread rules cannot be applied here and are not.
