@@ -34,7 +34,7 @@ built: a=2, wrong 0, host node ran 2 times
 built: a=3, wrong 0, host node ran 3 times
 built: a node added after instantiating: cudaErrorInvalidValue
 built: updated, a=7, wrong 0, host nodes ran 3 and 1 times
-built: the new graph's node set, a=8, wrong 0
+built: set after the update, a=8, wrong 0
 built: updated from another shape: cudaErrorGraphExecUpdateFailure, result 1
 captured: a=5, wrong 0, host function ran 1 times
 done: 0

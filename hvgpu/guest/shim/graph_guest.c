@@ -77,8 +77,10 @@ struct record {
     int n;
     struct step *steps;  /* graph or exec handles (untagged) and the function after each */
     struct rooms *rooms;
-    int nmap;
-    struct nmap *map;    /* an instantiation of a hand-built graph: its nodes' places */
+    int nmap, nbase;
+    struct nmap *map;    /* an instantiation of a hand-built graph: its nodes' places (the
+                            first nbase its own graph's, then those of the graph it was
+                            last updated from) */
     struct record *next;
 };
 
@@ -809,31 +811,39 @@ static int shadow_build(void *graph, unsigned long long flags, void *target_key,
     if (!*r && !(map = calloc((size_t)n + 1, sizeof *map))) *r = CUDA_ERROR_OUT_OF_MEMORY;
     for (int k = 0; !*r && k < n; k++)
         if (!s->nodes[k].host) map[nmap++] = (struct nmap){ s->nodes[k].handle, part_of[k], made[k] };
-    if (!*r && target) { /* updated: the new parts' graphs and host nodes are its own */
-        struct nmap *old;
+    if (!*r && target) {
+        /* Updated. Its nodes stay those of the graph it was made from (what node-level
+           calls name, as the driver's rule is), and so do the parts' graphs; the new
+           graph's nodes name the same places (the shapes matched, node for node) until the
+           next update, and its host nodes' functions are taken. */
+        struct nmap *both = NULL;
+        if (nmap == target->nbase && (both = calloc(2 * (size_t)nmap + 1, sizeof *both))) {
+            memcpy(both, target->map, sizeof *both * (size_t)nmap);
+            for (int i = 0; i < nmap; i++)
+                both[nmap + i] = (struct nmap){ map[i].node, target->map[i].step,
+                                                target->map[i].part_node };
+        }
         pthread_mutex_lock(&lock);
         for (int i = 0; i < nsteps; i++) {
-            uint64_t gone = target->steps[i].graph;
-            target->steps[i].graph = steps[i].graph;
             target->steps[i].fn = steps[i].fn;
             target->steps[i].data = steps[i].data;
-            steps[i].graph = gone;
         }
-        old = target->map;
-        target->map = map;
-        target->nmap = nmap;
+        struct nmap *old = both ? target->map : NULL;
+        if (both) {
+            target->map = both;
+            target->nmap = 2 * nmap;
+        }
         pthread_mutex_unlock(&lock);
         for (int i = 0; i < nsteps; i++)
             if (steps[i].graph) hv_call_handle(s->device, HVGPU_OP_GRAPH_DESTROY, steps[i].graph);
         free(old);
-        map = NULL;
     } else if (!*r) {
         *exec = add_record(s->device, 1, steps, nsteps, NULL);
         if (*exec) {
             struct record *rec = take(*exec, 1, 0);
             pthread_mutex_lock(&lock);
             rec->map = map;
-            rec->nmap = nmap;
+            rec->nmap = rec->nbase = nmap;
             pthread_mutex_unlock(&lock);
             map = NULL;
             steps = NULL;

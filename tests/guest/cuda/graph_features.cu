@@ -202,10 +202,10 @@ static int setparams_part(cudaStream_t s) {
            runs, runs2);
     a2 = 8.0f;
     p = saxpy_params(&a2, args2);
-    CHECK(cudaGraphExecKernelNodeSetParams(exec, k2, &p));
+    CHECK(cudaGraphExecKernelNodeSetParams(exec, kernel, &p));  // its own graph's node
     CHECK(cudaGraphLaunch(exec, s));
     CHECK(cudaStreamSynchronize(s));
-    printf("built: the new graph's node set, a=8, wrong %d\n", wrong(out, 8, 0));
+    printf("built: set after the update, a=8, wrong %d\n", wrong(out, 8, 0));
     if (build(&other, &k2, &h2, &a2, args2, NULL, out)) return 1;
     e = cudaGraphExecUpdate(exec, other, &info);
     cudaGetLastError();
