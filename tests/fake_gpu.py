@@ -432,7 +432,8 @@ class FakeDevice:
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
                   8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152,
                   102: 1, 115: 1,  # VMM and memory pools
-                  83: 1, 95: 1}  # managed memory, cooperative launches
+                  83: 1, 95: 1,  # managed memory, cooperative launches
+                  103: 1, 125: 1}  # POSIX fd handles, IPC events: served among a VM's processes
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,

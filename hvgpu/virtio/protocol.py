@@ -459,6 +459,36 @@ OPS: tuple[Op, ...] = (
        reply_payload=True,
        doc="cuMemcpy3DAsync to the guest's memory, after the stream's earlier work: the "
            "reply payload is the rows, width bytes each, packed (at most MAX_COPY_3D)."),
+    # CUDA IPC between the processes of one VM (issue: IPC). Every process of a VM that
+    # uses a vGPU has its connection to that vGPU's one executor, which serves the IPC
+    # itself: a handle is an unguessable token (IPC_HANDLE_SIZE random bytes) naming an
+    # allocation or an event in the executor's table of exports, which no other VM's
+    # executor holds.
+    Op(0xE0, "IPC_GET_MEM_HANDLE", SYNC, _f("u64 dptr"), _f("bytes handle"),
+       doc="cuIpcGetMemHandle of the cuMemAlloc allocation dptr lies in: its token, the "
+           "same each time while the allocation lives."),
+    Op(0xE1, "IPC_OPEN_MEM_HANDLE", SYNC, _f("u32 flags, bytes handle"),
+       _f("u64 dptr, u64 size"),
+       doc="cuIpcOpenMemHandle: the allocation's base and size, copyable by this "
+           "connection until it closes it as often as it opened it; refused "
+           "(CUDA_ERROR_INVALID_CONTEXT) in the connection that exported it."),
+    Op(0xE2, "IPC_CLOSE_MEM_HANDLE", SYNC, _f("u64 dptr"), _f("u32 left"),
+       doc="cuIpcCloseMemHandle of a base this connection opened: left is how many opens "
+           "of it are still held (0: no longer copyable by this connection)."),
+    Op(0xE3, "IPC_GET_EVENT_HANDLE", SYNC, _f("u64 event"), _f("bytes handle"),
+       doc="cuIpcGetEventHandle of an event made with CU_EVENT_INTERPROCESS and "
+           "CU_EVENT_DISABLE_TIMING."),
+    Op(0xE4, "IPC_OPEN_EVENT_HANDLE", SYNC, _f("bytes handle"), _f("u64 event"),
+       doc="cuIpcOpenEventHandle: a handle of this connection for the exported event "
+           "(EVENT_DESTROY lets it go)."),
+    Op(0xE5, "MEM_EXPORT", SYNC, _f("u64 handle, u32 handle_type, u32 flags"),
+       _f("bytes token"),
+       doc="cuMemExportToShareableHandle of memory made exportable as a POSIX file "
+           "descriptor (handle_type 1): the token (IPC_HANDLE_SIZE bytes) the guest "
+           "library puts in the descriptor it gives the program."),
+    Op(0xE6, "MEM_IMPORT", SYNC, _f("u32 handle_type, bytes token"), _f("u64 handle"),
+       doc="cuMemImportFromShareableHandle: a handle of this connection for the memory "
+           "a MEM_EXPORT token names (any connection of the VM's vGPU, this one too)."),
 )
 
 # Body of every reply whose status is not success.
@@ -499,6 +529,7 @@ MEMORY_ARRAY = 3  # CU_MEMORYTYPE_ARRAY
 MAX_COPY_3D = 8 << 20  # bytes one MEMCPY_3D_TO or MEMCPY_3D_FROM carries at most
 TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
 VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
+IPC_HANDLE_SIZE = 64  # an IPC token: CUipcMemHandle's and CUipcEventHandle's size
 
 # name -> C type of what the C header carries besides the op table (cgen), as
 # HVGPU_<name> ("i32": a plain int literal, as C writes small counts).
@@ -513,7 +544,7 @@ C_CONSTANTS = (
     ("MEMCPY_NODE_FROM_REGION", "i32"), ("MEMCPY_NODE_TO_REGION", "i32"),
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
     ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),
-    ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"),
+    ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"), ("IPC_HANDLE_SIZE", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

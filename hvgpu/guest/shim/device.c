@@ -19,8 +19,10 @@ static int driver_version;
 /* Features of the real GPU that the shim does not carry across: a program or library
    that asks must see the device without them, not try them and fail. Virtual memory
    management (102) and memory pools (115) are carried (vmm.c, pool.c), for device
-   memory without export handles: the attributes of exportable handles, RDMA,
-   compression and host memory pools stay 0, MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
+   memory exportable as a POSIX file descriptor at most (103, served among the VM's
+   processes by its executor, as IPC events are, 125): the attributes of other handle
+   types, RDMA, compression and host memory pools stay 0,
+   MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
 static const int NOT_CARRIED[] = {
     19,  /* CAN_MAP_HOST_MEMORY */
     86,  /* HOST_NATIVE_ATOMIC_SUPPORTED */
@@ -30,14 +32,12 @@ static const int NOT_CARRIED[] = {
     96,  /* COOPERATIVE_MULTI_DEVICE_LAUNCH (launches.c says why) */
     100, /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
     101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
-    103, /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
     104, 105, /* HANDLE_TYPE_WIN32(_KMT)_HANDLE_SUPPORTED */
     107, /* GENERIC_COMPRESSION_SUPPORTED */
     110, /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     112, /* SPARSE_CUDA_ARRAY_SUPPORTED (cuMemMapArrayAsync is not built) */
     116, /* GPU_DIRECT_RDMA_SUPPORTED */
     119, /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
-    125, /* IPC_EVENT_SUPPORTED */
     121, /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
     124, /* DMA_BUF_SUPPORTED */
     128, /* HANDLE_TYPE_FABRIC_SUPPORTED */

@@ -234,7 +234,8 @@ struct hv_ctx *hv_current_or_primary(void); /* what a NULL context argument stan
 void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global); /* on hv_routed_device() */
 int hv_alloc_remove(CUdeviceptr ptr);      /* a cuMemAlloc range only */
 /* Kinds of device range: what frees it, and what cuMemFree may not. */
-enum { HV_RANGE_ALLOC = 0, HV_RANGE_GLOBAL = 1, HV_RANGE_MAPPED = 2, HV_RANGE_POOL = 4 };
+enum { HV_RANGE_ALLOC = 0, HV_RANGE_GLOBAL = 1, HV_RANGE_MAPPED = 2, HV_RANGE_POOL = 4,
+       HV_RANGE_IPC = 8 /* opened from another process's IPC handle (ipc.c) */ };
 void hv_range_add(CUdeviceptr ptr, size_t size, unsigned kind); /* on hv_routed_device() */
 int hv_range_kind(CUdeviceptr ptr);        /* of the range holding ptr; -1: none */
 int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind);

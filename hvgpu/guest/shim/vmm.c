@@ -4,13 +4,14 @@
  * Every call is a round trip to the executor, which does the real VMM call
  * and charges the slice's quota; none is on a hot path (frameworks map
  * memory when their pools grow). Only device memory of the guest's own
- * vGPUs without export handles is served: anything else (host or NUMA
- * locations, fabric or Win32 handles, compression, RDMA) returns
- * CUDA_ERROR_NOT_SUPPORTED and says so once. A request for a POSIX file
- * descriptor handle is the one exception, served without the handle: PyTorch
- * asks one for every expandable segment and uses it only to share tensors
- * with another process, where cuMemExportToShareableHandle then says
- * CUDA_ERROR_NOT_SUPPORTED.
+ * vGPUs is served, exportable as a POSIX file descriptor at most: anything else
+ * (host or NUMA locations, fabric or Win32 handles, compression, RDMA) returns
+ * CUDA_ERROR_NOT_SUPPORTED and says so once. cuMemExportToShareableHandle gives
+ * the program a real descriptor, a sealed memfd holding the executor's token for
+ * the memory (its vGPU and SHAREABLE_MAGIC first), which it may pass to another
+ * process of the VM (SCM_RIGHTS) as it would the driver's; that process's
+ * cuMemImportFromShareableHandle reads the token from it, and the VM's executor
+ * gives it the same memory (hvgpu/host/executor/vmm.py).
  *
  * Addresses, handles and mappings belong to one vGPU (its executor is its own
  * process): a reservation to the current context's device, a handle to the
@@ -18,7 +19,10 @@
  * mapping to both, which must agree.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "shim.h"
 
@@ -50,9 +54,9 @@ CUresult hv_device_location(const void *location, int *device, const char *api, 
     return CUDA_SUCCESS;
 }
 
-/* What the executor may be asked for: device memory, no export handle, no flags. */
+/* What the executor may be asked for: device memory, a POSIX fd handle at most, no flags. */
 static CUresult check_prop(const hv_alloc_prop *p, int *device) {
-    static int managed, host, exportable, flags, fd;
+    static int managed, host, exportable, flags;
     if (!p) return CUDA_ERROR_INVALID_VALUE;
     if (p->type != PINNED)
         return hv_unsupported("cuMemCreate of managed memory (only CU_MEM_ALLOCATION_TYPE_PINNED "
@@ -67,10 +71,6 @@ static CUresult check_prop(const hv_alloc_prop *p, int *device) {
     if (p->compression || p->rdma || p->usage)
         return hv_unsupported("cuMemCreate of compressible, GPUDirect RDMA or usage-flagged "
                               "memory", &flags);
-    if (p->requested_handle_types && !__atomic_exchange_n(&fd, 1, __ATOMIC_RELAXED))
-        hv_log("cuMemCreate: memory is made without the POSIX file descriptor handle asked "
-               "for (hvgpu memory cannot leave the executor); exporting it returns "
-               "CUDA_ERROR_NOT_SUPPORTED (said once)");
     return CUDA_SUCCESS;
 }
 
@@ -134,7 +134,8 @@ HV_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     if (!handle || flags) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_prop(prop, &device);
     if (r) return r;
-    hvgpu_mem_create_req_t q = { size, PINNED, 0, ON_DEVICE, 0, 0 };
+    hvgpu_mem_create_req_t q = { size, PINNED, (uint32_t)prop->requested_handle_types, ON_DEVICE,
+                                 0, 0 };
     hvgpu_mem_create_rep_t v;
     r = HV_ON(device, hv_call(HVGPU_OP_MEM_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
                               NULL, 0));
@@ -158,6 +159,70 @@ HV_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     hvgpu_mem_release_req_t q = { handle_value(handle) };
     return HV_ON(device, hv_call(HVGPU_OP_MEM_RELEASE, &q, sizeof q, NULL, 0, NULL, 0, NULL,
                                  NULL, 0));
+}
+
+/* -- shareable handles: a memfd holding the executor's token --------------------------- */
+
+static const char SHAREABLE_MAGIC[8] = "hvgpuVMM";
+struct shareable { char magic[8]; uint32_t device, reserved; unsigned char token[HVGPU_IPC_HANDLE_SIZE]; };
+
+HV_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                                int type, unsigned long long flags) {
+    static int other;
+    if (!shareable) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FD)
+        return hv_unsupported("cuMemExportToShareableHandle of other handle types than "
+                              "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", &other);
+    int device = handle_device(handle);
+    if (device < 0) return CUDA_ERROR_INVALID_HANDLE;
+    hvgpu_mem_export_req_t q = { handle_value(handle), (uint32_t)type, (uint32_t)flags };
+    if (q.flags != flags) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char rep[sizeof(hvgpu_mem_export_rep_t) + HVGPU_IPC_HANDLE_SIZE];
+    uint32_t n = 0;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_MEM_EXPORT, &q, sizeof q, NULL, 0, rep, sizeof rep,
+                                       &n, NULL, 0));
+    if (r) return r;
+    hvgpu_mem_export_rep_view_t v;
+    struct shareable s = { .device = (uint32_t)device };
+    if (hvgpu_mem_export_rep_decode(rep, n, &v) || v.token.len != sizeof s.token)
+        return CUDA_ERROR_UNKNOWN;
+    memcpy(s.magic, SHAREABLE_MAGIC, sizeof s.magic);
+    memcpy(s.token, v.token.data, sizeof s.token);
+    int fd = memfd_create("hvgpu-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (write(fd, &s, sizeof s) != (ssize_t)sizeof s
+            || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                  void *os_handle, int type) {
+    static int other;
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FD)
+        return hv_unsupported("cuMemImportFromShareableHandle of other handle types than "
+                              "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", &other);
+    CUresult r = cuInit(0);
+    if (r) return r;
+    struct shareable s;
+    int fd = (int)(intptr_t)os_handle;
+    if (pread(fd, &s, sizeof s, 0) != (ssize_t)sizeof s
+            || memcmp(s.magic, SHAREABLE_MAGIC, sizeof s.magic) || s.device >= (uint32_t)hv_device_count)
+        return CUDA_ERROR_INVALID_VALUE; /* no descriptor this shim made */
+    struct __attribute__((packed)) {
+        hvgpu_mem_import_req_t q;
+        unsigned char token[HVGPU_IPC_HANDLE_SIZE];
+    } body = { { (uint32_t)type, sizeof s.token }, { 0 } };
+    memcpy(body.token, s.token, sizeof body.token);
+    hvgpu_mem_import_rep_t v;
+    r = HV_ON((int)s.device, hv_call(HVGPU_OP_MEM_IMPORT, &body, sizeof body, NULL, 0, &v,
+                                     sizeof v, NULL, NULL, 0));
+    if (!r) *handle = (CUmemGenericAllocationHandle)(uintptr_t)hv_tag((int)s.device, v.handle);
+    return r;
 }
 
 HV_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(hv_alloc_prop *prop,

@@ -31,6 +31,7 @@ from hvgpu.host import logs
 from hvgpu.host.executor import messages, regions
 from hvgpu.host.executor import sandbox
 from hvgpu.host.executor.compile_cache import CompileCache
+from hvgpu.host.executor.ipc import Exports
 from hvgpu.host.executor.kernel_output import KernelOutput
 from hvgpu.host.executor.agent_link import AgentLink, RemoteQuota, Stats
 from hvgpu.host.executor.progress import Heartbeat
@@ -95,6 +96,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                 output: KernelOutput | None = None) -> None:
     quota = RemoteQuota(link)
     executor_regions = regions.ExecutorRegions(region, link.region, vgpu)
+    exports = Exports()  # CUDA IPC among this VM's processes (ipc.py): theirs alone
     staging = StagingPool(device) if device is not None else None
     heartbeat = Heartbeat()
     stats = Stats(link)
@@ -128,7 +130,7 @@ def serve_slice(link: AgentLink, device, error, cache: CompileCache, name: str,
                               quota=quota, owns_device=False, slice_name=name, compute=compute,
                               vgpus=quota.vgpus, staging=staging, heartbeat=heartbeat,
                               on_poisoned=poison, executor_regions=executor_regions,
-                              neighbours=neighbours, kernel_output=output)
+                              neighbours=neighbours, kernel_output=output, ipc=exports)
             thread = threading.Thread(target=run, args=(session, key), name=key, daemon=True)
             stats.add(session)
             with lock:

@@ -46,6 +46,7 @@ from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
+from hvgpu.host.executor.ipc import Exports, Held
 from hvgpu.host.executor.kernel_output import KernelOutput
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
 from hvgpu.host.executor.ops import checks, memory
@@ -115,7 +116,8 @@ class Session:
                  executor_regions: regions.ExecutorRegions | None = None,
                  neighbours: Callable[[], list] | None = None,
                  uploads: admission.UploadBudget | None = None,
-                 kernel_output: KernelOutput | None = None):
+                 kernel_output: KernelOutput | None = None,
+                 ipc: Exports | None = None):
         self.slice_name, self.compute = slice_name, compute
         self.sock = sock
         self.send_lock = threading.Lock()
@@ -150,6 +152,10 @@ class Session:
         self.compile_slots = admission.compile_slots(self.cache.directory)
         self.allocs = Allocations()
         self.allocations: dict[int, memory.Allocation] = {}  # by address: cuMemAlloc's
+        # CUDA IPC: the executor's exports, which its sessions (this VM's processes on
+        # this vGPU) share, and what this one exported and opened
+        self.ipc = ipc if ipc is not None else Exports()
+        self.ipc_held = Held()
         self.exec_charges: dict[int, int] = {}  # instantiated graph -> bytes it took
         self.upload_stream = None  # the executor's own, for uploads at instantiation
         self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
@@ -167,7 +173,7 @@ class Session:
         self.layouts: dict[int, list] = {}
         self.graphs = Graphs(device)  # captures, graphs, what a graph may still reach
         self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,
-                                 DEVICE_MEMORY)
+                                 DEVICE_MEMORY, self.ipc, self.ledger.hand_over)
         self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
                            self.stream,
                            accounted=quota is not None)

@@ -8,9 +8,13 @@ address ranges are per connection), charges the slice's quota for
 leaves releases everything in the order CUDA needs: mappings unmapped,
 physical memory released, addresses freed.
 
-Only device-located, non-exportable memory of the connection's own device is
-served: exportable handles, host or NUMA locations, compression and RDMA
-flags are CUDA_ERROR_NOT_SUPPORTED, with the reason.
+Only device-located memory of the connection's own device is served, exportable
+as a POSIX file descriptor at most: other handle types, host or NUMA locations,
+compression and RDMA flags are CUDA_ERROR_NOT_SUPPORTED, with the reason. An
+export (cuMemExportToShareableHandle) is a token of the executor's table
+(``ipc.Exports``) that the guest's other processes import on this executor (they
+share its context); the driver's memory goes once no connection holds it, and its
+charge stays on the slice until then.
 
 Must not import CUDA (the device does every call) and must not touch other guests.
 """
@@ -24,6 +28,7 @@ import threading
 from typing import Any, Callable
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import ipc
 from hvgpu.host.executor.tables import Ranges
 from hvgpu.virtio import protocol as P
 
@@ -34,6 +39,7 @@ _PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _ACCESS_FLAGS = (0, 1, 3)  # CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ, _READWRITE
 _READWRITE = 3
+POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: exported among the VM's processes
 _ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location (type, id), flags
 assert _ACCESS_DESC.size == P.ACCESS_DESC_SIZE
 _PAGE = 4096  # what cuMemAddressReserve asks of a size and an address hint
@@ -80,14 +86,15 @@ def check_reserve(size: int, alignment: int, addr: int, flags: int) -> None:
 
 def check_create(device, size: int, type_: int, handle_types: int, loc_type: int,
                  loc_id: int, alloc_flags: int) -> None:
-    """Only pinned, non-exportable memory of this device, in whole granules."""
+    """Only pinned memory of this device, in whole granules, exportable as a POSIX file
+    descriptor at most."""
     if type_ != _PINNED:
         raise CudaError(_NOT_SUPPORTED, f"allocation type {type_} is not served; only "
                                         "CU_MEM_ALLOCATION_TYPE_PINNED is")
-    if handle_types:
+    if handle_types & ~POSIX_FD:
         raise CudaError(_NOT_SUPPORTED, f"exportable memory (handle types 0x{handle_types:x}) "
-                                        "is not served: it would be shared outside the "
-                                        "executor")
+                                        "is not served but as a POSIX file descriptor: it "
+                                        "would be shared outside the VM's executor")
     check_location(loc_type, loc_id, "memory")
     if alloc_flags:
         raise CudaError(_NOT_SUPPORTED, "compressible, GPUDirect RDMA or usage-flagged "
@@ -125,20 +132,25 @@ def quietly(fn, *args) -> None:
 
 
 class _Physical:
-    """One cuMemCreate: alive while the guest holds a reference or a mapping uses it."""
+    """One cuMemCreate (or import): alive while the guest holds a reference or a mapping
+    uses it; shared with other connections once exported (``export``)."""
 
-    __slots__ = ("obj", "size", "refs", "maps")
+    __slots__ = ("obj", "size", "refs", "maps", "handle_types", "charged", "export")
 
-    def __init__(self, obj: Any, size: int):
+    def __init__(self, obj: Any, size: int, handle_types: int = 0, charged: bool = True,
+                 export=None):
         self.obj, self.size, self.refs, self.maps = obj, size, 1, 0
+        self.handle_types, self.charged, self.export = handle_types, charged, export
 
 
 class VirtualMemory:
     """Reservations, physical allocations and mappings of one guest."""
 
     def __init__(self, device, charge: Callable[[int], None], uncharge: Callable[[int], None],
-                 lock: threading.Lock):
+                 lock: threading.Lock, exports=None,
+                 hand_over: Callable[[int], Callable[[], None]] | None = None):
         self.device, self.charge, self.uncharge, self.lock = device, charge, uncharge, lock
+        self.exports, self.hand_over = exports, hand_over  # ipc.Exports; Ledger.hand_over
         self.res_starts: list[int] = []
         self.reserved: dict[int, int] = {}  # start -> size
         self.reserved_bytes = 0
@@ -197,7 +209,7 @@ class VirtualMemory:
 
     # -- physical memory ------------------------------------------------------------
 
-    def create(self, size: int) -> int:
+    def create(self, size: int, handle_types: int = 0) -> int:
         """cuMemCreate of device memory (``check_create`` checked the arguments)."""
         self._room()
         self.charge(size)  # a multiple of the granularity: what the driver takes
@@ -207,10 +219,40 @@ class VirtualMemory:
         except CudaError:
             self.uncharge(size)
             raise
+        return self._add(_Physical(obj, size, handle_types))
+
+    def _add(self, p: _Physical) -> int:
         handle = self.next_handle
         self.next_handle += 1
-        self.physical[handle] = _Physical(obj, size)
+        self.physical[handle] = p
         return handle
+
+    def export(self, handle: int, owner) -> bytes:
+        """cuMemExportToShareableHandle: the token the VM's other processes import it by
+        (the same each time)."""
+        p = self._handle(handle)
+        if not p.handle_types & POSIX_FD:
+            raise CudaError(_INVALID, f"memory allocation handle {handle} was not created "
+                                      "exportable as a POSIX file descriptor")
+        if p.export is None:
+            device, lock, obj = self.device, self.lock, p.obj
+            made = self.exports.export(ipc.VMM, owner, size=p.size, obj=obj)
+            made.uncharge = lambda: None
+
+            def last() -> None:  # no connection holds it any more
+                with lock:
+                    quietly(device.mem_release, obj)
+                made.uncharge()
+            made.last = last
+            p.export = made
+        return p.export.token
+
+    def import_(self, export) -> int:
+        """cuMemImportFromShareableHandle: a handle of this guest for the memory."""
+        self._room()
+        if not self.exports.hold(export):
+            raise CudaError(_INVALID, "the shareable handle's memory is gone")
+        return self._add(_Physical(export.obj, export.size, POSIX_FD, False, export))
 
     def _handle(self, handle: int) -> _Physical:
         p = self.physical.get(handle)
@@ -228,9 +270,17 @@ class VirtualMemory:
         if p.refs or p.maps:
             return
         del self.physical[handle]
+        if p.export is not None:  # shared: the driver has it back once no one holds it
+            self._let_go(p)
+            return
         with self.lock:
             self.device.mem_release(p.obj)
         self.uncharge(p.size)  # only once the driver gave it back; else at the session's end
+
+    def _let_go(self, p: _Physical) -> None:
+        if p.charged:  # stays charged to the slice until the last holder lets go
+            p.export.uncharge = self.hand_over(p.size)
+        self.exports.let_go(p.export)
 
     def retain(self, ptr: int) -> int:
         start = self._mapping_at(ptr)
@@ -338,7 +388,11 @@ class VirtualMemory:
             quietly(self.device.mem_unmap, start, self.mappings[start][0])
         with self.lock:
             for p in self.physical.values():
-                quietly(self.device.mem_release, p.obj)
+                if p.export is not None:
+                    quietly(self._let_go, p)
+                else:
+                    quietly(self.device.mem_release, p.obj)
         for start in self.res_starts:
             quietly(self.device.address_free, start, self.reserved[start])
-        self.__init__(self.device, self.charge, self.uncharge, self.lock)
+        self.__init__(self.device, self.charge, self.uncharge, self.lock, self.exports,
+                      self.hand_over)

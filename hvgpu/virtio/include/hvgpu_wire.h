@@ -169,6 +169,13 @@ enum hvgpu_op {
     HVGPU_OP_MEMCPY_3D = 0xca,  /* cuMemcpy3DAsync between device memory and arrays of this connection: depth slices of height rows of width bytes. */
     HVGPU_OP_MEMCPY_3D_TO = 0xcb,  /* cuMemcpy3DAsync from the guest's memory: the payload is the rows, width bytes each, packed (width * height * depth bytes, at most MAX_COPY_3D). */
     HVGPU_OP_MEMCPY_3D_FROM = 0xcc,  /* cuMemcpy3DAsync to the guest's memory, after the stream's earlier work: the reply payload is the rows, width bytes each, packed (at most MAX_COPY_3D). */
+    HVGPU_OP_IPC_GET_MEM_HANDLE = 0xe0,  /* cuIpcGetMemHandle of the cuMemAlloc allocation dptr lies in: its token, the same each time while the allocation lives. */
+    HVGPU_OP_IPC_OPEN_MEM_HANDLE = 0xe1,  /* cuIpcOpenMemHandle: the allocation's base and size, copyable by this connection until it closes it as often as it opened it; refused (CUDA_ERROR_INVALID_CONTEXT) in the connection that exported it. */
+    HVGPU_OP_IPC_CLOSE_MEM_HANDLE = 0xe2,  /* cuIpcCloseMemHandle of a base this connection opened: left is how many opens of it are still held (0: no longer copyable by this connection). */
+    HVGPU_OP_IPC_GET_EVENT_HANDLE = 0xe3,  /* cuIpcGetEventHandle of an event made with CU_EVENT_INTERPROCESS and CU_EVENT_DISABLE_TIMING. */
+    HVGPU_OP_IPC_OPEN_EVENT_HANDLE = 0xe4,  /* cuIpcOpenEventHandle: a handle of this connection for the exported event (EVENT_DESTROY lets it go). */
+    HVGPU_OP_MEM_EXPORT = 0xe5,  /* cuMemExportToShareableHandle of memory made exportable as a POSIX file descriptor (handle_type 1): the token (IPC_HANDLE_SIZE bytes) the guest library puts in the descriptor it gives the program. */
+    HVGPU_OP_MEM_IMPORT = 0xe6,  /* cuMemImportFromShareableHandle: a handle of this connection for the memory a MEM_EXPORT token names (any connection of the VM's vGPU, this one too). */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -312,6 +319,13 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEMCPY_3D: return "MEMCPY_3D";
     case HVGPU_OP_MEMCPY_3D_TO: return "MEMCPY_3D_TO";
     case HVGPU_OP_MEMCPY_3D_FROM: return "MEMCPY_3D_FROM";
+    case HVGPU_OP_IPC_GET_MEM_HANDLE: return "IPC_GET_MEM_HANDLE";
+    case HVGPU_OP_IPC_OPEN_MEM_HANDLE: return "IPC_OPEN_MEM_HANDLE";
+    case HVGPU_OP_IPC_CLOSE_MEM_HANDLE: return "IPC_CLOSE_MEM_HANDLE";
+    case HVGPU_OP_IPC_GET_EVENT_HANDLE: return "IPC_GET_EVENT_HANDLE";
+    case HVGPU_OP_IPC_OPEN_EVENT_HANDLE: return "IPC_OPEN_EVENT_HANDLE";
+    case HVGPU_OP_MEM_EXPORT: return "MEM_EXPORT";
+    case HVGPU_OP_MEM_IMPORT: return "MEM_IMPORT";
     default:
         return 0;
     }
@@ -1436,6 +1450,81 @@ typedef struct __attribute__((packed)) hvgpu_memcpy_3d_from_req {
 } hvgpu_memcpy_3d_from_req_t;
 _Static_assert(sizeof(hvgpu_memcpy_3d_from_req_t) == 88, "hvgpu_memcpy_3d_from_req_t");
 
+typedef struct __attribute__((packed)) hvgpu_ipc_get_mem_handle_req {
+    uint64_t dptr;
+} hvgpu_ipc_get_mem_handle_req_t;
+_Static_assert(sizeof(hvgpu_ipc_get_mem_handle_req_t) == 8, "hvgpu_ipc_get_mem_handle_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_get_mem_handle_rep {
+    uint32_t handle_len;
+} hvgpu_ipc_get_mem_handle_rep_t;
+_Static_assert(sizeof(hvgpu_ipc_get_mem_handle_rep_t) == 4, "hvgpu_ipc_get_mem_handle_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_open_mem_handle_req {
+    uint32_t flags;
+    uint32_t handle_len;
+} hvgpu_ipc_open_mem_handle_req_t;
+_Static_assert(sizeof(hvgpu_ipc_open_mem_handle_req_t) == 8, "hvgpu_ipc_open_mem_handle_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_open_mem_handle_rep {
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_ipc_open_mem_handle_rep_t;
+_Static_assert(sizeof(hvgpu_ipc_open_mem_handle_rep_t) == 16, "hvgpu_ipc_open_mem_handle_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_close_mem_handle_req {
+    uint64_t dptr;
+} hvgpu_ipc_close_mem_handle_req_t;
+_Static_assert(sizeof(hvgpu_ipc_close_mem_handle_req_t) == 8, "hvgpu_ipc_close_mem_handle_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_close_mem_handle_rep {
+    uint32_t left;
+} hvgpu_ipc_close_mem_handle_rep_t;
+_Static_assert(sizeof(hvgpu_ipc_close_mem_handle_rep_t) == 4, "hvgpu_ipc_close_mem_handle_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_get_event_handle_req {
+    uint64_t event;
+} hvgpu_ipc_get_event_handle_req_t;
+_Static_assert(sizeof(hvgpu_ipc_get_event_handle_req_t) == 8, "hvgpu_ipc_get_event_handle_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_get_event_handle_rep {
+    uint32_t handle_len;
+} hvgpu_ipc_get_event_handle_rep_t;
+_Static_assert(sizeof(hvgpu_ipc_get_event_handle_rep_t) == 4, "hvgpu_ipc_get_event_handle_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_open_event_handle_req {
+    uint32_t handle_len;
+} hvgpu_ipc_open_event_handle_req_t;
+_Static_assert(sizeof(hvgpu_ipc_open_event_handle_req_t) == 4, "hvgpu_ipc_open_event_handle_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_ipc_open_event_handle_rep {
+    uint64_t event;
+} hvgpu_ipc_open_event_handle_rep_t;
+_Static_assert(sizeof(hvgpu_ipc_open_event_handle_rep_t) == 8, "hvgpu_ipc_open_event_handle_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_export_req {
+    uint64_t handle;
+    uint32_t handle_type;
+    uint32_t flags;
+} hvgpu_mem_export_req_t;
+_Static_assert(sizeof(hvgpu_mem_export_req_t) == 16, "hvgpu_mem_export_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_export_rep {
+    uint32_t token_len;
+} hvgpu_mem_export_rep_t;
+_Static_assert(sizeof(hvgpu_mem_export_rep_t) == 4, "hvgpu_mem_export_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_import_req {
+    uint32_t handle_type;
+    uint32_t token_len;
+} hvgpu_mem_import_req_t;
+_Static_assert(sizeof(hvgpu_mem_import_req_t) == 8, "hvgpu_mem_import_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_import_rep {
+    uint64_t handle;
+} hvgpu_mem_import_rep_t;
+_Static_assert(sizeof(hvgpu_mem_import_rep_t) == 8, "hvgpu_mem_import_rep_t");
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -1471,6 +1560,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_COPY_3D 8388608
 #define HVGPU_TEX_DESC_SIZE 104
 #define HVGPU_VIEW_DESC_SIZE 112
+#define HVGPU_IPC_HANDLE_SIZE 64
 
 /* -- replies with variable-length fields -------------------------------------------- */
 
@@ -1726,6 +1816,51 @@ static inline int hvgpu_graph_add_conditional_node_rep_decode(const void *body, 
     if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
     p += whole ? sizeof v->fixed : n;
     hvgpu_span_take(&v->bodies, p, end, v->fixed.bodies_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_ipc_get_mem_handle_rep_view {
+    hvgpu_ipc_get_mem_handle_rep_t fixed;
+    hvgpu_span_t handle;
+} hvgpu_ipc_get_mem_handle_rep_view_t;
+
+static inline int hvgpu_ipc_get_mem_handle_rep_decode(const void *body, uint32_t n, hvgpu_ipc_get_mem_handle_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->handle, p, end, v->fixed.handle_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_ipc_get_event_handle_rep_view {
+    hvgpu_ipc_get_event_handle_rep_t fixed;
+    hvgpu_span_t handle;
+} hvgpu_ipc_get_event_handle_rep_view_t;
+
+static inline int hvgpu_ipc_get_event_handle_rep_decode(const void *body, uint32_t n, hvgpu_ipc_get_event_handle_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->handle, p, end, v->fixed.handle_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_mem_export_rep_view {
+    hvgpu_mem_export_rep_t fixed;
+    hvgpu_span_t token;
+} hvgpu_mem_export_rep_view_t;
+
+static inline int hvgpu_mem_export_rep_decode(const void *body, uint32_t n, hvgpu_mem_export_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->token, p, end, v->fixed.token_len, &cut);
     return whole ? cut : -1;
 }
 

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -253,11 +254,14 @@ static int refusals(void) {
     EXPECT(cuMemCreate(&h, 2 << 20, &prop, 0) == CUDA_ERROR_INVALID_DEVICE);
     prop = device_memory();
     EXPECT(cuMemCreate(&h, (2 << 20) + 1, &prop, 0) == CUDA_ERROR_INVALID_VALUE);
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* made without */
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR; /* exportable */
     CHECK(cuMemCreate(&h, 2 << 20, &prop, 0));
     int fd = -1;
-    EXPECT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+    EXPECT(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_FABRIC, 0) ==
            CUDA_ERROR_NOT_SUPPORTED);
+    CHECK(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    EXPECT(fd >= 0);
+    close(fd);
     CHECK(cuMemRelease(h));
     EXPECT(cuMemRelease(h) == CUDA_ERROR_INVALID_HANDLE);
     EXPECT(cuMemRelease(12345) == CUDA_ERROR_INVALID_HANDLE);

@@ -11,12 +11,12 @@ Must not import CUDA; the families drive the session's ``GpuDevice``.
 
 from __future__ import annotations
 
-from hvgpu.host.executor.ops import (arrays, device, graphs, memory, modules, regions, streams,
-                                     vmm)
+from hvgpu.host.executor.ops import (arrays, device, graphs, ipc, memory, modules, regions,
+                                     streams, vmm)
 from hvgpu.host.executor.ops.table import ALREADY_REPLIED, Op, build
 
 FAMILIES = (device.FAMILY, memory.FAMILY, modules.FAMILY, streams.FAMILY, graphs.FAMILY,
-            vmm.FAMILY, regions.FAMILY, arrays.FAMILY)
+            vmm.FAMILY, regions.FAMILY, arrays.FAMILY, ipc.FAMILY)
 TABLE: dict[int, Op] = build(*FAMILIES)
 
 
@@ -25,6 +25,7 @@ def release(session) -> None:
     charge. Each step goes on past a failure (logged), so nothing is left held."""
     graphs.release_all(session)  # what graphs held back (parked) goes with them
     regions.release_all(session)
+    ipc.release_all(session)  # memory opened from another process's IPC handle
     arrays.release_all(session)  # textures refer to arrays and memory: before both
     memory.release_staging(session)
     vmm.release_all(session)  # on the guest's streams, which are still there

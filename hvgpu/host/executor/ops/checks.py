@@ -126,3 +126,54 @@ def region(session, number: int):
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
                         f"region {number} is not attached on this connection")
     return attached
+
+
+# -- CUDA IPC among the processes of one VM (ipc.py) ---------------------------------------
+
+EVENT_INTERPROCESS = 0x4 | 0x2  # CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING
+
+
+def ipc_allocation(session, ptr: int) -> Any:
+    """The cuMemAlloc allocation of this guest ``ptr`` lies in (the memory
+    cuIpcGetMemHandle exports: not pool, mapped or opened memory)."""
+    base = session.allocs.base_of(ptr)
+    if base is None or base not in session.allocations:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"0x{ptr:x} is not inside a cuMemAlloc allocation of this guest")
+    return session.allocations[base]
+
+
+def ipc_token(session, token, kind: str, own: bool = False) -> Any:
+    """The live export of this executor ``token`` names, exported by another
+    connection (unless ``own``): opening one's own cuIpc handle is refused, as the
+    driver refuses a handle opened in the process that made it."""
+    export = session.ipc.find(token, kind)
+    if export.exporter is session and not own:
+        raise CudaError(P.CUDA_ERROR_INVALID_CONTEXT,
+                        f"the IPC {kind} handle was exported by this process: it opens in "
+                        "another process only")
+    return export
+
+
+def ipc_opened(session, ptr: int) -> list:
+    """What this connection opened at ``ptr`` (the base cuIpcOpenMemHandle gave)."""
+    opened = session.ipc_held.opened.get(ptr)
+    if opened is None:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"0x{ptr:x} is not memory this process opened with "
+                        "cuIpcOpenMemHandle")
+    return opened
+
+
+def ipc_event(session, handle: int) -> Any:
+    """An event of this guest's that may be exported (made with CU_EVENT_INTERPROCESS
+    and CU_EVENT_DISABLE_TIMING, not opened from another process's handle)."""
+    held = session.events.get(handle)
+    if held.flags & EVENT_INTERPROCESS != EVENT_INTERPROCESS:
+        raise CudaError(P.CUDA_ERROR_INVALID_HANDLE,
+                        f"event {handle} was not made with CU_EVENT_INTERPROCESS and "
+                        "CU_EVENT_DISABLE_TIMING")
+    if held.export is not None and held.export.exporter is not session:
+        raise CudaError(P.CUDA_ERROR_INVALID_HANDLE,
+                        f"event {handle} was opened from another process's IPC handle")
+    return held

@@ -9,7 +9,11 @@ fields, in the order they are judged, which is
   or the frame's payload) lies inside an allocation of this guest's;
 - :func:`one_of`: a value among a few;
 - :func:`params`: a kernel parameter buffer of the size the op's function takes;
-- :func:`attrs`: launch attributes, whole and naming no event.
+- :func:`attrs`: launch attributes, whole and naming no event;
+- :func:`ipc_allocation`, :func:`ipc_token`, :func:`ipc_opened`, :func:`ipc_event`,
+  :func:`vmm_handle`:
+  what CUDA IPC among one VM's processes names (``HOST_KINDS``: checked here only,
+  the C loop serves no op that has them).
 
 From that one description :func:`derive` makes the op's Python check (the error
 statuses and messages of ``checks``), and ``hvgpu.virtio.cgen`` makes the C
@@ -39,6 +43,15 @@ KINDS = {  # each kind of check, as the C loop's header says it
     "one_of": "a value among those allowed",
     "params": "a parameter buffer's length: the size the op's function takes",
     "attrs": "launch attributes' length: whole records, none naming an event"}
+# Kinds only the Python path checks: an op that has one is never served by the C loop.
+HOST_KINDS = {
+    "ipc_allocation": "a device address inside a cuMemAlloc allocation of this guest's",
+    "ipc_token": "an IPC handle: IPC_HANDLE_SIZE bytes naming a live export of this executor, "
+                 "made by another connection",
+    "ipc_opened": "the base of memory this connection opened from an IPC handle",
+    "ipc_event": "an event of this guest's made with CU_EVENT_INTERPROCESS and "
+                 "CU_EVENT_DISABLE_TIMING",
+    "vmm_handle": "a memory allocation handle of this guest's (cuMemCreate, or imported)"}
 PAYLOAD = "payload"  # device_range's size: the frame's payload length
 _HANDLE_TYPES = ("u64",)
 _SCALARS = ("u8", "u16", "u32", "u64", "i32")
@@ -53,6 +66,7 @@ class FieldCheck:
     what: str = ""  # range: how an error names it
     values: tuple[int, ...] = ()  # one_of
     capture: str = ""  # stream: refused while capturing, named so
+    own: bool = False  # ipc_token: the connection that exported it may open it too
 
 
 def function(field: str) -> FieldCheck:
@@ -84,21 +98,45 @@ def attrs(field: str) -> FieldCheck:
     return FieldCheck("attrs", field)
 
 
+def ipc_allocation(field: str) -> FieldCheck:
+    return FieldCheck("ipc_allocation", field)
+
+
+def ipc_token(field: str, *, what: str, own: bool = False) -> FieldCheck:
+    """``what``: the kind of export it must name (ipc.MEMORY, ipc.EVENT, ipc.VMM);
+    ``own``: the exporting connection may open it too (as a shareable handle may be
+    imported in the process that exported it)."""
+    return FieldCheck("ipc_token", field, what=what, own=own)
+
+
+def vmm_handle(field: str) -> FieldCheck:
+    return FieldCheck("vmm_handle", field)
+
+
+def ipc_opened(field: str) -> FieldCheck:
+    return FieldCheck("ipc_opened", field)
+
+
+def ipc_event(field: str) -> FieldCheck:
+    return FieldCheck("ipc_event", field)
+
+
 def validate(name: str, fields: tuple[FieldCheck, ...], *, raw: bool = False) -> None:
     """Refuse a description the request's fields do not bear out (at declaration)."""
     op = P.OPS_BY_NAME[name]
     types = dict(op.request)
     seen: set[str] = set()
     for check in fields:
-        if check.kind not in KINDS:
+        if check.kind not in KINDS and check.kind not in HOST_KINDS:
             raise ValueError(f"{name}: no field check {check.kind!r}")
         typ = types.get(check.field)
         if typ is None:
             raise ValueError(f"{name}: no request field {check.field!r}")
-        if check.kind in ("params", "attrs"):
+        if check.kind in ("params", "attrs", "ipc_token"):
             if typ != "bytes":
                 raise ValueError(f"{name}: {check.field} is {typ}, not bytes")
-        elif check.kind in ("function", "stream", "event", "range"):
+        elif check.kind in ("function", "stream", "event", "range", "ipc_allocation",
+                            "ipc_opened", "ipc_event", "vmm_handle"):
             if typ not in _HANDLE_TYPES:
                 raise ValueError(f"{name}: {check.field} is {typ}, not u64")
         elif typ not in _SCALARS:
@@ -119,6 +157,8 @@ def validate(name: str, fields: tuple[FieldCheck, ...], *, raw: bool = False) ->
                 raise ValueError(f"{name}: no multiplier field {check.times!r}")
             if not check.what:
                 raise ValueError(f"{name}: a range must say what it is")
+        if check.kind == "ipc_token" and check.what not in ("memory", "event", "vmm"):
+            raise ValueError(f"{name}: an IPC token names memory, an event or VMM memory")
         if check.kind == "one_of" and not all(0 <= v < 64 for v in check.values):
             raise ValueError(f"{name}: one_of values must lie in [0, 64)")
     if raw and any(typ == "str" for _, typ in op.request):
@@ -179,9 +219,24 @@ def _steps(name: str, fields: tuple[FieldCheck, ...]) -> list[Callable]:
             def step(session, hdr, values, at=at, allowed=allowed, message=message):
                 if values[at] not in allowed:
                     raise CudaError(P.CUDA_ERROR_INVALID_VALUE, message(values[at]))
-        else:  # attrs
+        elif check.kind == "attrs":
             def step(session, hdr, values, at=at):
                 launch_attrs(values[at])
+        elif check.kind == "ipc_allocation":
+            def step(session, hdr, values, at=at):
+                values[at] = checks.ipc_allocation(session, values[at])
+        elif check.kind == "ipc_token":
+            def step(session, hdr, values, at=at, what=check.what, own=check.own):
+                values[at] = checks.ipc_token(session, values[at], what, own=own)
+        elif check.kind == "vmm_handle":
+            def step(session, hdr, values, at=at):
+                session.vmm.handle_size(values[at])  # CUDA_ERROR_INVALID_HANDLE if not
+        elif check.kind == "ipc_opened":
+            def step(session, hdr, values, at=at):
+                values[at] = checks.ipc_opened(session, values[at])
+        else:  # ipc_event
+            def step(session, hdr, values, at=at):
+                values[at] = checks.ipc_event(session, values[at])
         steps.append(step)
     return steps
 

@@ -57,6 +57,16 @@ class Ledger:
             self.charged -= n
             quietly(self.quota.release, n)
 
+    def hand_over(self, n: int) -> Callable[[], None]:
+        """``n`` bytes this guest was charged stay charged to the slice, but are no
+        longer this guest's to give back (memory another process of the VM still
+        holds, ipc.py): the call returned gives them back."""
+        if self.quota is None or not n:
+            return lambda: None
+        self.charged -= n
+        quota = self.quota
+        return lambda: quietly(quota.release, n)
+
     def measure(self, device, make: Callable[[], Any], undo: Callable[[Any], None],
                 what: str) -> tuple[Any, int]:
         """``make()``'s result and the bytes of device memory it took, charged: the

@@ -63,20 +63,39 @@ def mem_alloc(session, hdr, size, *, charged):
 
 
 def _allocation(session, hdr, dptr) -> tuple:
-    if dptr not in session.allocs:
+    if dptr not in session.allocations:
+        opened = " (opened from an IPC handle: cuIpcCloseMemHandle lets it go)" \
+            if dptr in session.ipc_held.opened else ""
         raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
-                        f"0x{dptr:x} is not an allocation of this guest")
+                        f"0x{dptr:x} is not an allocation of this guest{opened}")
     return (dptr,)
+
+
+def release_of(session, allocation: Allocation):
+    """What gives ``allocation`` back: at once, or, where it was exported to the VM's
+    other processes (ipc.py), once the last of them closed it; its charge stays on
+    the slice until then, no longer this guest's."""
+    export = session.ipc_held.exports.pop(allocation.handle, None)
+    if export is None:
+        return lambda: allocation.release(session)
+    device, ptr = session.device, allocation.handle
+    uncharge = session.ledger.hand_over(allocation.charge)
+
+    def last() -> None:
+        with DEVICE_MEMORY:
+            quietly(device.mem_free, ptr)
+        uncharge()
+    return session.ipc.withdraw(export, last)
 
 
 @declare("MEM_FREE", check=_allocation, charge=RELEASES)
 def mem_free(session, hdr, dptr):
     session.allocs.remove(dptr)
-    allocation = session.allocations.pop(dptr)
+    release = release_of(session, session.allocations.pop(dptr))
     if dptr in session.graphs.allocations and session.graphs.park(
-            f"allocation 0x{dptr:x}", lambda: allocation.release(session)):
+            f"allocation 0x{dptr:x}", release):
         return  # a graph may still write it: freed, and uncharged, when the last goes
-    allocation.release(session)
+    release()
 
 
 @declare("MEMCPY_HTOD", burst=("cuMemcpyHtoDAsync",), fields=(
@@ -165,7 +184,10 @@ def release_all(session) -> None:
     (another session's load would otherwise be charged less than it took); their
     charges go with the guest's whole."""
     with DEVICE_MEMORY:
-        for ptr in list(session.allocs.starts):
-            quietly(session.device.mem_free, ptr)
+        for ptr, allocation in list(session.allocations.items()):
+            if ptr in session.ipc_held.exports:  # others of the VM may still hold it
+                quietly(release_of(session, allocation))
+            else:
+                quietly(session.device.mem_free, ptr)
     session.allocations.clear()
     session.allocs = Allocations()

@@ -40,24 +40,43 @@ class Stream(Resource):
 
 
 class Event(Resource):
-    """An event the guest created."""
+    """An event the guest created, or opened from another process's IPC handle."""
 
-    __slots__ = ("obj",)
+    __slots__ = ("obj", "flags", "export")
 
-    def __init__(self, obj):
+    def __init__(self, obj, flags: int = 0, export=None):
         super().__init__(0)
-        self.obj = obj
+        self.obj, self.flags = obj, flags
+        self.export = export  # ipc.Export: exported by this guest, or opened from one
+
+    def destroy(self, session):
+        """What gives the driver's event back: destroying it, or, where it is shared
+        with other processes of the VM (IPC), letting go of this guest's hold."""
+        export, obj = self.export, self.obj
+        if export is None:
+            return lambda: session.device.event_destroy(obj)
+        if export.exporter is session:  # nothing opens the token again
+            return session.ipc.withdraw(export, lambda: session.device.event_destroy(obj))
+        return lambda: session.ipc.let_go(export)
 
     def release(self, session) -> None:
         """Destroyed at once, or once no graph is left where a graph may use it."""
-        handle, obj = self.handle, self.obj
+        handle, destroy = self.handle, self.destroy(session)
         if handle not in session.graphs.events or not session.graphs.park(
-                f"event {handle}", lambda: session.device.event_destroy(obj)):
-            session.device.event_destroy(obj)
+                f"event {handle}", destroy):
+            destroy()
         session.graphs.events.discard(handle)
         session.events.pop(handle)
         if session.burst is not None:
             session.burst.drop_event(handle)
+
+
+def add_event(session, obj, flags: int = 0, export=None) -> int:
+    event = Event(obj, flags, export)
+    event.handle = session.events.add(event)
+    if session.burst is not None:
+        session.burst.set_event(event.handle, session.device.handle_value(obj))
+    return event.handle
 
 
 def _add_stream(session, obj) -> int:
@@ -135,12 +154,7 @@ def stream_wait_event(session, hdr, s, e, flags):
 
 @declare("EVENT_CREATE")
 def event_create(session, hdr, flags):
-    obj = session.device.event_create(flags)
-    event = Event(obj)
-    event.handle = session.events.add(event)
-    if session.burst is not None:
-        session.burst.set_event(event.handle, session.device.handle_value(obj))
-    return (event.handle,)
+    return (add_event(session, session.device.event_create(flags), flags),)
 
 
 def _own_event(session, hdr, handle) -> tuple:
@@ -179,8 +193,9 @@ def event_elapsed_time(session, hdr, start, end):
 
 def release_all(session) -> None:
     """At the end (after what was allocated on them): events, then streams."""
-    for release, table in ((session.device.event_destroy, session.events.objects),
-                           (session.device.stream_destroy, session.streams.objects)):
-        for held in list(table.values()):
-            quietly(release, held.obj)
-        table.clear()
+    for held in list(session.events.objects.values()):
+        quietly(held.destroy(session))  # shared with other processes (IPC): let go
+    session.events.objects.clear()
+    for held in list(session.streams.objects.values()):
+        quietly(session.device.stream_destroy, held.obj)
+    session.streams.objects.clear()

@@ -171,6 +171,8 @@ class Family:
             raise ValueError(f"{name}: a check is given or derived from fields, not both")
         if burst and not fields:
             raise ValueError(f"{name}: the C loop serves only ops whose checks are fields")
+        if burst and any(c.kind in F.HOST_KINDS for c in fields):
+            raise ValueError(f"{name}: the C loop does not make the Python path's own checks")
         if burst and P.OPS_BY_CODE[code].kind != P.ONEWAY:
             raise ValueError(f"{name}: the C loop serves one-way ops only")
         if fields:

@@ -12,7 +12,8 @@ Must not import CUDA; every driver call goes through the session's ``GpuDevice``
 
 from __future__ import annotations
 
-from hvgpu.host.executor import pools, vmm
+from hvgpu.host.executor import ipc, pools, vmm
+from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops.ledger import quietly
@@ -41,12 +42,26 @@ def mem_address_free(session, hdr, dptr, size):
 
 def _create(session, hdr, size, type_, handle_types, loc_type, loc_id, alloc_flags) -> tuple:
     vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id, alloc_flags)
-    return (size,)
+    return size, handle_types
 
 
 @declare("MEM_CREATE", check=_create, charge=BOOKS)
-def mem_create(session, hdr, size):
-    return (session.vmm.create(size),)
+def mem_create(session, hdr, size, handle_types):
+    return (session.vmm.create(size, handle_types),)
+
+
+# Shared among the VM's processes through the executor's table (ipc.py): the memory
+# stays charged to the slice, whichever process holds it last.
+@declare("MEM_EXPORT", fields=(F.vmm_handle("handle"), F.one_of("handle_type", (vmm.POSIX_FD,)),
+                               F.one_of("flags", (0,))))
+def mem_export(session, hdr, handle, handle_type, flags):
+    return (session.vmm.export(handle, session),)
+
+
+@declare("MEM_IMPORT", fields=(F.one_of("handle_type", (vmm.POSIX_FD,)),
+                               F.ipc_token("token", what=ipc.VMM, own=True)))
+def mem_import(session, hdr, handle_type, export):
+    return (session.vmm.import_(export),)
 
 
 @declare("MEM_RELEASE", check=by_books, charge=RELEASES)
