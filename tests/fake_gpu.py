@@ -310,6 +310,7 @@ class FakeDevice:
         self.pools: dict[int, _Pool] = {}
         self.captures: dict = {}  # stream -> the Capture it records into
         self.blocking: set = set()  # streams created without CU_STREAM_NON_BLOCKING
+        self.stream_attrs: dict = {}  # stream -> {launch attribute id: its 64-byte value}
         self.capture_ids = 0
         self.graph_launches = 0
         self.graphs_alive = 0  # graphs and instantiations not destroyed
@@ -404,6 +405,8 @@ class FakeDevice:
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
                   8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152,
                   102: 1, 115: 1,  # VMM and memory pools
+                  107: 1,  # generic compression, as an H200's
+                  109: 134213632,  # the largest access policy window, as an H200's
                   83: 1, 95: 1}  # managed memory, cooperative launches
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
@@ -982,12 +985,56 @@ class FakeDevice:
 
     def stream_create(self, flags, priority=0):
         stream = ("stream", object())
+        least, greatest = self.stream_priority_range()  # clamped into the range, as CUDA does
+        if priority:
+            self.stream_attrs[stream] = {8: struct.pack("<i", max(greatest, min(least, priority)))
+                                         .ljust(P.LAUNCH_ATTR_VALUE_SIZE, b"\0")}
         if not flags & 1:  # CU_STREAM_NON_BLOCKING unset: it synchronises with legacy work
             self.blocking.add(stream)
         return stream
 
     def stream_destroy(self, stream):
-        pass
+        self.stream_attrs.pop(stream, None)
+
+    def stream_set_attribute(self, stream, attr, value):
+        """As cuStreamSetAttribute documents each value (cuda.h 13.0)."""
+        value = bytes(value).ljust(P.LAUNCH_ATTR_VALUE_SIZE, b"\0")
+        bad = CudaError(S.INVALID_VALUE, f"fake cuStreamSetAttribute: not a value of {attr}")
+        if attr == 1:  # CUaccessPolicyWindow
+            base, n, ratio, hit, miss = struct.unpack_from("<QQfii", value)
+            if n > self.attribute(109) or not 0.0 <= ratio <= 1.0 or hit not in (0, 1, 2) \
+                    or miss not in (0, 1) or n and not base:
+                raise bad
+        elif attr == 3:  # CUsynchronizationPolicy
+            if struct.unpack_from("<i", value)[0] not in (1, 2, 3, 4):
+                raise bad
+        elif attr == 8:  # clamped into the priority range
+            least, greatest = self.stream_priority_range()
+            value = struct.pack("<i", max(greatest, min(least, struct.unpack_from("<i", value)[0])))
+        elif attr == 9:  # CUlaunchMemSyncDomainMap: two domains of the device's
+            if value[0] >= 4 or value[1] >= 4:
+                raise bad
+        elif attr == 10:  # CUlaunchMemSyncDomain
+            if struct.unpack_from("<i", value)[0] not in (0, 1):
+                raise bad
+        elif attr == 16:
+            if struct.unpack_from("<I", value)[0] not in (0, 1):
+                raise bad
+        else:
+            raise CudaError(S.INVALID_VALUE, f"fake: attribute {attr} is not a stream's")
+        keep = {1: 28, 3: 4, 8: 4, 9: 2, 10: 4, 16: 4}[attr]  # the member's bytes
+        self.stream_attrs.setdefault(stream, {})[attr] = value[:keep].ljust(
+            P.LAUNCH_ATTR_VALUE_SIZE, b"\0")
+
+    def stream_get_attribute(self, stream, attr):
+        if attr not in (1, 3, 8, 9, 10, 16):
+            raise CudaError(S.INVALID_VALUE, f"fake: attribute {attr} is not a stream's")
+        default = {3: struct.pack("<i", 1), 9: bytes((0, 1))}.get(attr, b"")  # AUTO; 0, 1
+        return self.stream_attrs.get(stream, {}).get(attr, default.ljust(
+            P.LAUNCH_ATTR_VALUE_SIZE, b"\0"))
+
+    def stream_copy_attributes(self, dst, src):
+        self.stream_attrs[dst] = dict(self.stream_attrs.get(src, {}))
 
     def stream_synchronize(self, stream):
         self._check()

@@ -250,6 +250,14 @@ OPS: tuple[Op, ...] = (
     Op(0x45, "STREAM_CREATE_PRIORITY", SYNC, _f("u32 flags, i32 priority"), _f("u64 stream")),
     Op(0x46, "STREAM_PRIORITY_RANGE", SYNC, (), _f("i32 least, i32 greatest"),
        doc="cuCtxGetStreamPriorityRange."),
+    # Stream attributes: value is CUlaunchAttributeValue as cuda.h lays it out
+    # (LAUNCH_ATTR_VALUE_SIZE bytes), for the attributes valid for streams alone.
+    Op(0x47, "STREAM_SET_ATTRIBUTE", SYNC, _f("u64 stream, u32 attr, bytes value"),
+       doc="cuStreamSetAttribute; an access policy window names memory of this guest."),
+    Op(0x48, "STREAM_GET_ATTRIBUTE", SYNC, _f("u64 stream, u32 attr"), _f("bytes value"),
+       doc="cuStreamGetAttribute: the value as cuda.h lays it out."),
+    Op(0x49, "STREAM_COPY_ATTRIBUTES", SYNC, _f("u64 dst, u64 src"),
+       doc="cuStreamCopyAttributes between two streams of this guest."),
     Op(0x50, "EVENT_CREATE", SYNC, _f("u32 flags"), _f("u64 event")),
     Op(0x51, "EVENT_DESTROY", SYNC, _f("u64 event")),
     Op(0x52, "EVENT_RECORD", ONEWAY, _f("u64 event, u64 stream")),
@@ -450,6 +458,11 @@ ERROR_FIELDS = _f("u16 op, u16 reserved, u32 seq, str message")
 # alike.
 MAX_PARAMS = 32764  # bytes of kernel parameters one launch carries (CUDA 12.1+'s limit)
 LAUNCH_ATTR_SIZE = 72  # one CUlaunchAttribute in a launch's or a cluster query's attrs
+LAUNCH_ATTR_VALUE_SIZE = 64  # one CUlaunchAttributeValue (STREAM_SET_ATTRIBUTE's value)
+# CUlaunchAttributeID's attributes cuda.h says are valid for streams: access policy
+# window, synchronization policy, priority, memory sync domain map and domain, NVLink
+# utilisation-centric scheduling.
+STREAM_ATTRS = frozenset({1, 3, 8, 9, 10, 16})
 MAX_LAUNCH_ATTRS = 32  # attributes a guest sends with one launch (the executor's C loop
                        # serves this many; more go through its Python path)
 # CUlaunchAttributeID's attributes that name events: a guest does not send them (an
@@ -487,7 +500,7 @@ C_CONSTANTS = (
     ("MAX_PARAMS", "i32"), ("LAUNCH_ATTR_SIZE", "i32"),
     ("MAX_LAUNCH_ATTRS", "i32"), ("LAUNCH_ATTR_PROGRAMMATIC_EVENT", "i32"),
     ("LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT", "i32"), ("MAX_DEVICE_ATTRIBUTES", "i32"),
-    ("LAUNCH_ATTR_COOPERATIVE", "i32"),
+    ("LAUNCH_ATTR_COOPERATIVE", "i32"), ("LAUNCH_ATTR_VALUE_SIZE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
     ("MAX_GRAPH_NODES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),

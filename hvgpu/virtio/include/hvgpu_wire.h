@@ -102,6 +102,9 @@ enum hvgpu_op {
     HVGPU_OP_STREAM_WAIT_EVENT = 0x44,
     HVGPU_OP_STREAM_CREATE_PRIORITY = 0x45,
     HVGPU_OP_STREAM_PRIORITY_RANGE = 0x46,  /* cuCtxGetStreamPriorityRange. */
+    HVGPU_OP_STREAM_SET_ATTRIBUTE = 0x47,  /* cuStreamSetAttribute; an access policy window names memory of this guest. */
+    HVGPU_OP_STREAM_GET_ATTRIBUTE = 0x48,  /* cuStreamGetAttribute: the value as cuda.h lays it out. */
+    HVGPU_OP_STREAM_COPY_ATTRIBUTES = 0x49,  /* cuStreamCopyAttributes between two streams of this guest. */
     HVGPU_OP_EVENT_CREATE = 0x50,
     HVGPU_OP_EVENT_DESTROY = 0x51,
     HVGPU_OP_EVENT_RECORD = 0x52,
@@ -241,6 +244,9 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_STREAM_WAIT_EVENT: return "STREAM_WAIT_EVENT";
     case HVGPU_OP_STREAM_CREATE_PRIORITY: return "STREAM_CREATE_PRIORITY";
     case HVGPU_OP_STREAM_PRIORITY_RANGE: return "STREAM_PRIORITY_RANGE";
+    case HVGPU_OP_STREAM_SET_ATTRIBUTE: return "STREAM_SET_ATTRIBUTE";
+    case HVGPU_OP_STREAM_GET_ATTRIBUTE: return "STREAM_GET_ATTRIBUTE";
+    case HVGPU_OP_STREAM_COPY_ATTRIBUTES: return "STREAM_COPY_ATTRIBUTES";
     case HVGPU_OP_EVENT_CREATE: return "EVENT_CREATE";
     case HVGPU_OP_EVENT_DESTROY: return "EVENT_DESTROY";
     case HVGPU_OP_EVENT_RECORD: return "EVENT_RECORD";
@@ -739,6 +745,30 @@ typedef struct __attribute__((packed)) hvgpu_stream_priority_range_rep {
     int32_t greatest;
 } hvgpu_stream_priority_range_rep_t;
 _Static_assert(sizeof(hvgpu_stream_priority_range_rep_t) == 8, "hvgpu_stream_priority_range_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_set_attribute_req {
+    uint64_t stream;
+    uint32_t attr;
+    uint32_t value_len;
+} hvgpu_stream_set_attribute_req_t;
+_Static_assert(sizeof(hvgpu_stream_set_attribute_req_t) == 16, "hvgpu_stream_set_attribute_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_get_attribute_req {
+    uint64_t stream;
+    uint32_t attr;
+} hvgpu_stream_get_attribute_req_t;
+_Static_assert(sizeof(hvgpu_stream_get_attribute_req_t) == 12, "hvgpu_stream_get_attribute_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_get_attribute_rep {
+    uint32_t value_len;
+} hvgpu_stream_get_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_stream_get_attribute_rep_t) == 4, "hvgpu_stream_get_attribute_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_copy_attributes_req {
+    uint64_t dst;
+    uint64_t src;
+} hvgpu_stream_copy_attributes_req_t;
+_Static_assert(sizeof(hvgpu_stream_copy_attributes_req_t) == 16, "hvgpu_stream_copy_attributes_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_event_create_req {
     uint32_t flags;
@@ -1396,6 +1426,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT 12
 #define HVGPU_MAX_DEVICE_ATTRIBUTES 1024
 #define HVGPU_LAUNCH_ATTR_COOPERATIVE 2
+#define HVGPU_LAUNCH_ATTR_VALUE_SIZE 64
 #define HVGPU_MAX_FUNC_ATTRIBUTES 32
 #define HVGPU_UUID_SIZE 16
 #define HVGPU_TENSOR_MAP_SIZE 128
@@ -1609,6 +1640,21 @@ static inline int hvgpu_func_get_attributes_rep_decode(const void *body, uint32_
     if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
     p += whole ? sizeof v->fixed : n;
     hvgpu_span_take(&v->values, p, end, v->fixed.values_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_stream_get_attribute_rep_view {
+    hvgpu_stream_get_attribute_rep_t fixed;
+    hvgpu_span_t value;
+} hvgpu_stream_get_attribute_rep_view_t;
+
+static inline int hvgpu_stream_get_attribute_rep_decode(const void *body, uint32_t n, hvgpu_stream_get_attribute_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->value, p, end, v->fixed.value_len, &cut);
     return whole ? cut : -1;
 }
 
