@@ -306,6 +306,7 @@ class FakeDevice:
         self._handles: dict = {}
         self.reservations: dict[int, int] = {}  # start -> size
         self.physical: dict[int, bytearray] = {}  # id -> memory of a cuMemCreate
+        self.compressed: set[int] = set()  # ids of compressible physical memory
         self.mapped: dict[int, list] = {}  # start -> [size, memory, offset, access flags]
         self.pools: dict[int, _Pool] = {}
         self.captures: dict = {}  # stream -> the Capture it records into
@@ -530,7 +531,9 @@ class FakeDevice:
 
     # -- virtual memory management ---------------------------------------------
 
-    def mem_granularity(self, option):
+    def mem_granularity(self, option, compression=0):
+        if compression not in (0, 1):
+            raise CudaError(S.INVALID_VALUE, f"fake: compression type {compression}")
         return GRANULARITY
 
     def _reserved(self, ptr, size):
@@ -555,20 +558,30 @@ class FakeDevice:
             raise CudaError(S.INVALID_VALUE, "fake: memory is still mapped there")
         del self.reservations[ptr]
 
-    def mem_create(self, size):
+    def mem_create(self, size, compression=0):
+        if compression not in (0, 1):
+            raise CudaError(S.INVALID_VALUE, f"fake: compression type {compression}")
         if not size or size % GRANULARITY:
             raise CudaError(S.INVALID_VALUE, "fake: size is not a multiple of the granularity")
         if self._used() + size > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         buf = bytearray(size)
         self.physical[id(buf)] = buf
+        if compression and self.attribute(107):  # granted where the device compresses
+            self.compressed.add(id(buf))
         self._publish()
         return id(buf)
+
+    def mem_compression(self, handle):
+        if handle not in self.physical:
+            raise CudaError(S.INVALID_VALUE, "fake: not a handle of cuMemCreate")
+        return 1 if handle in self.compressed else 0
 
     def mem_release(self, handle):
         if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
             raise CudaError(S.INVALID_VALUE, "fake: the session releases only memory nothing maps")
         del self.physical[handle]
+        self.compressed.discard(handle)
         self._publish()
 
     def mem_map(self, ptr, size, offset, handle):

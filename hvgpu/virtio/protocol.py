@@ -294,6 +294,13 @@ OPS: tuple[Op, ...] = (
        doc="cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference."),
     Op(0x6A, "MEM_HANDLE_INFO", SYNC, _f("u64 handle"), _f("u64 size"),
        doc="The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle)."),
+    Op(0x6B, "MEM_GET_GRANULARITY_OF", SYNC, _f("u32 option, u32 alloc_flags"),
+       _f("u64 granularity"),
+       doc="cuMemGetAllocationGranularity of device memory made with alloc_flags "
+           "(as MEM_CREATE's: a compression type in its first byte)."),
+    Op(0x6C, "MEM_HANDLE_PROPS", SYNC, _f("u64 handle"), _f("u64 size, u32 alloc_flags"),
+       doc="cuMemGetAllocationPropertiesFromHandle of a handle of this guest: its size and "
+           "the allocation flags the driver made it with (compression it was granted)."),
     # Stream-ordered allocation. Pool 0 stands for the connection's default pool.
     Op(0x70, "MEM_POOL_CREATE", SYNC,
        _f("u32 type, u32 handle_types, u32 location_type, i32 location_id, u64 max_size, "

@@ -19,8 +19,9 @@ static int driver_version;
 /* Features of the real GPU that the shim does not carry across: a program or library
    that asks must see the device without them, not try them and fail. Virtual memory
    management (102) and memory pools (115) are carried (vmm.c, pool.c), for device
-   memory without export handles: the attributes of exportable handles, RDMA,
-   compression and host memory pools stay 0, MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
+   memory without export handles, compressible or not (107 is the device's): the
+   attributes of exportable handles, RDMA and host memory pools stay 0,
+   MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
 static const int NOT_CARRIED[] = {
     19,  /* CAN_MAP_HOST_MEMORY */
     86,  /* HOST_NATIVE_ATOMIC_SUPPORTED */
@@ -32,7 +33,6 @@ static const int NOT_CARRIED[] = {
     101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
     103, /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
     104, 105, /* HANDLE_TYPE_WIN32(_KMT)_HANDLE_SUPPORTED */
-    107, /* GENERIC_COMPRESSION_SUPPORTED */
     110, /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     112, /* SPARSE_CUDA_ARRAY_SUPPORTED (cuMemMapArrayAsync is not built) */
     116, /* GPU_DIRECT_RDMA_SUPPORTED */

@@ -39,12 +39,16 @@ class GpuDevice(Protocol):
     def mem_free(self, dptr: int) -> None: ...
     # Virtual memory management: device-located, non-exportable memory of this device only
     # (the session has refused everything else).
-    def mem_granularity(self, option: int) -> int:
-        """cuMemGetAllocationGranularity (0: minimum, 1: recommended)."""
+    def mem_granularity(self, option: int, compression: int = 0) -> int:
+        """cuMemGetAllocationGranularity (0: minimum, 1: recommended) of memory made
+        with ``compression`` (CUmemAllocationCompType)."""
     def address_reserve(self, size: int, alignment: int, hint: int) -> int: ...
     def address_free(self, ptr: int, size: int) -> None: ...
-    def mem_create(self, size: int) -> Any:
-        """cuMemCreate; ``size`` is a multiple of the granularity."""
+    def mem_create(self, size: int, compression: int = 0) -> Any:
+        """cuMemCreate; ``size`` is a multiple of the granularity (of ``compression``)."""
+    def mem_compression(self, handle: Any) -> int:
+        """The compression type the driver made ``handle`` with
+        (cuMemGetAllocationPropertiesFromHandle): it may refuse to compress."""
     def mem_release(self, handle: Any) -> None: ...
     def mem_map(self, ptr: int, size: int, offset: int, handle: Any) -> None: ...
     def mem_unmap(self, ptr: int, size: int) -> None: ...

@@ -9,8 +9,9 @@ leaves releases everything in the order CUDA needs: mappings unmapped,
 physical memory released, addresses freed.
 
 Only device-located, non-exportable memory of the connection's own device is
-served: exportable handles, host or NUMA locations, compression and RDMA
-flags are CUDA_ERROR_NOT_SUPPORTED, with the reason.
+served, compressible or not: exportable handles, host or NUMA locations, RDMA
+and usage flags are CUDA_ERROR_NOT_SUPPORTED, with the reason. Compressible
+memory is charged its size as any other (whole granules of its own granularity).
 
 Must not import CUDA (the device does every call) and must not touch other guests.
 """
@@ -34,6 +35,7 @@ _PINNED = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
 _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _ACCESS_FLAGS = (0, 1, 3)  # CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ, _READWRITE
 _READWRITE = 3
+_COMPRESSION = (0, 1)  # CU_MEM_ALLOCATION_COMP_NONE, CU_MEM_ALLOCATION_COMP_GENERIC
 _ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location (type, id), flags
 assert _ACCESS_DESC.size == P.ACCESS_DESC_SIZE
 _PAGE = 4096  # what cuMemAddressReserve asks of a size and an address hint
@@ -60,8 +62,8 @@ def check_granularity(option: int) -> None:
         raise CudaError(_INVALID, f"granularity option {option} is not 0 or 1")
 
 
-def aligned(device, value: int, what: str) -> None:
-    g = device.mem_granularity(0)
+def aligned(device, value: int, what: str, compression: int = 0) -> None:
+    g = device.mem_granularity(0, compression) if compression else device.mem_granularity(0)
     if value % g:
         raise CudaError(_INVALID, f"{what} 0x{value:x} is not a multiple of the allocation "
                                   f"granularity ({g} bytes)")
@@ -78,9 +80,23 @@ def check_reserve(size: int, alignment: int, addr: int, flags: int) -> None:
         raise CudaError(_INVALID, f"alignment {alignment} is not a power of two")
 
 
+def check_alloc_flags(alloc_flags: int) -> int:
+    """CUmemAllocationProp's allocFlags as MEM_CREATE carries them (compressionType in the
+    first byte, gpuDirectRDMACapable in the second, usage in the last two): the
+    compression type, the only flag served."""
+    compression, rest = alloc_flags & 0xFF, alloc_flags >> 8
+    if rest:
+        raise CudaError(_NOT_SUPPORTED, "GPUDirect RDMA or usage-flagged memory is not served")
+    if compression not in _COMPRESSION:
+        raise CudaError(_INVALID, f"compression type {compression} is not "
+                                  "CU_MEM_ALLOCATION_COMP_NONE or _GENERIC")
+    return compression
+
+
 def check_create(device, size: int, type_: int, handle_types: int, loc_type: int,
-                 loc_id: int, alloc_flags: int) -> None:
-    """Only pinned, non-exportable memory of this device, in whole granules."""
+                 loc_id: int, alloc_flags: int) -> int:
+    """Only pinned, non-exportable memory of this device, in whole granules; its
+    compression type."""
     if type_ != _PINNED:
         raise CudaError(_NOT_SUPPORTED, f"allocation type {type_} is not served; only "
                                         "CU_MEM_ALLOCATION_TYPE_PINNED is")
@@ -89,12 +105,11 @@ def check_create(device, size: int, type_: int, handle_types: int, loc_type: int
                                         "is not served: it would be shared outside the "
                                         "executor")
     check_location(loc_type, loc_id, "memory")
-    if alloc_flags:
-        raise CudaError(_NOT_SUPPORTED, "compressible, GPUDirect RDMA or usage-flagged "
-                                        "memory is not served")
+    compression = check_alloc_flags(alloc_flags)
     if not size:
         raise CudaError(_INVALID, "cannot create 0 bytes")
-    aligned(device, size, "size")
+    aligned(device, size, "size", compression)
+    return compression
 
 
 def check_map(flags: int) -> None:
@@ -127,10 +142,11 @@ def quietly(fn, *args) -> None:
 class _Physical:
     """One cuMemCreate: alive while the guest holds a reference or a mapping uses it."""
 
-    __slots__ = ("obj", "size", "refs", "maps")
+    __slots__ = ("obj", "size", "refs", "maps", "compression")
 
-    def __init__(self, obj: Any, size: int):
+    def __init__(self, obj: Any, size: int, compression: int = 0):
         self.obj, self.size, self.refs, self.maps = obj, size, 1, 0
+        self.compression = compression  # what the driver granted, not what was asked
 
 
 class VirtualMemory:
@@ -151,8 +167,10 @@ class VirtualMemory:
     def __len__(self) -> int:
         return len(self.reserved) + len(self.physical) + len(self.mappings)
 
-    def granularity(self, option: int) -> int:
+    def granularity(self, option: int, compression: int = 0) -> int:
         """cuMemGetAllocationGranularity (``check_granularity`` checked the option)."""
+        if compression:
+            return self.device.mem_granularity(option, compression)
         return self.device.mem_granularity(option)
 
     def _aligned(self, value: int, what: str) -> None:
@@ -197,19 +215,27 @@ class VirtualMemory:
 
     # -- physical memory ------------------------------------------------------------
 
-    def create(self, size: int) -> int:
+    def create(self, size: int, compression: int = 0) -> int:
         """cuMemCreate of device memory (``check_create`` checked the arguments)."""
         self._room()
         self.charge(size)  # a multiple of the granularity: what the driver takes
         try:
             with self.lock:
-                obj = self.device.mem_create(size)
+                if compression:  # the driver may make it uncompressed: it says which
+                    obj = self.device.mem_create(size, compression)
+                    try:
+                        granted = self.device.mem_compression(obj)
+                    except CudaError:
+                        quietly(self.device.mem_release, obj)
+                        raise
+                else:
+                    obj, granted = self.device.mem_create(size), 0
         except CudaError:
             self.uncharge(size)
             raise
         handle = self.next_handle
         self.next_handle += 1
-        self.physical[handle] = _Physical(obj, size)
+        self.physical[handle] = _Physical(obj, size, granted)
         return handle
 
     def _handle(self, handle: int) -> _Physical:
@@ -242,6 +268,11 @@ class VirtualMemory:
 
     def handle_size(self, handle: int) -> int:
         return self._handle(handle).size
+
+    def handle_props(self, handle: int) -> tuple[int, int]:
+        """(size, allocation flags as MEM_CREATE carries them) of a handle of this guest."""
+        p = self._handle(handle)
+        return p.size, p.compression
 
     # -- mappings ---------------------------------------------------------------------
 

@@ -122,6 +122,8 @@ enum hvgpu_op {
     HVGPU_OP_MEM_GET_GRANULARITY = 0x68,  /* cuMemGetAllocationGranularity of device memory (option 0: minimum, 1: recommended). */
     HVGPU_OP_MEM_RETAIN_HANDLE = 0x69,  /* cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference. */
     HVGPU_OP_MEM_HANDLE_INFO = 0x6a,  /* The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle). */
+    HVGPU_OP_MEM_GET_GRANULARITY_OF = 0x6b,  /* cuMemGetAllocationGranularity of device memory made with alloc_flags (as MEM_CREATE's: a compression type in its first byte). */
+    HVGPU_OP_MEM_HANDLE_PROPS = 0x6c,  /* cuMemGetAllocationPropertiesFromHandle of a handle of this guest: its size and the allocation flags the driver made it with (compression it was granted). */
     HVGPU_OP_MEM_POOL_CREATE = 0x70,  /* cuMemPoolCreate of a device pool. */
     HVGPU_OP_MEM_POOL_DESTROY = 0x71,
     HVGPU_OP_MEM_POOL_DEFAULT = 0x72,  /* The connection's default pool (cuDeviceGetDefaultMemPool). */
@@ -264,6 +266,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_GET_GRANULARITY: return "MEM_GET_GRANULARITY";
     case HVGPU_OP_MEM_RETAIN_HANDLE: return "MEM_RETAIN_HANDLE";
     case HVGPU_OP_MEM_HANDLE_INFO: return "MEM_HANDLE_INFO";
+    case HVGPU_OP_MEM_GET_GRANULARITY_OF: return "MEM_GET_GRANULARITY_OF";
+    case HVGPU_OP_MEM_HANDLE_PROPS: return "MEM_HANDLE_PROPS";
     case HVGPU_OP_MEM_POOL_CREATE: return "MEM_POOL_CREATE";
     case HVGPU_OP_MEM_POOL_DESTROY: return "MEM_POOL_DESTROY";
     case HVGPU_OP_MEM_POOL_DEFAULT: return "MEM_POOL_DEFAULT";
@@ -912,6 +916,28 @@ typedef struct __attribute__((packed)) hvgpu_mem_handle_info_rep {
     uint64_t size;
 } hvgpu_mem_handle_info_rep_t;
 _Static_assert(sizeof(hvgpu_mem_handle_info_rep_t) == 8, "hvgpu_mem_handle_info_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_of_req {
+    uint32_t option;
+    uint32_t alloc_flags;
+} hvgpu_mem_get_granularity_of_req_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_of_req_t) == 8, "hvgpu_mem_get_granularity_of_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_of_rep {
+    uint64_t granularity;
+} hvgpu_mem_get_granularity_of_rep_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_of_rep_t) == 8, "hvgpu_mem_get_granularity_of_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_props_req {
+    uint64_t handle;
+} hvgpu_mem_handle_props_req_t;
+_Static_assert(sizeof(hvgpu_mem_handle_props_req_t) == 8, "hvgpu_mem_handle_props_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_props_rep {
+    uint64_t size;
+    uint32_t alloc_flags;
+} hvgpu_mem_handle_props_rep_t;
+_Static_assert(sizeof(hvgpu_mem_handle_props_rep_t) == 12, "hvgpu_mem_handle_props_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_create_req {
     uint32_t type;

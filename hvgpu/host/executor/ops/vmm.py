@@ -40,13 +40,13 @@ def mem_address_free(session, hdr, dptr, size):
 
 
 def _create(session, hdr, size, type_, handle_types, loc_type, loc_id, alloc_flags) -> tuple:
-    vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id, alloc_flags)
-    return (size,)
+    return size, vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id,
+                                  alloc_flags)
 
 
 @declare("MEM_CREATE", check=_create, charge=BOOKS)
-def mem_create(session, hdr, size):
-    return (session.vmm.create(size),)
+def mem_create(session, hdr, size, compression):
+    return (session.vmm.create(size, compression),)
 
 
 @declare("MEM_RELEASE", check=by_books, charge=RELEASES)
@@ -94,6 +94,16 @@ def mem_get_granularity(session, hdr, option):
     return (session.vmm.granularity(option),)
 
 
+def _granularity_of(session, hdr, option, alloc_flags) -> tuple:
+    vmm.check_granularity(option)
+    return option, vmm.check_alloc_flags(alloc_flags)
+
+
+@declare("MEM_GET_GRANULARITY_OF", check=_granularity_of)
+def mem_get_granularity_of(session, hdr, option, compression):
+    return (session.vmm.granularity(option, compression),)
+
+
 @declare("MEM_RETAIN_HANDLE", check=by_books)
 def mem_retain_handle(session, hdr, dptr):
     return (session.vmm.retain(dptr),)
@@ -102,6 +112,11 @@ def mem_retain_handle(session, hdr, dptr):
 @declare("MEM_HANDLE_INFO", check=by_books)
 def mem_handle_info(session, hdr, handle):
     return (session.vmm.handle_size(handle),)
+
+
+@declare("MEM_HANDLE_PROPS", check=by_books)
+def mem_handle_props(session, hdr, handle):
+    return session.vmm.handle_props(handle)
 
 
 # -- stream-ordered allocation -----------------------------------------------------------
