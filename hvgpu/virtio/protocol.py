@@ -172,6 +172,20 @@ OPS: tuple[Op, ...] = (
     Op(0xD0, "CTX_SET_LIMIT", SYNC, _f("i32 limit, u64 value"), _f("u64 value"),
        doc="cuCtxSetLimit of the executor's context, charged what the driver's free memory "
            "fell by; replies what cuCtxGetLimit then says (the driver may round it)."),
+    # The JIT linker (cuLinkCreate .. cuLinkDestroy): the guest keeps the link state and
+    # sends it whole at cuLinkComplete; the executor links and keeps the image until the
+    # guest fetches it into its own memory.
+    Op(0xD2, "LINK", SYNC, _f("bytes options, bytes inputs, str names"),
+       _f("u32 status, f32 wall_ms, u64 image, u64 size, str info_log, str error_log"),
+       request_payload=True,
+       doc="options: (u32 CUjit_option, u32 reserved, u64 value) each, scalar options only "
+           "(LINK_OPTION_SIZE bytes); inputs: (u32 CUjitInputType, u32 reserved, u64 size) "
+           "each (LINK_INPUT_SIZE bytes), the payload their bytes in order; names "
+           "NUL-separated, one per input. status is the link's CUresult, the logs what the "
+           "linker said (at most MAX_LINK_LOG bytes each); image names the linked cubin "
+           "of size bytes, until LINK_IMAGE fetches it."),
+    Op(0xD3, "LINK_IMAGE", SYNC, _f("u64 image"), reply_payload=True,
+       doc="The linked cubin (reply payload) of a LINK of this connection, given once."),
     Op(0xD1, "LAUNCH_COOPERATIVE", SYNC,
        _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
           "u32 block_z, u32 shared_mem, u64 stream, bytes params, bytes attrs"),
@@ -498,6 +512,13 @@ MEMCPY_NODE_TO_REGION = 2  # dst is an offset in the region
 MEMORY_DEVICE = 2  # a copy side's kind: CUmemorytype's CU_MEMORYTYPE_DEVICE
 MEMORY_ARRAY = 3  # CU_MEMORYTYPE_ARRAY
 MAX_COPY_3D = 8 << 20  # bytes one MEMCPY_3D_TO or MEMCPY_3D_FROM carries at most
+# The JIT linker (LINK)
+LINK_OPTION_SIZE = 16  # one (u32 option, u32 reserved, u64 value) in LINK's options
+LINK_INPUT_SIZE = 16  # one (u32 type, u32 reserved, u64 size) in LINK's inputs
+MAX_LINK_OPTIONS = 64  # options one link takes at most
+MAX_LINK_INPUTS = 256  # inputs one link takes at most
+MAX_LINK_BYTES = 256 << 20  # the inputs' bytes together, at most
+MAX_LINK_LOG = 64 << 10  # bytes of each log a link replies, at most (NUL included)
 TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
 VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
 
@@ -515,6 +536,8 @@ C_CONSTANTS = (
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
     ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),
     ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"),
+    ("LINK_OPTION_SIZE", "i32"), ("LINK_INPUT_SIZE", "i32"), ("MAX_LINK_OPTIONS", "i32"),
+    ("MAX_LINK_INPUTS", "i32"), ("MAX_LINK_BYTES", "i32"), ("MAX_LINK_LOG", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

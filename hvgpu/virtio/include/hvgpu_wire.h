@@ -72,6 +72,8 @@ enum hvgpu_op {
     HVGPU_OP_MEM_GET_INFO = 0x21,
     HVGPU_OP_CTX_GET_LIMIT = 0x28,  /* cuCtxGetLimit of the executor's context; limit is CUlimit's number. */
     HVGPU_OP_CTX_SET_LIMIT = 0xd0,  /* cuCtxSetLimit of the executor's context, charged what the driver's free memory fell by; replies what cuCtxGetLimit then says (the driver may round it). */
+    HVGPU_OP_LINK = 0xd2,  /* options: (u32 CUjit_option, u32 reserved, u64 value) each, scalar options only (LINK_OPTION_SIZE bytes); inputs: (u32 CUjitInputType, u32 reserved, u64 size) each (LINK_INPUT_SIZE bytes), the payload their bytes in order; names NUL-separated, one per input. status is the link's CUresult, the logs what the linker said (at most MAX_LINK_LOG bytes each); image names the linked cubin of size bytes, until LINK_IMAGE fetches it. */
+    HVGPU_OP_LINK_IMAGE = 0xd3,  /* The linked cubin (reply payload) of a LINK of this connection, given once. */
     HVGPU_OP_LAUNCH_COOPERATIVE = 0xd1,  /* cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE set (attrs as in LAUNCH_KERNEL_EX, the cooperative one included), answered: the driver's refusal of a grid larger than can be resident at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) comes back at the call. */
     HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
     HVGPU_OP_MEM_FREE = 0x23,
@@ -216,6 +218,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_GET_INFO: return "MEM_GET_INFO";
     case HVGPU_OP_CTX_GET_LIMIT: return "CTX_GET_LIMIT";
     case HVGPU_OP_CTX_SET_LIMIT: return "CTX_SET_LIMIT";
+    case HVGPU_OP_LINK: return "LINK";
+    case HVGPU_OP_LINK_IMAGE: return "LINK_IMAGE";
     case HVGPU_OP_LAUNCH_COOPERATIVE: return "LAUNCH_COOPERATIVE";
     case HVGPU_OP_MEM_ALLOC: return "MEM_ALLOC";
     case HVGPU_OP_MEM_FREE: return "MEM_FREE";
@@ -448,6 +452,28 @@ typedef struct __attribute__((packed)) hvgpu_ctx_set_limit_rep {
     uint64_t value;
 } hvgpu_ctx_set_limit_rep_t;
 _Static_assert(sizeof(hvgpu_ctx_set_limit_rep_t) == 8, "hvgpu_ctx_set_limit_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_req {
+    uint32_t options_len;
+    uint32_t inputs_len;
+    uint32_t names_len;
+} hvgpu_link_req_t;
+_Static_assert(sizeof(hvgpu_link_req_t) == 12, "hvgpu_link_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_rep {
+    uint32_t status;
+    float wall_ms;
+    uint64_t image;
+    uint64_t size;
+    uint32_t info_log_len;
+    uint32_t error_log_len;
+} hvgpu_link_rep_t;
+_Static_assert(sizeof(hvgpu_link_rep_t) == 32, "hvgpu_link_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_image_req {
+    uint64_t image;
+} hvgpu_link_image_req_t;
+_Static_assert(sizeof(hvgpu_link_image_req_t) == 8, "hvgpu_link_image_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_launch_cooperative_req {
     uint64_t function;
@@ -1471,6 +1497,12 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_COPY_3D 8388608
 #define HVGPU_TEX_DESC_SIZE 104
 #define HVGPU_VIEW_DESC_SIZE 112
+#define HVGPU_LINK_OPTION_SIZE 16
+#define HVGPU_LINK_INPUT_SIZE 16
+#define HVGPU_MAX_LINK_OPTIONS 64
+#define HVGPU_MAX_LINK_INPUTS 256
+#define HVGPU_MAX_LINK_BYTES 268435456
+#define HVGPU_MAX_LINK_LOG 65536
 
 /* -- replies with variable-length fields -------------------------------------------- */
 
@@ -1591,6 +1623,23 @@ static inline int hvgpu_vgpu_processes_rep_decode(const void *body, uint32_t n, 
     p = hvgpu_span_take(&v->pids, p, end, v->fixed.pids_len, &cut);
     p = hvgpu_span_take(&v->used, p, end, v->fixed.used_len, &cut);
     hvgpu_span_take(&v->names, p, end, v->fixed.names_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_link_rep_view {
+    hvgpu_link_rep_t fixed;
+    hvgpu_span_t info_log;
+    hvgpu_span_t error_log;
+} hvgpu_link_rep_view_t;
+
+static inline int hvgpu_link_rep_decode(const void *body, uint32_t n, hvgpu_link_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    p = hvgpu_span_take(&v->info_log, p, end, v->fixed.info_log_len, &cut);
+    hvgpu_span_take(&v->error_log, p, end, v->fixed.error_log_len, &cut);
     return whole ? cut : -1;
 }
 
