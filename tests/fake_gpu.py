@@ -333,10 +333,12 @@ class FakeDevice:
         self._handles: dict = {}
         self.reservations: dict[int, int] = {}  # start -> size
         self.physical: dict[int, bytearray] = {}  # id -> memory of a cuMemCreate
+        self.compressed: set[int] = set()  # ids of compressible physical memory
         self.mapped: dict[int, list] = {}  # start -> [size, memory, offset, access flags]
         self.pools: dict[int, _Pool] = {}
         self.captures: dict = {}  # stream -> the Capture it records into
         self.blocking: set = set()  # streams created without CU_STREAM_NON_BLOCKING
+        self.stream_attrs: dict = {}  # stream -> {launch attribute id: its 64-byte value}
         self.capture_ids = 0
         self.graph_launches = 0
         self.graphs_alive = 0  # graphs and instantiations not destroyed
@@ -432,6 +434,8 @@ class FakeDevice:
         values = {1: 1024, 2: 1024, 3: 1024, 4: 64, 5: 2147483647, 6: 65535, 7: 65535,
                   8: 49152, 10: 32, 16: 4, 39: 2048, 75: 9, 76: 0, 97: 49152,
                   102: 1, 115: 1,  # VMM and memory pools
+                  107: 1,  # generic compression, as an H200's
+                  109: 134213632,  # the largest access policy window, as an H200's
                   83: 1, 95: 1,  # managed memory, cooperative launches
                   103: 1, 125: 1}  # POSIX fd handles, IPC events: served among a VM's processes
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
@@ -556,7 +560,9 @@ class FakeDevice:
 
     # -- virtual memory management ---------------------------------------------
 
-    def mem_granularity(self, option):
+    def mem_granularity(self, option, compression=0):
+        if compression not in (0, 1):
+            raise CudaError(S.INVALID_VALUE, f"fake: compression type {compression}")
         return GRANULARITY
 
     def _reserved(self, ptr, size):
@@ -581,20 +587,30 @@ class FakeDevice:
             raise CudaError(S.INVALID_VALUE, "fake: memory is still mapped there")
         del self.reservations[ptr]
 
-    def mem_create(self, size):
+    def mem_create(self, size, compression=0):
+        if compression not in (0, 1):
+            raise CudaError(S.INVALID_VALUE, f"fake: compression type {compression}")
         if not size or size % GRANULARITY:
             raise CudaError(S.INVALID_VALUE, "fake: size is not a multiple of the granularity")
         if self._used() + size > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, f"fake: {size} bytes do not fit")
         buf = bytearray(size)
         self.physical[id(buf)] = buf
+        if compression and self.attribute(107):  # granted where the device compresses
+            self.compressed.add(id(buf))
         self._publish()
         return id(buf)
+
+    def mem_compression(self, handle):
+        if handle not in self.physical:
+            raise CudaError(S.INVALID_VALUE, "fake: not a handle of cuMemCreate")
+        return 1 if handle in self.compressed else 0
 
     def mem_release(self, handle):
         if any(m[1] is self.physical.get(handle) for m in self.mapped.values()):
             raise CudaError(S.INVALID_VALUE, "fake: the session releases only memory nothing maps")
         del self.physical[handle]
+        self.compressed.discard(handle)
         self._publish()
 
     def mem_map(self, ptr, size, offset, handle):
@@ -812,6 +828,34 @@ class FakeDevice:
         self._publish()
         return module
 
+    def link(self, options, inputs, log_size):
+        """A cubin this double loads (its kernels' names after an ELF magic) from PTX and
+        cubin inputs; PTX without an entry or a version is what the driver's JIT refuses
+        (CUDA_ERROR_INVALID_PTX, with an error log)."""
+        names = []
+        for kind, name, data in inputs:
+            data = bytes(data)
+            if kind == 1:  # PTX
+                text = data.decode(errors="replace")
+                if ".version" not in text or "ret;" not in text:  # stands in for ptxas's syntax
+                    return (S.INVALID_PTX, b"", "", f"ptxas fatal   : {name or 'input'}: "
+                            "not PTX (fake)", 0.0)
+                names += re.findall(r"\.entry\s+(\w+)\s*\(", text)
+            elif data[:4] == b"\x7fELF":
+                names += [k for k in KERNELS if k.encode() + b"\0" in data]
+            else:
+                return S.INVALID_IMAGE, b"", "", "fake: not an image this double links", 0.0
+        verbose = dict(options).get(12)
+        info = "".join(f"ptxas info    : Compiling entry function '{n}' (fake)\n"
+                       for n in names) if verbose else ""
+        # an ELF64 header whose section table offset is the image's end (how far a
+        # reader of cubins takes it), then the kernels' names
+        body = b"".join(n.encode() + b"\0" for n in names)
+        header = bytearray(64)
+        header[:5] = b"\x7fELF\x02"
+        struct.pack_into("<Q", header, 0x28, 64 + len(body))
+        return 0, bytes(header) + body, info[:log_size - 1], "", 0.25
+
     def module_global(self, module, name):
         if module.get("any"):
             return self.mem_alloc(256), 256
@@ -1011,12 +1055,56 @@ class FakeDevice:
 
     def stream_create(self, flags, priority=0):
         stream = ("stream", object())
+        least, greatest = self.stream_priority_range()  # clamped into the range, as CUDA does
+        if priority:
+            self.stream_attrs[stream] = {8: struct.pack("<i", max(greatest, min(least, priority)))
+                                         .ljust(P.LAUNCH_ATTR_VALUE_SIZE, b"\0")}
         if not flags & 1:  # CU_STREAM_NON_BLOCKING unset: it synchronises with legacy work
             self.blocking.add(stream)
         return stream
 
     def stream_destroy(self, stream):
-        pass
+        self.stream_attrs.pop(stream, None)
+
+    def stream_set_attribute(self, stream, attr, value):
+        """As cuStreamSetAttribute documents each value (cuda.h 13.0)."""
+        value = bytes(value).ljust(P.LAUNCH_ATTR_VALUE_SIZE, b"\0")
+        bad = CudaError(S.INVALID_VALUE, f"fake cuStreamSetAttribute: not a value of {attr}")
+        if attr == 1:  # CUaccessPolicyWindow
+            base, n, ratio, hit, miss = struct.unpack_from("<QQfii", value)
+            if n > self.attribute(109) or not 0.0 <= ratio <= 1.0 or hit not in (0, 1, 2) \
+                    or miss not in (0, 1) or n and not base:
+                raise bad
+        elif attr == 3:  # CUsynchronizationPolicy
+            if struct.unpack_from("<i", value)[0] not in (1, 2, 3, 4):
+                raise bad
+        elif attr == 8:  # clamped into the priority range
+            least, greatest = self.stream_priority_range()
+            value = struct.pack("<i", max(greatest, min(least, struct.unpack_from("<i", value)[0])))
+        elif attr == 9:  # CUlaunchMemSyncDomainMap: two domains of the device's
+            if value[0] >= 4 or value[1] >= 4:
+                raise bad
+        elif attr == 10:  # CUlaunchMemSyncDomain
+            if struct.unpack_from("<i", value)[0] not in (0, 1):
+                raise bad
+        elif attr == 16:
+            if struct.unpack_from("<I", value)[0] not in (0, 1):
+                raise bad
+        else:
+            raise CudaError(S.INVALID_VALUE, f"fake: attribute {attr} is not a stream's")
+        keep = {1: 28, 3: 4, 8: 4, 9: 2, 10: 4, 16: 4}[attr]  # the member's bytes
+        self.stream_attrs.setdefault(stream, {})[attr] = value[:keep].ljust(
+            P.LAUNCH_ATTR_VALUE_SIZE, b"\0")
+
+    def stream_get_attribute(self, stream, attr):
+        if attr not in (1, 3, 8, 9, 10, 16):
+            raise CudaError(S.INVALID_VALUE, f"fake: attribute {attr} is not a stream's")
+        default = {3: struct.pack("<i", 1), 9: bytes((0, 1))}.get(attr, b"")  # AUTO; 0, 1
+        return self.stream_attrs.get(stream, {}).get(attr, default.ljust(
+            P.LAUNCH_ATTR_VALUE_SIZE, b"\0"))
+
+    def stream_copy_attributes(self, dst, src):
+        self.stream_attrs[dst] = dict(self.stream_attrs.get(src, {}))
 
     def stream_synchronize(self, stream):
         self._check()

@@ -172,6 +172,20 @@ OPS: tuple[Op, ...] = (
     Op(0xD0, "CTX_SET_LIMIT", SYNC, _f("i32 limit, u64 value"), _f("u64 value"),
        doc="cuCtxSetLimit of the executor's context, charged what the driver's free memory "
            "fell by; replies what cuCtxGetLimit then says (the driver may round it)."),
+    # The JIT linker (cuLinkCreate .. cuLinkDestroy): the guest keeps the link state and
+    # sends it whole at cuLinkComplete; the executor links and keeps the image until the
+    # guest fetches it into its own memory.
+    Op(0xD2, "LINK", SYNC, _f("bytes options, bytes inputs, str names"),
+       _f("u32 status, f32 wall_ms, u64 image, u64 size, str info_log, str error_log"),
+       request_payload=True,
+       doc="options: (u32 CUjit_option, u32 reserved, u64 value) each, scalar options only "
+           "(LINK_OPTION_SIZE bytes); inputs: (u32 CUjitInputType, u32 reserved, u64 size) "
+           "each (LINK_INPUT_SIZE bytes), the payload their bytes in order; names "
+           "NUL-separated, one per input. status is the link's CUresult, the logs what the "
+           "linker said (at most MAX_LINK_LOG bytes each); image names the linked cubin "
+           "of size bytes, until LINK_IMAGE fetches it."),
+    Op(0xD3, "LINK_IMAGE", SYNC, _f("u64 image"), reply_payload=True,
+       doc="The linked cubin (reply payload) of a LINK of this connection, given once."),
     Op(0xD1, "LAUNCH_COOPERATIVE", SYNC,
        _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
           "u32 block_z, u32 shared_mem, u64 stream, bytes params, bytes attrs"),
@@ -250,6 +264,14 @@ OPS: tuple[Op, ...] = (
     Op(0x45, "STREAM_CREATE_PRIORITY", SYNC, _f("u32 flags, i32 priority"), _f("u64 stream")),
     Op(0x46, "STREAM_PRIORITY_RANGE", SYNC, (), _f("i32 least, i32 greatest"),
        doc="cuCtxGetStreamPriorityRange."),
+    # Stream attributes: value is CUlaunchAttributeValue as cuda.h lays it out
+    # (LAUNCH_ATTR_VALUE_SIZE bytes), for the attributes valid for streams alone.
+    Op(0x47, "STREAM_SET_ATTRIBUTE", SYNC, _f("u64 stream, u32 attr, bytes value"),
+       doc="cuStreamSetAttribute; an access policy window names memory of this guest."),
+    Op(0x48, "STREAM_GET_ATTRIBUTE", SYNC, _f("u64 stream, u32 attr"), _f("bytes value"),
+       doc="cuStreamGetAttribute: the value as cuda.h lays it out."),
+    Op(0x49, "STREAM_COPY_ATTRIBUTES", SYNC, _f("u64 dst, u64 src"),
+       doc="cuStreamCopyAttributes between two streams of this guest."),
     Op(0x50, "EVENT_CREATE", SYNC, _f("u32 flags"), _f("u64 event")),
     Op(0x51, "EVENT_DESTROY", SYNC, _f("u64 event")),
     Op(0x52, "EVENT_RECORD", ONEWAY, _f("u64 event, u64 stream")),
@@ -286,6 +308,13 @@ OPS: tuple[Op, ...] = (
        doc="cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference."),
     Op(0x6A, "MEM_HANDLE_INFO", SYNC, _f("u64 handle"), _f("u64 size"),
        doc="The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle)."),
+    Op(0x6B, "MEM_GET_GRANULARITY_OF", SYNC, _f("u32 option, u32 alloc_flags"),
+       _f("u64 granularity"),
+       doc="cuMemGetAllocationGranularity of device memory made with alloc_flags "
+           "(as MEM_CREATE's: a compression type in its first byte)."),
+    Op(0x6C, "MEM_HANDLE_PROPS", SYNC, _f("u64 handle"), _f("u64 size, u32 alloc_flags"),
+       doc="cuMemGetAllocationPropertiesFromHandle of a handle of this guest: its size and "
+           "the allocation flags the driver made it with (compression it was granted)."),
     # Stream-ordered allocation. Pool 0 stands for the connection's default pool.
     Op(0x70, "MEM_POOL_CREATE", SYNC,
        _f("u32 type, u32 handle_types, u32 location_type, i32 location_id, u64 max_size, "
@@ -498,6 +527,11 @@ ERROR_FIELDS = _f("u16 op, u16 reserved, u32 seq, str message")
 # alike.
 MAX_PARAMS = 32764  # bytes of kernel parameters one launch carries (CUDA 12.1+'s limit)
 LAUNCH_ATTR_SIZE = 72  # one CUlaunchAttribute in a launch's or a cluster query's attrs
+LAUNCH_ATTR_VALUE_SIZE = 64  # one CUlaunchAttributeValue (STREAM_SET_ATTRIBUTE's value)
+# CUlaunchAttributeID's attributes cuda.h says are valid for streams: access policy
+# window, synchronization policy, priority, memory sync domain map and domain, NVLink
+# utilisation-centric scheduling.
+STREAM_ATTRS = frozenset({1, 3, 8, 9, 10, 16})
 MAX_LAUNCH_ATTRS = 32  # attributes a guest sends with one launch (the executor's C loop
                        # serves this many; more go through its Python path)
 # CUlaunchAttributeID's attributes that name events: a guest does not send them (an
@@ -527,6 +561,13 @@ MEMCPY_NODE_TO_REGION = 2  # dst is an offset in the region
 MEMORY_DEVICE = 2  # a copy side's kind: CUmemorytype's CU_MEMORYTYPE_DEVICE
 MEMORY_ARRAY = 3  # CU_MEMORYTYPE_ARRAY
 MAX_COPY_3D = 8 << 20  # bytes one MEMCPY_3D_TO or MEMCPY_3D_FROM carries at most
+# The JIT linker (LINK)
+LINK_OPTION_SIZE = 16  # one (u32 option, u32 reserved, u64 value) in LINK's options
+LINK_INPUT_SIZE = 16  # one (u32 type, u32 reserved, u64 size) in LINK's inputs
+MAX_LINK_OPTIONS = 64  # options one link takes at most
+MAX_LINK_INPUTS = 256  # inputs one link takes at most
+MAX_LINK_BYTES = 256 << 20  # the inputs' bytes together, at most
+MAX_LINK_LOG = 64 << 10  # bytes of each log a link replies, at most (NUL included)
 TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
 VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
 IPC_HANDLE_SIZE = 64  # an IPC token: CUipcMemHandle's and CUipcEventHandle's size
@@ -537,7 +578,7 @@ C_CONSTANTS = (
     ("MAX_PARAMS", "i32"), ("LAUNCH_ATTR_SIZE", "i32"),
     ("MAX_LAUNCH_ATTRS", "i32"), ("LAUNCH_ATTR_PROGRAMMATIC_EVENT", "i32"),
     ("LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT", "i32"), ("MAX_DEVICE_ATTRIBUTES", "i32"),
-    ("LAUNCH_ATTR_COOPERATIVE", "i32"),
+    ("LAUNCH_ATTR_COOPERATIVE", "i32"), ("LAUNCH_ATTR_VALUE_SIZE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
     ("MAX_GRAPH_NODES", "i32"), ("MAX_CONDITIONAL_BODIES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
@@ -545,6 +586,8 @@ C_CONSTANTS = (
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
     ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),
     ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"), ("IPC_HANDLE_SIZE", "i32"),
+    ("LINK_OPTION_SIZE", "i32"), ("LINK_INPUT_SIZE", "i32"), ("MAX_LINK_OPTIONS", "i32"),
+    ("MAX_LINK_INPUTS", "i32"), ("MAX_LINK_BYTES", "i32"), ("MAX_LINK_LOG", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

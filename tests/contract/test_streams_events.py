@@ -96,3 +96,65 @@ def test_a_stream_that_waits_for_an_event_sees_the_work_before_it(dev, sleep_ms,
         dev.host_free(addr)
         dev.mem_free(buf)
         dev.stream_destroy(other)
+
+
+# -- stream attributes (ops/streams.py passes the guest's CUlaunchAttributeValue) ----------
+
+def _value(fmt: str, *values) -> bytes:
+    import struct
+    return struct.pack(fmt, *values).ljust(P.LAUNCH_ATTR_VALUE_SIZE, b"\0")
+
+
+def test_a_stream_attribute_reads_back_as_it_was_set(dev, stream):
+    import struct
+    ptr = dev.mem_alloc(1 << 20)
+    try:
+        window = _value("<QQfii", ptr, 1 << 20, 0.5, 2, 1)  # persisting hits, streaming misses
+        dev.stream_set_attribute(stream, 1, window)
+        got = dev.stream_get_attribute(stream, 1)
+        assert len(got) == P.LAUNCH_ATTR_VALUE_SIZE
+        assert struct.unpack_from("<QQfii", got) == (ptr, 1 << 20, 0.5, 2, 1)
+        dev.stream_set_attribute(stream, 1, _value("<QQfii", 0, 0, 0.0, 0, 0))
+        assert struct.unpack_from("<QQ", dev.stream_get_attribute(stream, 1)) == (0, 0)
+        dev.stream_set_attribute(stream, 3, _value("<i", 3))  # CU_SYNC_POLICY_YIELD
+        assert struct.unpack_from("<i", dev.stream_get_attribute(stream, 3))[0] == 3
+        dev.stream_set_attribute(stream, 10, _value("<i", 1))  # the remote sync domain
+        assert struct.unpack_from("<i", dev.stream_get_attribute(stream, 10))[0] == 1
+    finally:
+        dev.stream_synchronize(stream)
+        dev.mem_free(ptr)
+
+
+def test_a_streams_priority_attribute_is_its_priority_clamped_into_the_range(dev):
+    import struct
+    least, greatest = dev.stream_priority_range()
+    s = dev.stream_create(_NON_BLOCKING, greatest - 10)
+    try:
+        assert struct.unpack_from("<i", dev.stream_get_attribute(s, 8))[0] == greatest
+        dev.stream_set_attribute(s, 8, _value("<i", least + 10))
+        assert struct.unpack_from("<i", dev.stream_get_attribute(s, 8))[0] == least
+    finally:
+        dev.stream_destroy(s)
+
+
+def test_copied_attributes_are_the_sources(dev, stream):
+    import struct
+    other = dev.stream_create(_NON_BLOCKING)
+    try:
+        dev.stream_set_attribute(stream, 3, _value("<i", 4))  # CU_SYNC_POLICY_BLOCKING_SYNC
+        dev.stream_copy_attributes(other, stream)
+        assert struct.unpack_from("<i", dev.stream_get_attribute(other, 3))[0] == 4
+    finally:
+        dev.stream_destroy(other)
+
+
+def test_values_the_driver_refuses(dev, stream):
+    ptr = dev.mem_alloc(1 << 20)
+    try:
+        for attr, value in ((1, _value("<QQfii", ptr, 1 << 20, 1.5, 0, 0)),  # not a ratio
+                            (1, _value("<QQfii", ptr, 1 << 20, 0.5, 0, 2)),  # persisting miss
+                            (3, _value("<i", 9))):  # no such synchronisation policy
+            assert status(dev.stream_set_attribute, stream, attr, value) \
+                == P.CUDA_ERROR_INVALID_VALUE, (attr, value)
+    finally:
+        dev.mem_free(ptr)

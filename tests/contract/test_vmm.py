@@ -103,3 +103,31 @@ def test_mapped_memory_is_usable_once_access_is_set_and_goes_in_the_sessions_ord
     dev.mem_release(second)
     dev.address_free(va, 4 * g)
     assert free(dev) == before
+
+
+# -- compressible memory (CU_MEM_ALLOCATION_COMP_GENERIC) --------------------------------
+
+def test_compressible_memory_takes_its_size_and_says_whether_it_was_compressed(dev):
+    """What vmm.py charges for it (its size, whole granules of its own granularity) and
+    what cuMemGetAllocationPropertiesFromHandle reports: compressed where the device
+    says it compresses (CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, 107)."""
+    g = dev.mem_granularity(0, 1)
+    assert g % dev.mem_granularity(0) == 0 and dev.mem_granularity(1, 1) % g == 0
+    before = free(dev)
+    handle = dev.mem_create(4 * g, 1)
+    try:
+        assert before - free(dev) == 4 * g
+        assert dev.mem_compression(handle) == (1 if dev.attribute(107) else 0)
+        va = dev.address_reserve(4 * g, 0, 0)
+        dev.mem_map(va, 4 * g, 0, handle)
+        dev.mem_set_access(va, 4 * g, _READWRITE)
+        dev.memset_async(va, 0x5A, 1, 4 * g, dev.stream(1))
+        dev.stream_synchronize(dev.stream(1))
+        dev.mem_unmap(va, 4 * g)
+        dev.address_free(va, 4 * g)
+    finally:
+        dev.mem_release(handle)
+    assert free(dev) == before
+    plain = dev.mem_create(dev.mem_granularity(0))
+    assert dev.mem_compression(plain) == 0
+    dev.mem_release(plain)

@@ -99,6 +99,6 @@ def test_what_the_shim_refuses_it_says(exe, fake_agent):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout == "vmm 1, pools 1, pool handle types 0\nrefusals: as expected\n"
     for said in ("cuMemCreate of exportable memory", "cuMemCreate of host or NUMA memory",
-                 "compressible", "cuMemPoolCreate of exportable memory",
+                 "GPUDirect RDMA", "cuMemPoolCreate of exportable memory",
                  "cuMemExportToShareableHandle of other handle types"):
         assert said in out.stderr, said

@@ -45,7 +45,7 @@ def test_what_takes_device_memory_says_how_it_is_charged():
 def test_only_the_ops_that_take_a_payload_whole_declare_its_limit():
     limited = {op.name for op in ops.TABLE.values() if op.payload}
     assert limited == {"MODULE_LOAD_DATA", "MODULE_COMPILE", "MODULE_COMPILE_HEADERS",
-                       "MEMCPY_3D_TO"}
+                       "MEMCPY_3D_TO", "LINK"}
     assert all(P.OPS_BY_NAME[name].request_payload for name in limited)
 
 

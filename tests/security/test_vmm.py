@@ -19,6 +19,7 @@ import pytest
 
 from hvgpu.errors import CudaError
 from hvgpu.guest import Connection, Device
+from hvgpu.virtio import protocol as P
 
 M = 1 << 20
 G = 2 * M  # the test double's granularity
@@ -165,7 +166,7 @@ def test_only_device_memory_exportable_as_a_posix_fd_at_most_is_served(agent, co
             _refused(801, conn, "MEM_CREATE", G, 1, 0, loc_type, 0, 0)
             _refused(801, conn, "MEM_POOL_CREATE", 1, 0, loc_type, 0, 0, 0)
         _refused(101, conn, "MEM_CREATE", G, 1, 0, 1, 1, 0)  # another device
-        for flags in (1, 1 << 8, 1 << 16):  # compression, RDMA, usage
+        for flags in (1 << 8, 1 << 16):  # RDMA, usage (compression is served)
             _refused(801, conn, "MEM_CREATE", G, 1, 0, 1, 0, flags)
         _refused(801, conn, "MEM_CREATE", G, 2, 0, 1, 0, 0)  # managed
         _refused(1, conn, "MEM_CREATE", G + 1, 1, 0, 1, 0, 0)  # not whole granules
@@ -206,3 +207,47 @@ def test_a_disconnect_returns_every_vmm_and_pool_byte(agent, control):
     _eventually_zero(control)
     with Connection(agent.vm_address("vm1")) as conn:
         conn.call("MEM_CREATE", 64 * M, 1, 0, 1, 0, 0)  # all of it is back
+
+
+# -- compressible memory ---------------------------------------------------------------
+
+def test_compressible_memory_is_charged_its_size_and_says_what_was_granted(agent, control):
+    control.call("attach", vm="vm1", mem="8M")
+    with Connection(agent.vm_address("vm1")) as conn:
+        g = conn.call("MEM_GET_GRANULARITY_OF", 0, 1)[0]
+        assert g % conn.call("MEM_GET_GRANULARITY", 0)[0] == 0
+        h = conn.call("MEM_CREATE", 2 * g, 1, 0, 1, 0, 1)[0]  # CU_MEM_ALLOCATION_COMP_GENERIC
+        assert _used(conn) == 2 * g
+        assert conn.call("MEM_HANDLE_PROPS", h) == (2 * g, 1)
+        _refused(2, conn, "MEM_CREATE", 8 * M, 1, 0, 1, 0, 1)
+        assert _used(conn) == 2 * g
+        conn.call("MEM_RELEASE", h)
+        assert _used(conn) == 0
+        plain = conn.call("MEM_CREATE", G, 1, 0, 1, 0, 0)[0]
+        assert conn.call("MEM_HANDLE_PROPS", plain) == (G, 0)
+        conn.call("MEM_RELEASE", plain)
+    _eventually_zero(control)
+
+
+@pytest.mark.parametrize("flags, status", [(2, 1), (0xFF, 1), (0x100, 801), (0x101, 801),
+                                           (1 << 16, 801), (0xFFFFFFFF, 801)])
+def test_allocation_flags_other_than_a_compression_type_are_refused(agent, control, flags,
+                                                                    status):
+    control.call("attach", vm="vm1", mem="8M")
+    with Connection(agent.vm_address("vm1")) as conn:
+        _refused(status, conn, "MEM_CREATE", G, 1, 0, 1, 0, flags)
+        _refused(status, conn, "MEM_GET_GRANULARITY_OF", 0, flags)
+        assert _used(conn) == 0
+
+
+def test_handle_properties_of_another_guest_or_no_handle_are_refused(agent, control):
+    control.call("attach", vm="vm1", mem="8M")
+    control.call("attach", vm="vm2", mem="8M")
+    with Connection(agent.vm_address("vm1")) as a, Connection(agent.vm_address("vm2")) as b:
+        theirs = b.call("MEM_CREATE", G, 1, 0, 1, 0, 1)[0]
+        mine = a.call("MEM_CREATE", G, 1, 0, 1, 0, 0)[0]
+        for handle in {theirs + 1, mine + 1, 0, (1 << 64) - 1} - {mine}:
+            _refused(P.CUDA_ERROR_INVALID_HANDLE, a, "MEM_HANDLE_PROPS", handle)
+        _refused(P.CUDA_ERROR_INVALID_VALUE, a, "MEM_GET_GRANULARITY_OF", 2, 1)
+        a.call("MEM_RELEASE", mine)
+        b.call("MEM_RELEASE", theirs)

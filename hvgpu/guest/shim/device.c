@@ -20,8 +20,8 @@ static int driver_version;
    that asks must see the device without them, not try them and fail. Virtual memory
    management (102) and memory pools (115) are carried (vmm.c, pool.c), for device
    memory exportable as a POSIX file descriptor at most (103, served among the VM's
-   processes by its executor, as IPC events are, 125): the attributes of other handle
-   types, RDMA, compression and host memory pools stay 0,
+   processes by its executor, as IPC events are, 125), compressible or not (107 is the
+   device's): the attributes of other handle types, RDMA and host memory pools stay 0,
    MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
 static const int NOT_CARRIED[] = {
     19,  /* CAN_MAP_HOST_MEMORY */
@@ -33,7 +33,6 @@ static const int NOT_CARRIED[] = {
     100, /* PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES */
     101, /* DIRECT_MANAGED_MEM_ACCESS_FROM_HOST */
     104, 105, /* HANDLE_TYPE_WIN32(_KMT)_HANDLE_SUPPORTED */
-    107, /* GENERIC_COMPRESSION_SUPPORTED */
     110, /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     112, /* SPARSE_CUDA_ARRAY_SUPPORTED (cuMemMapArrayAsync is not built) */
     116, /* GPU_DIRECT_RDMA_SUPPORTED */

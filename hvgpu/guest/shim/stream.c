@@ -154,6 +154,69 @@ HV_EXPORT CUresult cuStreamAddCallback(CUstream stream, void (*cb)(CUstream, CUr
     return CUDA_SUCCESS;
 }
 
+/* -- stream attributes ------------------------------------------------------------ */
+
+/* CUstreamAttrValue is CUlaunchAttributeValue: 64 bytes, sent as they are; the
+ * executor takes only the attributes valid for streams and an access policy window
+ * only over this process's own memory. A priority set so is remembered as one given
+ * at creation (cuStreamGetPriority answers from here), as the executor clamped it. */
+_Static_assert(HVGPU_LAUNCH_ATTR_VALUE_SIZE == 64, "CUlaunchAttributeValue");
+enum { ATTR_PRIORITY = 8 };
+
+HV_EXPORT CUresult cuStreamGetAttribute(CUstream stream, int attr, void *out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_stream_get_attribute_req_t q = { hv_untag(stream), (uint32_t)attr };
+    unsigned char rep[sizeof(hvgpu_stream_get_attribute_rep_t) + HVGPU_LAUNCH_ATTR_VALUE_SIZE];
+    uint32_t n = 0;
+    CUresult r = HV_ON(hv_tag_device(stream), hv_call(HVGPU_OP_STREAM_GET_ATTRIBUTE, &q, sizeof q,
+                                                      NULL, 0, rep, sizeof rep, &n, NULL, 0));
+    if (r) return r;
+    hvgpu_stream_get_attribute_rep_view_t v;
+    hvgpu_stream_get_attribute_rep_decode(rep, n, &v);
+    memset(out, 0, HVGPU_LAUNCH_ATTR_VALUE_SIZE);
+    memcpy(out, v.value.data, v.value.len < HVGPU_LAUNCH_ATTR_VALUE_SIZE
+                                  ? v.value.len : HVGPU_LAUNCH_ATTR_VALUE_SIZE);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuStreamSetAttribute(CUstream stream, int attr, const void *value) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    struct __attribute__((packed)) {
+        hvgpu_stream_set_attribute_req_t q;
+        unsigned char value[HVGPU_LAUNCH_ATTR_VALUE_SIZE];
+    } body;
+    body.q = (hvgpu_stream_set_attribute_req_t){ hv_untag(stream), (uint32_t)attr,
+                                                 HVGPU_LAUNCH_ATTR_VALUE_SIZE };
+    memcpy(body.value, value, sizeof body.value);
+    int device = hv_tag_device(stream);
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_SET_ATTRIBUTE, &body, sizeof body, NULL, 0,
+                                       NULL, 0, NULL, NULL, 0));
+    if (!r && attr == ATTR_PRIORITY && hv_created(stream)) {
+        int now[HVGPU_LAUNCH_ATTR_VALUE_SIZE / sizeof(int)];
+        unsigned flags = 0;
+        recall((uint64_t)(uintptr_t)stream, &flags, NULL);
+        if (!cuStreamGetAttribute(stream, attr, now))
+            remember((uint64_t)(uintptr_t)stream, flags, now[0]);
+    }
+    return r;
+}
+
+HV_EXPORT CUresult cuStreamCopyAttributes(CUstream dst, CUstream src) {
+    int device = hv_tag_device(dst);
+    if (hv_tag_device(src) != device) return CUDA_ERROR_INVALID_HANDLE; /* another context's */
+    hvgpu_stream_copy_attributes_req_t q = { hv_untag(dst), hv_untag(src) };
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_STREAM_COPY_ATTRIBUTES, &q, sizeof q, NULL, 0,
+                                       NULL, 0, NULL, NULL, 0));
+    if (!r && hv_created(dst)) { /* the priority came with them */
+        int now[HVGPU_LAUNCH_ATTR_VALUE_SIZE / sizeof(int)];
+        unsigned flags = 0;
+        recall((uint64_t)(uintptr_t)dst, &flags, NULL);
+        if (!cuStreamGetAttribute(dst, ATTR_PRIORITY, now))
+            remember((uint64_t)(uintptr_t)dst, flags, now[0]);
+    }
+    return r;
+}
+
 /* -- events -------------------------------------------------------------------- */
 
 HV_EXPORT CUresult cuEventCreate(CUevent *event, unsigned flags) {

@@ -4,10 +4,10 @@
  * Every call is a round trip to the executor, which does the real VMM call
  * and charges the slice's quota; none is on a hot path (frameworks map
  * memory when their pools grow). Only device memory of the guest's own
- * vGPUs is served, exportable as a POSIX file descriptor at most: anything else
- * (host or NUMA locations, fabric or Win32 handles, compression, RDMA) returns
- * CUDA_ERROR_NOT_SUPPORTED and says so once. cuMemExportToShareableHandle gives
- * the program a real descriptor, a sealed memfd holding the executor's token for
+ * vGPUs is served, compressible or not, exportable as a POSIX file descriptor at
+ * most: anything else (host or NUMA locations, fabric or Win32 handles, RDMA, usage
+ * flags) returns CUDA_ERROR_NOT_SUPPORTED and says so once. cuMemExportToShareableHandle
+ * gives the program a real descriptor, a sealed memfd holding the executor's token for
  * the memory (its vGPU and SHAREABLE_MAGIC first), which it may pass to another
  * process of the VM (SCM_RIGHTS) as it would the driver's; that process's
  * cuMemImportFromShareableHandle reads the token from it, and the VM's executor
@@ -54,7 +54,8 @@ CUresult hv_device_location(const void *location, int *device, const char *api, 
     return CUDA_SUCCESS;
 }
 
-/* What the executor may be asked for: device memory, a POSIX fd handle at most, no flags. */
+/* What the executor may be asked for: device memory, a POSIX fd handle at most, no flags
+ * but a compression type (which the executor judges). */
 static CUresult check_prop(const hv_alloc_prop *p, int *device) {
     static int managed, host, exportable, flags;
     if (!p) return CUDA_ERROR_INVALID_VALUE;
@@ -68,28 +69,39 @@ static CUresult check_prop(const hv_alloc_prop *p, int *device) {
     if (p->requested_handle_types & ~POSIX_FD)
         return hv_unsupported("cuMemCreate of exportable memory (fabric or Win32 handles)",
                               &exportable);
-    if (p->compression || p->rdma || p->usage)
-        return hv_unsupported("cuMemCreate of compressible, GPUDirect RDMA or usage-flagged "
-                              "memory", &flags);
+    if (p->rdma || p->usage)
+        return hv_unsupported("cuMemCreate of GPUDirect RDMA or usage-flagged memory", &flags);
     return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const hv_alloc_prop *prop,
                                                  int option) {
-    static size_t cached[HV_MAX_DEVICES][2];
+    static size_t cached[HV_MAX_DEVICES][2][2]; /* [device][option][compressible] */
     int device = -1;
     if (!granularity || option < 0 || option > 1) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_prop(prop, &device);
     if (r) return r;
-    size_t g = __atomic_load_n(&cached[device][option], __ATOMIC_ACQUIRE);
-    if (!g) {
+    int c = prop->compression != 0;
+    size_t g = c && prop->compression != 1 ? 0 /* the executor says why */
+                                           : __atomic_load_n(&cached[device][option][c],
+                                                             __ATOMIC_ACQUIRE);
+    if (!g && !c) {
         hvgpu_mem_get_granularity_req_t q = { (uint32_t)option };
         hvgpu_mem_get_granularity_rep_t v;
         r = HV_ON(device, hv_call(HVGPU_OP_MEM_GET_GRANULARITY, &q, sizeof q, NULL, 0, &v,
                                   sizeof v, NULL, NULL, 0));
         if (r) return r;
         g = (size_t)v.granularity;
-        __atomic_store_n(&cached[device][option], g, __ATOMIC_RELEASE);
+        __atomic_store_n(&cached[device][option][c], g, __ATOMIC_RELEASE);
+    } else if (!g) {
+        hvgpu_mem_get_granularity_of_req_t q = { (uint32_t)option, prop->compression };
+        hvgpu_mem_get_granularity_of_rep_t v;
+        r = HV_ON(device, hv_call(HVGPU_OP_MEM_GET_GRANULARITY_OF, &q, sizeof q, NULL, 0, &v,
+                                  sizeof v, NULL, NULL, 0));
+        if (r) return r;
+        g = (size_t)v.granularity;
+        if (prop->compression == 1) __atomic_store_n(&cached[device][option][c], g,
+                                                     __ATOMIC_RELEASE);
     }
     *granularity = g;
     return CUDA_SUCCESS;
@@ -135,7 +147,7 @@ HV_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     CUresult r = check_prop(prop, &device);
     if (r) return r;
     hvgpu_mem_create_req_t q = { size, PINNED, (uint32_t)prop->requested_handle_types, ON_DEVICE,
-                                 0, 0 };
+                                 0, prop->compression };
     hvgpu_mem_create_rep_t v;
     r = HV_ON(device, hv_call(HVGPU_OP_MEM_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
                               NULL, 0));
@@ -230,15 +242,16 @@ HV_EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(hv_alloc_prop *prop,
     int device = handle_device(handle);
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     if (device < 0) return CUDA_ERROR_INVALID_HANDLE;
-    hvgpu_mem_handle_info_req_t q = { handle_value(handle) };
-    hvgpu_mem_handle_info_rep_t v;
-    CUresult r = HV_ON(device, hv_call(HVGPU_OP_MEM_HANDLE_INFO, &q, sizeof q, NULL, 0, &v,
+    hvgpu_mem_handle_props_req_t q = { handle_value(handle) };
+    hvgpu_mem_handle_props_rep_t v;
+    CUresult r = HV_ON(device, hv_call(HVGPU_OP_MEM_HANDLE_PROPS, &q, sizeof q, NULL, 0, &v,
                                        sizeof v, NULL, NULL, 0));
     if (r) return r;
     memset(prop, 0, sizeof *prop); /* what was made: device memory, no export handle */
     prop->type = PINNED;
     prop->location.type = ON_DEVICE;
     prop->location.id = device;
+    prop->compression = (unsigned char)v.alloc_flags; /* what the driver granted */
     return CUDA_SUCCESS;
 }
 

@@ -160,6 +160,8 @@ class Session:
         self.upload_stream = None  # the executor's own, for uploads at instantiation
         self.globals: dict[int, Allocations] = {}  # module handle -> its variables' ranges
         self.modules = Handles("module")
+        self.linked: dict[int, bytes] = {}  # LINK's images until LINK_IMAGE fetches them
+        self.next_link = 0
         self.limit_charges: dict[int, int] = {}  # context limit -> what its setting holds
         self.functions = Handles("function")
         self.streams = Handles("stream")

@@ -8,13 +8,14 @@ address ranges are per connection), charges the slice's quota for
 leaves releases everything in the order CUDA needs: mappings unmapped,
 physical memory released, addresses freed.
 
-Only device-located memory of the connection's own device is served, exportable
-as a POSIX file descriptor at most: other handle types, host or NUMA locations,
-compression and RDMA flags are CUDA_ERROR_NOT_SUPPORTED, with the reason. An
-export (cuMemExportToShareableHandle) is a token of the executor's table
-(``ipc.Exports``) that the guest's other processes import on this executor (they
-share its context); the driver's memory goes once no connection holds it, and its
-charge stays on the slice until then.
+Only device-located memory of the connection's own device is served, compressible
+or not, exportable as a POSIX file descriptor at most: other handle types, host or
+NUMA locations, RDMA and usage flags are CUDA_ERROR_NOT_SUPPORTED, with the reason.
+Compressible memory is charged its size as any other (whole granules of its own
+granularity). An export (cuMemExportToShareableHandle) is a token of the executor's
+table (``ipc.Exports``) that the guest's other processes import on this executor
+(they share its context); the driver's memory goes once no connection holds it, and
+its charge stays on the slice until then.
 
 Must not import CUDA (the device does every call) and must not touch other guests.
 """
@@ -40,6 +41,7 @@ _ON_DEVICE = 1  # CU_MEM_LOCATION_TYPE_DEVICE
 _ACCESS_FLAGS = (0, 1, 3)  # CU_MEM_ACCESS_FLAGS_PROT_NONE, _READ, _READWRITE
 _READWRITE = 3
 POSIX_FD = 1  # CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: exported among the VM's processes
+_COMPRESSION = (0, 1)  # CU_MEM_ALLOCATION_COMP_NONE, CU_MEM_ALLOCATION_COMP_GENERIC
 _ACCESS_DESC = struct.Struct("<iiI")  # CUmemAccessDesc: location (type, id), flags
 assert _ACCESS_DESC.size == P.ACCESS_DESC_SIZE
 _PAGE = 4096  # what cuMemAddressReserve asks of a size and an address hint
@@ -66,8 +68,8 @@ def check_granularity(option: int) -> None:
         raise CudaError(_INVALID, f"granularity option {option} is not 0 or 1")
 
 
-def aligned(device, value: int, what: str) -> None:
-    g = device.mem_granularity(0)
+def aligned(device, value: int, what: str, compression: int = 0) -> None:
+    g = device.mem_granularity(0, compression) if compression else device.mem_granularity(0)
     if value % g:
         raise CudaError(_INVALID, f"{what} 0x{value:x} is not a multiple of the allocation "
                                   f"granularity ({g} bytes)")
@@ -84,10 +86,23 @@ def check_reserve(size: int, alignment: int, addr: int, flags: int) -> None:
         raise CudaError(_INVALID, f"alignment {alignment} is not a power of two")
 
 
+def check_alloc_flags(alloc_flags: int) -> int:
+    """CUmemAllocationProp's allocFlags as MEM_CREATE carries them (compressionType in the
+    first byte, gpuDirectRDMACapable in the second, usage in the last two): the
+    compression type, the only flag served."""
+    compression, rest = alloc_flags & 0xFF, alloc_flags >> 8
+    if rest:
+        raise CudaError(_NOT_SUPPORTED, "GPUDirect RDMA or usage-flagged memory is not served")
+    if compression not in _COMPRESSION:
+        raise CudaError(_INVALID, f"compression type {compression} is not "
+                                  "CU_MEM_ALLOCATION_COMP_NONE or _GENERIC")
+    return compression
+
+
 def check_create(device, size: int, type_: int, handle_types: int, loc_type: int,
-                 loc_id: int, alloc_flags: int) -> None:
+                 loc_id: int, alloc_flags: int) -> int:
     """Only pinned memory of this device, in whole granules, exportable as a POSIX file
-    descriptor at most."""
+    descriptor at most; its compression type."""
     if type_ != _PINNED:
         raise CudaError(_NOT_SUPPORTED, f"allocation type {type_} is not served; only "
                                         "CU_MEM_ALLOCATION_TYPE_PINNED is")
@@ -96,12 +111,11 @@ def check_create(device, size: int, type_: int, handle_types: int, loc_type: int
                                         "is not served but as a POSIX file descriptor: it "
                                         "would be shared outside the VM's executor")
     check_location(loc_type, loc_id, "memory")
-    if alloc_flags:
-        raise CudaError(_NOT_SUPPORTED, "compressible, GPUDirect RDMA or usage-flagged "
-                                        "memory is not served")
+    compression = check_alloc_flags(alloc_flags)
     if not size:
         raise CudaError(_INVALID, "cannot create 0 bytes")
-    aligned(device, size, "size")
+    aligned(device, size, "size", compression)
+    return compression
 
 
 def check_map(flags: int) -> None:
@@ -135,12 +149,14 @@ class _Physical:
     """One cuMemCreate (or import): alive while the guest holds a reference or a mapping
     uses it; shared with other connections once exported (``export``)."""
 
-    __slots__ = ("obj", "size", "refs", "maps", "handle_types", "charged", "export")
+    __slots__ = ("obj", "size", "refs", "maps", "handle_types", "charged", "export",
+                 "compression")
 
     def __init__(self, obj: Any, size: int, handle_types: int = 0, charged: bool = True,
-                 export=None):
+                 export=None, compression: int = 0):
         self.obj, self.size, self.refs, self.maps = obj, size, 1, 0
         self.handle_types, self.charged, self.export = handle_types, charged, export
+        self.compression = compression  # what the driver granted, not what was asked
 
 
 class VirtualMemory:
@@ -163,8 +179,10 @@ class VirtualMemory:
     def __len__(self) -> int:
         return len(self.reserved) + len(self.physical) + len(self.mappings)
 
-    def granularity(self, option: int) -> int:
+    def granularity(self, option: int, compression: int = 0) -> int:
         """cuMemGetAllocationGranularity (``check_granularity`` checked the option)."""
+        if compression:
+            return self.device.mem_granularity(option, compression)
         return self.device.mem_granularity(option)
 
     def _aligned(self, value: int, what: str) -> None:
@@ -209,17 +227,25 @@ class VirtualMemory:
 
     # -- physical memory ------------------------------------------------------------
 
-    def create(self, size: int, handle_types: int = 0) -> int:
+    def create(self, size: int, handle_types: int = 0, compression: int = 0) -> int:
         """cuMemCreate of device memory (``check_create`` checked the arguments)."""
         self._room()
         self.charge(size)  # a multiple of the granularity: what the driver takes
         try:
             with self.lock:
-                obj = self.device.mem_create(size)
+                if compression:  # the driver may make it uncompressed: it says which
+                    obj = self.device.mem_create(size, compression)
+                    try:
+                        granted = self.device.mem_compression(obj)
+                    except CudaError:
+                        quietly(self.device.mem_release, obj)
+                        raise
+                else:
+                    obj, granted = self.device.mem_create(size), 0
         except CudaError:
             self.uncharge(size)
             raise
-        return self._add(_Physical(obj, size, handle_types))
+        return self._add(_Physical(obj, size, handle_types, compression=granted))
 
     def _add(self, p: _Physical) -> int:
         handle = self.next_handle
@@ -292,6 +318,11 @@ class VirtualMemory:
 
     def handle_size(self, handle: int) -> int:
         return self._handle(handle).size
+
+    def handle_props(self, handle: int) -> tuple[int, int]:
+        """(size, allocation flags as MEM_CREATE carries them) of a handle of this guest."""
+        p = self._handle(handle)
+        return p.size, p.compression
 
     # -- mappings ---------------------------------------------------------------------
 

@@ -72,6 +72,8 @@ enum hvgpu_op {
     HVGPU_OP_MEM_GET_INFO = 0x21,
     HVGPU_OP_CTX_GET_LIMIT = 0x28,  /* cuCtxGetLimit of the executor's context; limit is CUlimit's number. */
     HVGPU_OP_CTX_SET_LIMIT = 0xd0,  /* cuCtxSetLimit of the executor's context, charged what the driver's free memory fell by; replies what cuCtxGetLimit then says (the driver may round it). */
+    HVGPU_OP_LINK = 0xd2,  /* options: (u32 CUjit_option, u32 reserved, u64 value) each, scalar options only (LINK_OPTION_SIZE bytes); inputs: (u32 CUjitInputType, u32 reserved, u64 size) each (LINK_INPUT_SIZE bytes), the payload their bytes in order; names NUL-separated, one per input. status is the link's CUresult, the logs what the linker said (at most MAX_LINK_LOG bytes each); image names the linked cubin of size bytes, until LINK_IMAGE fetches it. */
+    HVGPU_OP_LINK_IMAGE = 0xd3,  /* The linked cubin (reply payload) of a LINK of this connection, given once. */
     HVGPU_OP_LAUNCH_COOPERATIVE = 0xd1,  /* cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE set (attrs as in LAUNCH_KERNEL_EX, the cooperative one included), answered: the driver's refusal of a grid larger than can be resident at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) comes back at the call. */
     HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
     HVGPU_OP_MEM_FREE = 0x23,
@@ -102,6 +104,9 @@ enum hvgpu_op {
     HVGPU_OP_STREAM_WAIT_EVENT = 0x44,
     HVGPU_OP_STREAM_CREATE_PRIORITY = 0x45,
     HVGPU_OP_STREAM_PRIORITY_RANGE = 0x46,  /* cuCtxGetStreamPriorityRange. */
+    HVGPU_OP_STREAM_SET_ATTRIBUTE = 0x47,  /* cuStreamSetAttribute; an access policy window names memory of this guest. */
+    HVGPU_OP_STREAM_GET_ATTRIBUTE = 0x48,  /* cuStreamGetAttribute: the value as cuda.h lays it out. */
+    HVGPU_OP_STREAM_COPY_ATTRIBUTES = 0x49,  /* cuStreamCopyAttributes between two streams of this guest. */
     HVGPU_OP_EVENT_CREATE = 0x50,
     HVGPU_OP_EVENT_DESTROY = 0x51,
     HVGPU_OP_EVENT_RECORD = 0x52,
@@ -119,6 +124,8 @@ enum hvgpu_op {
     HVGPU_OP_MEM_GET_GRANULARITY = 0x68,  /* cuMemGetAllocationGranularity of device memory (option 0: minimum, 1: recommended). */
     HVGPU_OP_MEM_RETAIN_HANDLE = 0x69,  /* cuMemRetainAllocationHandle: the handle mapped at dptr, with one more reference. */
     HVGPU_OP_MEM_HANDLE_INFO = 0x6a,  /* The size of a handle of this guest (cuMemGetAllocationPropertiesFromHandle). */
+    HVGPU_OP_MEM_GET_GRANULARITY_OF = 0x6b,  /* cuMemGetAllocationGranularity of device memory made with alloc_flags (as MEM_CREATE's: a compression type in its first byte). */
+    HVGPU_OP_MEM_HANDLE_PROPS = 0x6c,  /* cuMemGetAllocationPropertiesFromHandle of a handle of this guest: its size and the allocation flags the driver made it with (compression it was granted). */
     HVGPU_OP_MEM_POOL_CREATE = 0x70,  /* cuMemPoolCreate of a device pool. */
     HVGPU_OP_MEM_POOL_DESTROY = 0x71,
     HVGPU_OP_MEM_POOL_DEFAULT = 0x72,  /* The connection's default pool (cuDeviceGetDefaultMemPool). */
@@ -222,6 +229,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_GET_INFO: return "MEM_GET_INFO";
     case HVGPU_OP_CTX_GET_LIMIT: return "CTX_GET_LIMIT";
     case HVGPU_OP_CTX_SET_LIMIT: return "CTX_SET_LIMIT";
+    case HVGPU_OP_LINK: return "LINK";
+    case HVGPU_OP_LINK_IMAGE: return "LINK_IMAGE";
     case HVGPU_OP_LAUNCH_COOPERATIVE: return "LAUNCH_COOPERATIVE";
     case HVGPU_OP_MEM_ALLOC: return "MEM_ALLOC";
     case HVGPU_OP_MEM_FREE: return "MEM_FREE";
@@ -252,6 +261,9 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_STREAM_WAIT_EVENT: return "STREAM_WAIT_EVENT";
     case HVGPU_OP_STREAM_CREATE_PRIORITY: return "STREAM_CREATE_PRIORITY";
     case HVGPU_OP_STREAM_PRIORITY_RANGE: return "STREAM_PRIORITY_RANGE";
+    case HVGPU_OP_STREAM_SET_ATTRIBUTE: return "STREAM_SET_ATTRIBUTE";
+    case HVGPU_OP_STREAM_GET_ATTRIBUTE: return "STREAM_GET_ATTRIBUTE";
+    case HVGPU_OP_STREAM_COPY_ATTRIBUTES: return "STREAM_COPY_ATTRIBUTES";
     case HVGPU_OP_EVENT_CREATE: return "EVENT_CREATE";
     case HVGPU_OP_EVENT_DESTROY: return "EVENT_DESTROY";
     case HVGPU_OP_EVENT_RECORD: return "EVENT_RECORD";
@@ -269,6 +281,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_GET_GRANULARITY: return "MEM_GET_GRANULARITY";
     case HVGPU_OP_MEM_RETAIN_HANDLE: return "MEM_RETAIN_HANDLE";
     case HVGPU_OP_MEM_HANDLE_INFO: return "MEM_HANDLE_INFO";
+    case HVGPU_OP_MEM_GET_GRANULARITY_OF: return "MEM_GET_GRANULARITY_OF";
+    case HVGPU_OP_MEM_HANDLE_PROPS: return "MEM_HANDLE_PROPS";
     case HVGPU_OP_MEM_POOL_CREATE: return "MEM_POOL_CREATE";
     case HVGPU_OP_MEM_POOL_DESTROY: return "MEM_POOL_DESTROY";
     case HVGPU_OP_MEM_POOL_DEFAULT: return "MEM_POOL_DEFAULT";
@@ -460,6 +474,28 @@ typedef struct __attribute__((packed)) hvgpu_ctx_set_limit_rep {
     uint64_t value;
 } hvgpu_ctx_set_limit_rep_t;
 _Static_assert(sizeof(hvgpu_ctx_set_limit_rep_t) == 8, "hvgpu_ctx_set_limit_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_req {
+    uint32_t options_len;
+    uint32_t inputs_len;
+    uint32_t names_len;
+} hvgpu_link_req_t;
+_Static_assert(sizeof(hvgpu_link_req_t) == 12, "hvgpu_link_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_rep {
+    uint32_t status;
+    float wall_ms;
+    uint64_t image;
+    uint64_t size;
+    uint32_t info_log_len;
+    uint32_t error_log_len;
+} hvgpu_link_rep_t;
+_Static_assert(sizeof(hvgpu_link_rep_t) == 32, "hvgpu_link_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_link_image_req {
+    uint64_t image;
+} hvgpu_link_image_req_t;
+_Static_assert(sizeof(hvgpu_link_image_req_t) == 8, "hvgpu_link_image_req_t");
 
 typedef struct __attribute__((packed)) hvgpu_launch_cooperative_req {
     uint64_t function;
@@ -762,6 +798,30 @@ typedef struct __attribute__((packed)) hvgpu_stream_priority_range_rep {
 } hvgpu_stream_priority_range_rep_t;
 _Static_assert(sizeof(hvgpu_stream_priority_range_rep_t) == 8, "hvgpu_stream_priority_range_rep_t");
 
+typedef struct __attribute__((packed)) hvgpu_stream_set_attribute_req {
+    uint64_t stream;
+    uint32_t attr;
+    uint32_t value_len;
+} hvgpu_stream_set_attribute_req_t;
+_Static_assert(sizeof(hvgpu_stream_set_attribute_req_t) == 16, "hvgpu_stream_set_attribute_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_get_attribute_req {
+    uint64_t stream;
+    uint32_t attr;
+} hvgpu_stream_get_attribute_req_t;
+_Static_assert(sizeof(hvgpu_stream_get_attribute_req_t) == 12, "hvgpu_stream_get_attribute_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_get_attribute_rep {
+    uint32_t value_len;
+} hvgpu_stream_get_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_stream_get_attribute_rep_t) == 4, "hvgpu_stream_get_attribute_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_copy_attributes_req {
+    uint64_t dst;
+    uint64_t src;
+} hvgpu_stream_copy_attributes_req_t;
+_Static_assert(sizeof(hvgpu_stream_copy_attributes_req_t) == 16, "hvgpu_stream_copy_attributes_req_t");
+
 typedef struct __attribute__((packed)) hvgpu_event_create_req {
     uint32_t flags;
 } hvgpu_event_create_req_t;
@@ -904,6 +964,28 @@ typedef struct __attribute__((packed)) hvgpu_mem_handle_info_rep {
     uint64_t size;
 } hvgpu_mem_handle_info_rep_t;
 _Static_assert(sizeof(hvgpu_mem_handle_info_rep_t) == 8, "hvgpu_mem_handle_info_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_of_req {
+    uint32_t option;
+    uint32_t alloc_flags;
+} hvgpu_mem_get_granularity_of_req_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_of_req_t) == 8, "hvgpu_mem_get_granularity_of_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_get_granularity_of_rep {
+    uint64_t granularity;
+} hvgpu_mem_get_granularity_of_rep_t;
+_Static_assert(sizeof(hvgpu_mem_get_granularity_of_rep_t) == 8, "hvgpu_mem_get_granularity_of_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_props_req {
+    uint64_t handle;
+} hvgpu_mem_handle_props_req_t;
+_Static_assert(sizeof(hvgpu_mem_handle_props_req_t) == 8, "hvgpu_mem_handle_props_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_handle_props_rep {
+    uint64_t size;
+    uint32_t alloc_flags;
+} hvgpu_mem_handle_props_rep_t;
+_Static_assert(sizeof(hvgpu_mem_handle_props_rep_t) == 12, "hvgpu_mem_handle_props_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_pool_create_req {
     uint32_t type;
@@ -1541,6 +1623,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT 12
 #define HVGPU_MAX_DEVICE_ATTRIBUTES 1024
 #define HVGPU_LAUNCH_ATTR_COOPERATIVE 2
+#define HVGPU_LAUNCH_ATTR_VALUE_SIZE 64
 #define HVGPU_MAX_FUNC_ATTRIBUTES 32
 #define HVGPU_UUID_SIZE 16
 #define HVGPU_TENSOR_MAP_SIZE 128
@@ -1561,6 +1644,12 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_TEX_DESC_SIZE 104
 #define HVGPU_VIEW_DESC_SIZE 112
 #define HVGPU_IPC_HANDLE_SIZE 64
+#define HVGPU_LINK_OPTION_SIZE 16
+#define HVGPU_LINK_INPUT_SIZE 16
+#define HVGPU_MAX_LINK_OPTIONS 64
+#define HVGPU_MAX_LINK_INPUTS 256
+#define HVGPU_MAX_LINK_BYTES 268435456
+#define HVGPU_MAX_LINK_LOG 65536
 
 /* -- replies with variable-length fields -------------------------------------------- */
 
@@ -1684,6 +1773,23 @@ static inline int hvgpu_vgpu_processes_rep_decode(const void *body, uint32_t n, 
     return whole ? cut : -1;
 }
 
+typedef struct hvgpu_link_rep_view {
+    hvgpu_link_rep_t fixed;
+    hvgpu_span_t info_log;
+    hvgpu_span_t error_log;
+} hvgpu_link_rep_view_t;
+
+static inline int hvgpu_link_rep_decode(const void *body, uint32_t n, hvgpu_link_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    p = hvgpu_span_take(&v->info_log, p, end, v->fixed.info_log_len, &cut);
+    hvgpu_span_take(&v->error_log, p, end, v->fixed.error_log_len, &cut);
+    return whole ? cut : -1;
+}
+
 typedef struct hvgpu_module_compile_rep_view {
     hvgpu_module_compile_rep_t fixed;
     hvgpu_span_t log;
@@ -1756,6 +1862,21 @@ static inline int hvgpu_func_get_attributes_rep_decode(const void *body, uint32_
     if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
     p += whole ? sizeof v->fixed : n;
     hvgpu_span_take(&v->values, p, end, v->fixed.values_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_stream_get_attribute_rep_view {
+    hvgpu_stream_get_attribute_rep_t fixed;
+    hvgpu_span_t value;
+} hvgpu_stream_get_attribute_rep_view_t;
+
+static inline int hvgpu_stream_get_attribute_rep_decode(const void *body, uint32_t n, hvgpu_stream_get_attribute_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->value, p, end, v->fixed.value_len, &cut);
     return whole ? cut : -1;
 }
 

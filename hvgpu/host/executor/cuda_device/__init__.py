@@ -85,7 +85,7 @@ class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls, ArrayCalls):
         self.arch = f"sm_{major}{minor}"
         self._window = MappedWindow(ordinal, address_window) if address_window else None
         self._memory = device_memory(ordinal)
-        self._granularity: dict[int, int] = {}
+        self._granularity: dict[tuple[int, int], int] = {}  # (option, compression) -> bytes
 
     def bind_thread(self) -> None:
         """Make this context current on the calling thread, with its own launch buffer.

@@ -83,6 +83,17 @@ def driver_library():
         for name in ("cuOccupancyMaxActiveClusters", "cuOccupancyMaxPotentialClusterSize"):
             getattr(_libcuda, name).argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                                                 ctypes.POINTER(LaunchConfig)]
+        # the JIT linker: every pointer argument a pointer, not an int (64-bit values)
+        _libcuda.cuLinkCreate_v2.argtypes = [ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
+                                             ctypes.c_void_p]
+        _libcuda.cuLinkAddData_v2.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                              ctypes.c_size_t, ctypes.c_char_p, ctypes.c_uint,
+                                              ctypes.c_void_p, ctypes.c_void_p]
+        _libcuda.cuLinkComplete.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        _libcuda.cuLinkDestroy.argtypes = [ctypes.c_void_p]
+        for name in ("cuStreamSetAttribute", "cuStreamGetAttribute"):
+            getattr(_libcuda, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        _libcuda.cuStreamCopyAttributes.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         for name in ("cuMemPoolGetAttribute", "cuMemPoolSetAttribute"):
             getattr(_libcuda, name).argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         _libcuda.cuTensorMapEncodeTiled.argtypes = [

@@ -108,13 +108,22 @@ class MemoryCalls:
 
     # -- virtual memory management -----------------------------------------------
 
-    def mem_granularity(self, option: int) -> int:
-        g = self._granularity.get(option)
+    def mem_granularity(self, option: int, compression: int = 0) -> int:
+        g = self._granularity.get((option, compression))
         if g is None:
-            g = self._granularity[option] = int(ok(cu.cuMemGetAllocationGranularity(
-                self._memory, cu.CUmemAllocationGranularity_flags(option)),
+            g = self._granularity[(option, compression)] = int(ok(
+                cu.cuMemGetAllocationGranularity(self._compressed(compression),
+                                                 cu.CUmemAllocationGranularity_flags(option)),
                 "cuMemGetAllocationGranularity"))
         return g
+
+    def _compressed(self, compression: int):
+        """CUmemAllocationProp of this device's memory with ``compression``."""
+        if not compression:
+            return self._memory
+        prop = device_memory(self.ordinal)
+        prop.allocFlags.compressionType = compression
+        return prop
 
     def address_reserve(self, size: int, alignment: int, hint: int) -> int:
         if self._window is not None:  # this vGPU's addresses stay inside its window
@@ -126,8 +135,13 @@ class MemoryCalls:
             return self._window.unreserve(ptr, size)
         ok(cu.cuMemAddressFree(ptr, size), "cuMemAddressFree")
 
-    def mem_create(self, size: int):
-        return ok(cu.cuMemCreate(size, self._memory, 0), f"cuMemCreate({size})")
+    def mem_create(self, size: int, compression: int = 0):
+        return ok(cu.cuMemCreate(size, self._compressed(compression), 0), f"cuMemCreate({size})")
+
+    def mem_compression(self, handle) -> int:
+        prop = ok(cu.cuMemGetAllocationPropertiesFromHandle(handle),
+                  "cuMemGetAllocationPropertiesFromHandle")
+        return int(prop.allocFlags.compressionType)
 
     def mem_release(self, handle) -> None:
         ok(cu.cuMemRelease(handle), "cuMemRelease")

@@ -160,6 +160,43 @@ class ModuleCalls:
             fail(err, "cuTensorMapEncodeTiled")
         return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
 
+    def link(self, options: list, inputs: list, log_size: int) -> tuple:
+        """The driver's JIT linker in this context, with log buffers of the executor's own
+        (the guest's are filled by the shim from the reply)."""
+        lib = driver_library()
+        info = ctypes.create_string_buffer(log_size)
+        error = ctypes.create_string_buffer(log_size)
+        opts = [2, 3, 4, 5, 6] + [o for o, _ in options]
+        vals = [0, ctypes.addressof(info), log_size, ctypes.addressof(error), log_size] + [
+            v for _, v in options]
+        n = len(opts)
+        c_opts = (ctypes.c_int * n)(*opts)
+        c_vals = (ctypes.c_void_p * n)(*vals)
+        state = ctypes.c_void_p()
+        status = lib.cuLinkCreate_v2(ctypes.c_uint(n), c_opts, c_vals, ctypes.byref(state))
+        if status:
+            return status, b"", "", "", 0.0
+        try:
+            for kind, name, data in inputs:
+                buf = ctypes.create_string_buffer(bytes(data), len(data))
+                status = lib.cuLinkAddData_v2(state, ctypes.c_int(kind), buf,
+                                              ctypes.c_size_t(len(data)),
+                                              name.encode(errors="replace"), ctypes.c_uint(0),
+                                              None, None)
+                if status:
+                    break
+            image = b""
+            if not status:
+                out, size = ctypes.c_void_p(), ctypes.c_size_t()
+                status = lib.cuLinkComplete(state, ctypes.byref(out), ctypes.byref(size))
+                if not status:
+                    image = ctypes.string_at(out, size.value)
+            wall = ctypes.cast(c_vals, ctypes.POINTER(ctypes.c_float))[0]  # slot 0's float
+            return (status, image, info.value.decode(errors="replace"),
+                    error.value.decode(errors="replace"), float(wall))
+        finally:
+            lib.cuLinkDestroy(state)
+
     def compiler_id(self) -> str:
         return f"nvrtc-{compiler.nvrtc_version() or 'none'}-{self.arch}"
 

@@ -8,7 +8,9 @@ Must not validate guest input beyond what the driver does: the session has.
 
 from __future__ import annotations
 
-from hvgpu.host.executor.cuda_device.driver import cu, fail, ok, result_code
+import ctypes
+
+from hvgpu.host.executor.cuda_device.driver import cu, driver_library, fail, ok, result_code
 from hvgpu.virtio import protocol as P
 
 
@@ -45,6 +47,29 @@ class StreamCalls:
 
     def stream_wait_event(self, stream, event, flags) -> None:
         ok(cu.cuStreamWaitEvent(stream, event, flags), "cuStreamWaitEvent")
+
+    # Through libcuda itself: the value is the guest's CUlaunchAttributeValue, passed as
+    # the bytes it is (the session checked the attribute and what the value names).
+    def stream_set_attribute(self, stream, attr: int, value: bytes) -> None:
+        buf = ctypes.create_string_buffer(bytes(value), P.LAUNCH_ATTR_VALUE_SIZE)
+        err = driver_library().cuStreamSetAttribute(ctypes.c_void_p(int(stream)),
+                                                    ctypes.c_int(attr), buf)
+        if err:
+            fail(err, "cuStreamSetAttribute")
+
+    def stream_get_attribute(self, stream, attr: int) -> bytes:
+        buf = ctypes.create_string_buffer(P.LAUNCH_ATTR_VALUE_SIZE)
+        err = driver_library().cuStreamGetAttribute(ctypes.c_void_p(int(stream)),
+                                                    ctypes.c_int(attr), buf)
+        if err:
+            fail(err, "cuStreamGetAttribute")
+        return buf.raw
+
+    def stream_copy_attributes(self, dst, src) -> None:
+        err = driver_library().cuStreamCopyAttributes(ctypes.c_void_p(int(dst)),
+                                                      ctypes.c_void_p(int(src)))
+        if err:
+            fail(err, "cuStreamCopyAttributes")
 
     def event_create(self, flags: int):
         return ok(cu.cuEventCreate(flags), "cuEventCreate")

@@ -17,15 +17,16 @@ from __future__ import annotations
 import logging
 import struct
 
-from hvgpu.errors import CudaError
-from hvgpu.host.executor import nvrtc_policy
+from hvgpu.errors import ConnectionLost, CudaError
+from hvgpu.host.executor import jit_policy, nvrtc_policy
 from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, Resource, quietly
-from hvgpu.host.executor.ops.table import MEASURED, RELEASES, Family
+from hvgpu.host.executor.ops.table import ALREADY_REPLIED, MEASURED, RELEASES, Family
 from hvgpu.host.executor.tables import Allocations
 from hvgpu.virtio import protocol as P
+from hvgpu.virtio.framing import pack_header
 
 log = logging.getLogger(__name__)
 
@@ -311,3 +312,52 @@ def release_all(session) -> None:
         for held in session.modules.objects.values():
             quietly(session.device.module_unload, held.obj)
         session.modules.objects.clear()
+
+
+# -- the JIT linker -----------------------------------------------------------------------
+
+MAX_LINKED = 16  # linked images a connection may leave unfetched at once
+
+
+def _link_check(session, hdr, options, inputs, names) -> tuple:
+    return (jit_policy.check_options(options),
+            jit_policy.check_inputs(inputs, names, hdr.payload_len))
+
+
+@declare("LINK", check=_link_check, payload=(P.MAX_LINK_BYTES, "link inputs"))
+def link(session, hdr, options, inputs):
+    """Links on the device (its linker is the driver's, which JIT-compiles PTX where
+    MODULE_LOAD_DATA's already is); a failed link is a reply with its status and logs,
+    so the guest's error log buffer gets what the linker said."""
+    with session.uploads.holding(hdr.payload_len, "link inputs"):
+        data = bytes(session.reader.read_payload())
+    linked = session.linked
+    if len(linked) >= MAX_LINKED:
+        raise CudaError(P.CUDA_ERROR_OUT_OF_MEMORY, f"{MAX_LINKED} linked images are waiting "
+                        "to be fetched (cuLinkComplete without cuLinkDestroy)")
+    parts, at = [], 0
+    for kind, name, size in inputs:
+        parts.append((kind, name, data[at:at + size]))
+        at += size
+    status, image, info, error, wall = session.device.link(options, parts, P.MAX_LINK_LOG)
+    handle = 0
+    if not status:
+        handle = session.next_link = max(session.next_link + 1, P.FIRST_HANDLE)
+        linked[handle] = image
+    return (status, wall, handle, len(image) if not status else 0,
+            info[:P.MAX_LINK_LOG - 1], error[:P.MAX_LINK_LOG - 1])
+
+
+@declare("LINK_IMAGE")
+def link_image(session, hdr, image):
+    data = session.linked.pop(image, None)
+    if data is None:
+        raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, f"no linked image {image} of this guest")
+    try:
+        with session.send_lock:
+            session.send_locked(pack_header(hdr.op, P.FLAG_REPLY, hdr.seq, 0, 0, len(data)))
+            session.send_locked(memoryview(data))
+    except OSError as exc:
+        raise ConnectionLost(f"guest went away while the linked image was sent: {exc}") \
+            from None
+    return ALREADY_REPLIED

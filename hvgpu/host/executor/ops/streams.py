@@ -12,6 +12,8 @@ Must not import CUDA; every driver call goes through the session's ``GpuDevice``
 
 from __future__ import annotations
 
+import struct
+
 from hvgpu.errors import CudaError
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops import fields as F
@@ -148,6 +150,60 @@ def stream_query(session, hdr, s):
          fields=(F.stream("stream"), F.event("event")))
 def stream_wait_event(session, hdr, s, e, flags):
     session.device.stream_wait_event(s, e, flags)
+
+
+# -- stream attributes ------------------------------------------------------------------
+
+_WINDOW = struct.Struct("<QQ")  # CUaccessPolicyWindow's base_ptr and num_bytes
+_ACCESS_POLICY_WINDOW = 1  # CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+_PRIORITY = 8  # CU_LAUNCH_ATTRIBUTE_PRIORITY
+
+
+def _stream_attr(attr: int) -> None:
+    """Only the attributes cuda.h says are valid for streams: the others' values may
+    name events (the executor's objects) and a stream does not take them."""
+    if attr not in P.STREAM_ATTRS:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"launch attribute {attr} is not one a stream takes")
+
+
+def _set_attribute(session, hdr, stream, attr, value) -> tuple:
+    s = checks.stream(session, stream)
+    _stream_attr(attr)
+    if len(value) != P.LAUNCH_ATTR_VALUE_SIZE:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"a stream attribute's value is "
+                        f"{P.LAUNCH_ATTR_VALUE_SIZE} bytes, not {len(value)}")
+    if attr == _ACCESS_POLICY_WINDOW:
+        # the window steers the L2 cache over memory: only over this guest's own
+        base, n = _WINDOW.unpack_from(value)
+        if n:
+            checks.device_range(session, base, n, "access policy window")
+    return s, attr, bytes(value)
+
+
+@declare("STREAM_SET_ATTRIBUTE", check=_set_attribute)
+def stream_set_attribute(session, hdr, s, attr, value):
+    session.device.stream_set_attribute(s, attr, value)
+
+
+def _get_attribute(session, hdr, stream, attr) -> tuple:
+    s = checks.stream(session, stream)
+    _stream_attr(attr)
+    return s, attr
+
+
+@declare("STREAM_GET_ATTRIBUTE", check=_get_attribute)
+def stream_get_attribute(session, hdr, s, attr):
+    return (session.device.stream_get_attribute(s, attr),)
+
+
+def _two_streams(session, hdr, dst, src) -> tuple:
+    return checks.stream(session, dst), checks.stream(session, src)
+
+
+@declare("STREAM_COPY_ATTRIBUTES", check=_two_streams)
+def stream_copy_attributes(session, hdr, dst, src):
+    session.device.stream_copy_attributes(dst, src)
 
 
 # -- events -------------------------------------------------------------------------------

@@ -41,13 +41,14 @@ def mem_address_free(session, hdr, dptr, size):
 
 
 def _create(session, hdr, size, type_, handle_types, loc_type, loc_id, alloc_flags) -> tuple:
-    vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id, alloc_flags)
-    return size, handle_types
+    compression = vmm.check_create(session.device, size, type_, handle_types, loc_type, loc_id,
+                                   alloc_flags)
+    return size, handle_types, compression
 
 
 @declare("MEM_CREATE", check=_create, charge=BOOKS)
-def mem_create(session, hdr, size, handle_types):
-    return (session.vmm.create(size, handle_types),)
+def mem_create(session, hdr, size, handle_types, compression):
+    return (session.vmm.create(size, handle_types, compression),)
 
 
 # Shared among the VM's processes through the executor's table (ipc.py): the memory
@@ -109,6 +110,16 @@ def mem_get_granularity(session, hdr, option):
     return (session.vmm.granularity(option),)
 
 
+def _granularity_of(session, hdr, option, alloc_flags) -> tuple:
+    vmm.check_granularity(option)
+    return option, vmm.check_alloc_flags(alloc_flags)
+
+
+@declare("MEM_GET_GRANULARITY_OF", check=_granularity_of)
+def mem_get_granularity_of(session, hdr, option, compression):
+    return (session.vmm.granularity(option, compression),)
+
+
 @declare("MEM_RETAIN_HANDLE", check=by_books)
 def mem_retain_handle(session, hdr, dptr):
     return (session.vmm.retain(dptr),)
@@ -117,6 +128,11 @@ def mem_retain_handle(session, hdr, dptr):
 @declare("MEM_HANDLE_INFO", check=by_books)
 def mem_handle_info(session, hdr, handle):
     return (session.vmm.handle_size(handle),)
+
+
+@declare("MEM_HANDLE_PROPS", check=by_books)
+def mem_handle_props(session, hdr, handle):
+    return session.vmm.handle_props(handle)
 
 
 # -- stream-ordered allocation -----------------------------------------------------------
