@@ -149,6 +149,14 @@ def _set_if(dev, handle, flag):
     dev.conditionals[handle].value = int(dev.array(flag, 1, np.int32)[0] != 0)
 
 
+def _add_one(dev, p):
+    dev.array(p, 1, np.uint32)[0] += 1
+
+
+def _set_seven(dev, p):
+    dev.array(p, 1, np.uint32)[0] = 7
+
+
 # name -> (parameter layout as cuFuncGetParamInfo gives it, struct format, body)
 KERNELS = {
     "saxpy": ([(0, 4), (8, 8), (16, 8), (24, 4)], "<f4xQQi", _saxpy),
@@ -162,6 +170,8 @@ KERNELS = {
     "tex_copy": ([(0, 8), (8, 8), (16, 4)], "<QQi", _tex_copy),
     "countdown": ([(0, 8), (8, 8), (16, 8)], "<QQQ", _countdown),
     "set_if": ([(0, 8), (8, 8)], "<QQ", _set_if),
+    "add_one": ([(0, 8)], "<Q", _add_one),  # cuda/enumerate_functions.c
+    "set_seven": ([(0, 8)], "<Q", _set_seven),
 }
 
 # CUfunction_attribute 0..15 (cuda.h 13.0): what cuFuncGetAttribute answers for a kernel
@@ -931,6 +941,10 @@ class FakeDevice:
         if name not in module["names"] or name not in KERNELS:
             raise CudaError(S.NOT_FOUND, f"fake: no kernel named {name!r}")
         return name
+
+    def module_function_names(self, module):
+        self._check()
+        return sorted(module["names"])  # a PTX module's every entry, a cubin's known ones
 
     def param_layout(self, function):
         return [] if isinstance(function, tuple) else list(KERNELS[function][0])

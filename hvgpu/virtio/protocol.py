@@ -186,6 +186,10 @@ OPS: tuple[Op, ...] = (
            "of size bytes, until LINK_IMAGE fetches it."),
     Op(0xD3, "LINK_IMAGE", SYNC, _f("u64 image"), reply_payload=True,
        doc="The linked cubin (reply payload) of a LINK of this connection, given once."),
+    Op(0xD4, "MODULE_FUNCTION_NAMES", SYNC, _f("u64 module"), _f("bytes names"),
+       doc="cuModuleEnumerateFunctions: the names of the module's functions in the "
+           "driver's order, NUL-separated (each then found with MODULE_GET_FUNCTION); "
+           "refused with CUDA_ERROR_INVALID_VALUE past MAX_FUNCTION_NAMES bytes."),
     Op(0xD1, "LAUNCH_COOPERATIVE", SYNC,
        _f("u64 function, u32 grid_x, u32 grid_y, u32 grid_z, u32 block_x, u32 block_y, "
           "u32 block_z, u32 shared_mem, u64 stream, bytes params, bytes attrs"),
@@ -542,6 +546,7 @@ LAUNCH_ATTR_COOPERATIVE = 2  # CU_LAUNCH_ATTRIBUTE_COOPERATIVE: its value is an 
 LAUNCH_EVENT_ATTRS = frozenset({LAUNCH_ATTR_PROGRAMMATIC_EVENT,
                                 LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT})
 MAX_DEVICE_ATTRIBUTES = 1024  # DEVICE_GET_ATTRIBUTES's count at most
+MAX_FUNCTION_NAMES = 512 << 10  # MODULE_FUNCTION_NAMES's names at most, NUL-separated
 MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES's count at most: its reply's known is 32 bits
 UUID_SIZE = 16  # DEVICE_GET_UUID's uuid (a CUuuid)
 TENSOR_MAP_SIZE = 128  # TENSOR_MAP_ENCODE_TILED's map (a CUtensorMap)
@@ -581,13 +586,15 @@ C_CONSTANTS = (
     ("LAUNCH_ATTR_COOPERATIVE", "i32"), ("LAUNCH_ATTR_VALUE_SIZE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
-    ("MAX_GRAPH_NODES", "i32"), ("MAX_CONDITIONAL_BODIES", "i32"), ("FIRST_HANDLE", "i32"), ("MEMCPY_NODE_DEVICE", "i32"),
+    ("MAX_GRAPH_NODES", "i32"), ("MAX_CONDITIONAL_BODIES", "i32"), ("FIRST_HANDLE", "i32"),
+    ("MEMCPY_NODE_DEVICE", "i32"),
     ("MEMCPY_NODE_FROM_REGION", "i32"), ("MEMCPY_NODE_TO_REGION", "i32"),
     ("MAX_VGPUS", "i32"), ("CLIENT_FORMAT", "str"),
     ("MEMORY_DEVICE", "i32"), ("MEMORY_ARRAY", "i32"), ("MAX_COPY_3D", "i32"),
     ("TEX_DESC_SIZE", "i32"), ("VIEW_DESC_SIZE", "i32"), ("IPC_HANDLE_SIZE", "i32"),
     ("LINK_OPTION_SIZE", "i32"), ("LINK_INPUT_SIZE", "i32"), ("MAX_LINK_OPTIONS", "i32"),
     ("MAX_LINK_INPUTS", "i32"), ("MAX_LINK_BYTES", "i32"), ("MAX_LINK_LOG", "i32"),
+    ("MAX_FUNCTION_NAMES", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

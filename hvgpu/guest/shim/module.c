@@ -168,6 +168,75 @@ HV_EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule module, const cha
     return HV_ON(hv_tag_device(module), get_function(f, hv_untag(module), name));
 }
 
+/* The module's function names, NUL-separated, in the driver's order (malloc'd, *len
+   bytes), asked of the executor: the guest never parses the image. */
+static CUresult function_names(uint64_t module, char **names, uint32_t *len) {
+    size_t cap = sizeof(hvgpu_module_function_names_rep_t) + HVGPU_MAX_FUNCTION_NAMES;
+    unsigned char *rep = malloc(cap);
+    if (!rep) return CUDA_ERROR_OUT_OF_MEMORY;
+    hvgpu_module_function_names_req_t q = { module };
+    uint32_t n = 0;
+    CUresult r = hv_call(HVGPU_OP_MODULE_FUNCTION_NAMES, &q, sizeof q, NULL, 0, rep,
+                         (uint32_t)cap, &n, NULL, 0);
+    hvgpu_module_function_names_rep_view_t v;
+    if (!r && hvgpu_module_function_names_rep_decode(rep, n, &v)) r = CUDA_ERROR_UNKNOWN;
+    if (!r) {
+        *names = malloc(v.names.len + 1);
+        if (!*names) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else {
+            memcpy(*names, v.names.data, v.names.len);
+            (*names)[v.names.len] = 0;
+            *len = v.names.len;
+        }
+    }
+    free(rep);
+    return r;
+}
+
+static unsigned count_names(const char *names, uint32_t len) {
+    unsigned count = 0;
+    for (uint32_t i = 0; i < len; i += (uint32_t)strlen(names + i) + 1) count++;
+    return len ? count : 0;
+}
+
+static CUresult function_count(unsigned *count, uint64_t module) {
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    char *names;
+    uint32_t len;
+    CUresult r = function_names(module, &names, &len);
+    if (r) return r;
+    *count = count_names(names, len);
+    free(names);
+    return CUDA_SUCCESS;
+}
+
+/* As the driver: the first numFunctions of the module's functions, and an error when
+   the array is shorter than the module's count. */
+static CUresult enumerate_functions(CUfunction *out, unsigned want, uint64_t module) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    char *names;
+    uint32_t len;
+    CUresult r = function_names(module, &names, &len);
+    if (r) return r;
+    if (want < count_names(names, len)) r = CUDA_ERROR_INVALID_VALUE;
+    unsigned i = 0;
+    for (uint32_t at = 0; !r && at < len && i < want; at += (uint32_t)strlen(names + at) + 1)
+        r = get_function(&out[i++], module, names + at);
+    free(names);
+    return r;
+}
+
+HV_EXPORT CUresult cuModuleGetFunctionCount(unsigned *count, CUmodule module) {
+    if (!module) return CUDA_ERROR_INVALID_HANDLE;
+    return HV_ON(hv_tag_device(module), function_count(count, hv_untag(module)));
+}
+
+HV_EXPORT CUresult cuModuleEnumerateFunctions(CUfunction *functions, unsigned count,
+                                              CUmodule module) {
+    if (!module) return CUDA_ERROR_INVALID_HANDLE;
+    return HV_ON(hv_tag_device(module), enumerate_functions(functions, count, hv_untag(module)));
+}
+
 static CUresult get_global(CUdeviceptr *dptr, size_t *bytes, uint64_t module, const char *name) {
     hvgpu_module_get_global_rep_t v;
     CUresult r = call_by_name(HVGPU_OP_MODULE_GET_GLOBAL, module, name, &v, sizeof v);
@@ -267,6 +336,31 @@ HV_EXPORT CUresult cuLibraryGetKernel(CUkernel *kernel, CUlibrary lib, const cha
     }
     pthread_mutex_unlock(&library_lock);
     if (!r) *kernel = k;
+    return r;
+}
+
+HV_EXPORT CUresult cuLibraryGetKernelCount(unsigned *count, CUlibrary lib) {
+    if (!lib) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t m;
+    CUresult r = library_module(lib, &m);
+    return r ? r : function_count(count, m);
+}
+
+/* Each through cuLibraryGetKernel: one handle per name, as there. */
+HV_EXPORT CUresult cuLibraryEnumerateKernels(CUkernel *kernels, unsigned count, CUlibrary lib) {
+    if (!lib) return CUDA_ERROR_INVALID_HANDLE;
+    if (!kernels) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t m;
+    char *names;
+    uint32_t len;
+    CUresult r = library_module(lib, &m);
+    if (!r) r = function_names(m, &names, &len);
+    if (r) return r;
+    if (count < count_names(names, len)) r = CUDA_ERROR_INVALID_VALUE;
+    unsigned i = 0;
+    for (uint32_t at = 0; !r && at < len && i < count; at += (uint32_t)strlen(names + at) + 1)
+        r = cuLibraryGetKernel(&kernels[i++], lib, names + at);
+    free(names);
     return r;
 }
 

@@ -86,6 +86,8 @@ class GpuDevice(Protocol):
         inputs (CUjitInputType, name, bytes); (status, image, info log, error log, wall
         time in ms), a failed link's status not raised, so its logs reach the guest."""
     def module_function(self, module: Any, name: str) -> Any: ...
+    def module_function_names(self, module: Any) -> list[str]:
+        """The names of the module's functions, in the driver's order."""
     def module_global(self, module: Any, name: str) -> tuple[int, int]:
         """A module variable's (device address, size)."""
     def param_layout(self, function: Any) -> list[tuple[int, int]]: ...

@@ -74,6 +74,7 @@ enum hvgpu_op {
     HVGPU_OP_CTX_SET_LIMIT = 0xd0,  /* cuCtxSetLimit of the executor's context, charged what the driver's free memory fell by; replies what cuCtxGetLimit then says (the driver may round it). */
     HVGPU_OP_LINK = 0xd2,  /* options: (u32 CUjit_option, u32 reserved, u64 value) each, scalar options only (LINK_OPTION_SIZE bytes); inputs: (u32 CUjitInputType, u32 reserved, u64 size) each (LINK_INPUT_SIZE bytes), the payload their bytes in order; names NUL-separated, one per input. status is the link's CUresult, the logs what the linker said (at most MAX_LINK_LOG bytes each); image names the linked cubin of size bytes, until LINK_IMAGE fetches it. */
     HVGPU_OP_LINK_IMAGE = 0xd3,  /* The linked cubin (reply payload) of a LINK of this connection, given once. */
+    HVGPU_OP_MODULE_FUNCTION_NAMES = 0xd4,  /* cuModuleEnumerateFunctions: the names of the module's functions in the driver's order, NUL-separated (each then found with MODULE_GET_FUNCTION); refused with CUDA_ERROR_INVALID_VALUE past MAX_FUNCTION_NAMES bytes. */
     HVGPU_OP_LAUNCH_COOPERATIVE = 0xd1,  /* cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_COOPERATIVE set (attrs as in LAUNCH_KERNEL_EX, the cooperative one included), answered: the driver's refusal of a grid larger than can be resident at once (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) comes back at the call. */
     HVGPU_OP_MEM_ALLOC = 0x22,  /* Returns the real device address in the executor's context. */
     HVGPU_OP_MEM_FREE = 0x23,
@@ -231,6 +232,7 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_CTX_SET_LIMIT: return "CTX_SET_LIMIT";
     case HVGPU_OP_LINK: return "LINK";
     case HVGPU_OP_LINK_IMAGE: return "LINK_IMAGE";
+    case HVGPU_OP_MODULE_FUNCTION_NAMES: return "MODULE_FUNCTION_NAMES";
     case HVGPU_OP_LAUNCH_COOPERATIVE: return "LAUNCH_COOPERATIVE";
     case HVGPU_OP_MEM_ALLOC: return "MEM_ALLOC";
     case HVGPU_OP_MEM_FREE: return "MEM_FREE";
@@ -496,6 +498,16 @@ typedef struct __attribute__((packed)) hvgpu_link_image_req {
     uint64_t image;
 } hvgpu_link_image_req_t;
 _Static_assert(sizeof(hvgpu_link_image_req_t) == 8, "hvgpu_link_image_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_module_function_names_req {
+    uint64_t module;
+} hvgpu_module_function_names_req_t;
+_Static_assert(sizeof(hvgpu_module_function_names_req_t) == 8, "hvgpu_module_function_names_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_module_function_names_rep {
+    uint32_t names_len;
+} hvgpu_module_function_names_rep_t;
+_Static_assert(sizeof(hvgpu_module_function_names_rep_t) == 4, "hvgpu_module_function_names_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_launch_cooperative_req {
     uint64_t function;
@@ -1650,6 +1662,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_LINK_INPUTS 256
 #define HVGPU_MAX_LINK_BYTES 268435456
 #define HVGPU_MAX_LINK_LOG 65536
+#define HVGPU_MAX_FUNCTION_NAMES 524288
 
 /* -- replies with variable-length fields -------------------------------------------- */
 
@@ -1787,6 +1800,21 @@ static inline int hvgpu_link_rep_decode(const void *body, uint32_t n, hvgpu_link
     p += whole ? sizeof v->fixed : n;
     p = hvgpu_span_take(&v->info_log, p, end, v->fixed.info_log_len, &cut);
     hvgpu_span_take(&v->error_log, p, end, v->fixed.error_log_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_module_function_names_rep_view {
+    hvgpu_module_function_names_rep_t fixed;
+    hvgpu_span_t names;
+} hvgpu_module_function_names_rep_view_t;
+
+static inline int hvgpu_module_function_names_rep_decode(const void *body, uint32_t n, hvgpu_module_function_names_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->names, p, end, v->fixed.names_len, &cut);
     return whole ? cut : -1;
 }
 

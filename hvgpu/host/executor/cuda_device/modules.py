@@ -46,6 +46,11 @@ class ModuleCalls:
     def module_function(self, module, name: str):
         return ok(cu.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name!r})")
 
+    def module_function_names(self, module) -> list[str]:
+        count = int(ok(cu.cuModuleGetFunctionCount(module), "cuModuleGetFunctionCount"))
+        functions = ok(cu.cuModuleEnumerateFunctions(count, module), "cuModuleEnumerateFunctions")
+        return [ok(cu.cuFuncGetName(f), "cuFuncGetName").decode() for f in functions]
+
     def module_global(self, module, name: str) -> tuple[int, int]:
         dptr, size = ok(cu.cuModuleGetGlobal(module, name.encode()),
                          f"cuModuleGetGlobal({name!r})")

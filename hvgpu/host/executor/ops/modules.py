@@ -40,6 +40,8 @@ MAX_SOURCE = nvrtc_policy.MAX_SOURCE  # MODULE_COMPILE(_HEADERS): source and its
 # How long a compilation waits for the VM's compiler slot before it is refused: two
 # compilations that each reach their limits (compiler.py: 60 CPU s, 150 s in all).
 COMPILE_WAIT = 300.0
+# MODULE_FUNCTION_NAMES answers in one frame's body.
+MAX_FUNCTION_NAMES = P.MAX_FUNCTION_NAMES
 _LAUNCH_ATTR_SIZE = P.LAUNCH_ATTR_SIZE  # sizeof(CUlaunchAttribute)
 _MAX_FUNC_ATTRIBUTES = P.MAX_FUNC_ATTRIBUTES  # FUNC_GET_ATTRIBUTES answers in a 32-bit mask
 
@@ -166,6 +168,16 @@ def module_unload(session, hdr, mod):
 def module_get_function(session, hdr, mod, name):
     fn = session.device.module_function(mod.obj, name)
     return (session.functions.add((mod.handle, fn)),)
+
+
+@declare("MODULE_FUNCTION_NAMES", check=_module)
+def module_function_names(session, hdr, mod):
+    names = "\0".join(session.device.module_function_names(mod.obj)).encode()
+    if len(names) > MAX_FUNCTION_NAMES:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"the module's function names take {len(names)} bytes, more than "
+                        f"hvgpu answers in one reply ({MAX_FUNCTION_NAMES})")
+    return (names,)
 
 
 @declare("MODULE_GET_GLOBAL", check=_module)
