@@ -9,14 +9,17 @@ kept in this repository; the commit that ran is recorded):
   libcuda.so.1 first on the library path against an agent started here. A sample passes
   through hvgpu when it exits 0 there too (the samples check their own results).
 - ``cupy``: CuPy's own tests (github cupy/cupy, ``tests/``, the tag of the CuPy that is
-  installed), package by package, under pytest natively and through the shim; the
-  outcome of each test id is compared.
+  installed), package by package, under pytest natively and through the shim at the
+  same time; the outcome of each test id both sides reached is compared, and a test
+  whose outcomes differ is run again alone on both sides (two suites sharing one GPU
+  can disturb each other's memory tests).
 
 On the GPU machine, from the repository root:
 
     python3 bench/compat.py samples --checkout /path/to/cuda-samples --out /tmp/compat
     python3 bench/compat.py samples --checkout ... --only vectorAdd,simpleCUFFT
     python3 bench/compat.py cupy --checkout /path/to/cupy --packages fft,random --out /tmp/compat
+    python3 bench/compat.py cupy --checkout ... --packages core/test_ndarray.py --timeout 300
     python3 bench/compat.py needed-by bench/results/compat-*.json   # for hvgpu-guest coverage
 
 Each writes ``compat-<suite>.json`` (and every run's log under ``logs/``) to --out. A
@@ -34,8 +37,10 @@ import concurrent.futures
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -302,12 +307,85 @@ def cupy_package_dir(tests: Path, package: str) -> Path:
     raise SystemExit(f"no package {package!r} under {tests}/cupy_tests or cupyx_tests")
 
 
-def run_pytest(target: Path, cwd: Path, env: dict, xml: Path, timeout: float, log: Path) -> dict:
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-            f"--junitxml={xml}", str(target)]
-    result = run_program(argv, cwd, env, timeout, log)
-    result.pop("tail", None)
+VERBOSE_LINE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
+
+
+def verbose_outcomes(log: Path) -> dict[str, str]:
+    """Outcomes as pytest -v printed them: what a run cut short still says (its junit
+    file is written only at the end). Ids are turned into junit's classname::name."""
+    outcomes = {}
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for tid, kind in VERBOSE_LINE.findall(text):
+        path, _, name = tid.partition("::")
+        cls, _, test = name.rpartition("::")
+        mod = path[:-3].replace("/", ".") if path.endswith(".py") else path
+        key = f"{mod}.{cls}::{test}" if cls else f"{mod}::{test}"
+        outcomes[key] = {"PASSED": "passed", "XPASS": "passed", "SKIPPED": "skipped",
+                         "XFAIL": "skipped"}.get(kind, "failed")
+    return outcomes
+
+
+def run_pytest(targets: list[str], cwd: Path, env: dict, xml: Path, timeout: float, log: Path,
+               extra: list[str]) -> dict:
+    """pytest on targets; past timeout it is interrupted (SIGINT), so it still reports
+    what it ran, and killed 60 s later."""
+    argv = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+            f"--junitxml={xml}", *extra, *targets]
+    t0 = time.perf_counter()
+    with open(log, "wb") as f:
+        p = subprocess.Popen(argv, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL)
+        cut = False
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            cut = True
+            p.send_signal(signal.SIGINT)
+            try:
+                rc = p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                rc = p.wait()
+    outcomes = junit_outcomes(xml) or verbose_outcomes(log)
+    text = log.read_text(errors="replace")
+    result = {"rc": rc, "seconds": round(time.perf_counter() - t0, 1), "cut_short": cut,
+              "outcomes": outcomes}
+    missing = sorted(set(UNIMPLEMENTED.findall(text)))
+    if missing:
+        result["not_implemented"] = missing
     return result
+
+
+def tally(outcomes: dict[str, str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for v in outcomes.values():
+        counts[v] = counts.get(v, 0) + 1
+    return counts
+
+
+def cupy_targets(tests: Path, package: str) -> list[str]:
+    """A package name (fft, core, ...) or a path under tests/ (a file, a file::test)."""
+    if "/" in package:
+        return [package]
+    return [str(cupy_package_dir(tests, package).relative_to(tests))]
+
+
+def compare(nat: dict[str, str], hv: dict[str, str]) -> tuple[dict, list[str]]:
+    """Tests whose outcome differs among those both sides reached, and those only one
+    side reached (a run cut short), which are not counted as differing."""
+    both = set(nat) & set(hv)
+    differ = {t: {"native": nat[t], "hvgpu": hv[t]} for t in sorted(both) if nat[t] != hv[t]}
+    return differ, sorted(set(nat) ^ set(hv))
+
+
+def junit_id_to_node(tid: str) -> str:
+    """classname::name back to a pytest node id (path::Class::test)."""
+    cls, _, name = tid.partition("::")
+    parts = cls.split(".")
+    for i in range(len(parts), 0, -1):  # the longest prefix that is a module path
+        if parts[i - 1].startswith("test_"):
+            return "/".join(parts[:i]) + ".py::" + "::".join(parts[i:] + [name])
+    return tid
 
 
 def run_cupy(args) -> dict:
@@ -320,43 +398,56 @@ def run_cupy(args) -> dict:
     shim = frameworks.shim_env(address, trace=False)
     shim.pop("HVGPU_SHIM_STATS", None)
     native_env = dict(os.environ)
-    for env in (shim, native_env):
-        env["CUPY_CACHE_DIR"] = str(out / "cupy-cache")
-    packages = {}
-    try:
-        for package in args.packages.split(","):
-            target = cupy_package_dir(tests, package)
-            sides = {}
-            for side, env in (("native", native_env), ("hvgpu", shim)):
-                xml = logs / f"{package}.{side}.xml"
-                run = run_pytest(target, tests, env, xml, args.timeout,
-                                 logs / f"{package}.{side}.log")
-                run["outcomes"] = junit_outcomes(xml)
-                sides[side] = run
-            nat, hv = sides["native"]["outcomes"], sides["hvgpu"]["outcomes"]
-            differ = {t: {"native": nat.get(t, "not run"), "hvgpu": hv.get(t, "not run")}
-                      for t in sorted(set(nat) | set(hv)) if nat.get(t) != hv.get(t)}
+    for side, env in (("native", native_env), ("hvgpu", shim)):
+        env["CUPY_CACHE_DIR"] = str(out / f"cupy-cache-{side}")
+    extra = args.pytest_args.split() if args.pytest_args else []
+    sides = (("native", native_env), ("hvgpu", shim))
+    packages: dict[str, dict] = {}
+    lock = threading.Lock()
 
-            def tally(o):
-                c = {}
-                for v in o.values():
-                    c[v] = c.get(v, 0) + 1
-                return c
-            packages[package] = {
-                "native": {"tally": tally(nat), "seconds": sides["native"]["seconds"],
-                           "rc": sides["native"]["rc"]},
-                "hvgpu": {"tally": tally(hv), "seconds": sides["hvgpu"]["seconds"],
-                          "rc": sides["hvgpu"]["rc"],
-                          "not_implemented": sides["hvgpu"].get("not_implemented", [])},
-                "same": not differ, "differ": dict(list(differ.items())[:200]),
-                "differ_count": len(differ)}
+    def one(package: str) -> None:
+        name = package.replace("/", "_").replace(":", "_")
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both sides at once
+            runs = dict(zip([s for s, _ in sides], pool.map(
+                lambda se: run_pytest(cupy_targets(tests, package), tests, se[1],
+                                      logs / f"{name}.{se[0]}.xml", args.timeout,
+                                      logs / f"{name}.{se[0]}.log", extra), sides)))
+        nat, hv = runs["native"]["outcomes"], runs["hvgpu"]["outcomes"]
+        differ, one_side = compare(nat, hv)
+        if differ and args.recheck:  # run each differing test again, alone, on both sides
+            ids = [junit_id_to_node(t) for t in list(differ)[:args.recheck]]
+            again = {}
+            for side, env in sides:
+                again[side] = run_pytest(ids, tests, env, logs / f"{name}.{side}.recheck.xml",
+                                         args.timeout, logs / f"{name}.{side}.recheck.log",
+                                         extra)["outcomes"]
+            for t in list(differ)[:args.recheck]:
+                n2, h2 = again["native"].get(t), again["hvgpu"].get(t)
+                if n2 is not None and n2 == h2:
+                    differ[t]["recheck"] = f"same when run alone ({n2})"
+        real = {t: d for t, d in differ.items() if "recheck" not in d}
+        row = {side: {"tally": tally(runs[side]["outcomes"]), "seconds": runs[side]["seconds"],
+                      "rc": runs[side]["rc"], "cut_short": runs[side]["cut_short"]}
+               for side, _ in sides}
+        row["hvgpu"]["not_implemented"] = runs["hvgpu"].get("not_implemented", [])
+        row.update({"compared": len(set(nat) & set(hv)), "same": not real,
+                    "differ_count": len(real), "differ": dict(list(real.items())[:200]),
+                    "flaky_when_concurrent": {t: d for t, d in differ.items() if "recheck" in d},
+                    "reached_by_one_side_only": len(one_side)})
+        with lock:
+            packages[package] = row
             save(args, {"suite": "cupy-tests", "commit": commit_of(checkout), "partial": True,
                         "packages": packages})
-            print(f"{package}: native {tally(nat)} hvgpu {tally(hv)}; "
-                  f"{len(differ)} differ", flush=True)
+        print(f"{package}: native {row['native']['tally']} hvgpu {row['hvgpu']['tally']}; "
+              f"{row['compared']} compared, {len(real)} differ"
+              + (f", {len(one_side)} reached by one side only" if one_side else ""), flush=True)
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(one, args.packages.split(",")))
     finally:
         agent.stop()
-    return {"suite": "cupy-tests", "commit": commit_of(checkout),
+    return {"suite": "cupy-tests", "commit": commit_of(checkout), "pytest_args": extra,
             "machine": frameworks.machine(), "packages": packages}
 
 
@@ -393,7 +484,14 @@ def main() -> int:
     c = sub.add_parser("cupy", help="CuPy's tests")
     c.add_argument("--checkout", required=True, help="a checkout of cupy/cupy (or its tests/)")
     c.add_argument("--packages", default=",".join(DEFAULT_PACKAGES))
-    c.add_argument("--timeout", type=float, default=1800.0, help="seconds per package and side")
+    c.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds per package and side; a package cut short is compared on "
+                        "the tests both sides reached")
+    c.add_argument("--parallel", type=int, default=1, help="packages run at once (each "
+                   "runs its native and hvgpu sides at once)")
+    c.add_argument("--recheck", type=int, default=50, help="differing tests run again alone "
+                   "on both sides, at most this many per package (0: none)")
+    c.add_argument("--pytest-args", default="", help="more pytest arguments (e.g. '-k fft2')")
     for p in (s, c):
         p.add_argument("--out", default="/tmp/hvgpu-compat")
     n = sub.add_parser("needed-by", help=f"write {NEEDED_BY.relative_to(ROOT)} from results: "
