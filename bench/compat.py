@@ -137,11 +137,23 @@ class Sample:
         libs = []
         for name in re.findall(r"CUDA::(\w+)", self.cmake):
             lib = CUDA_LIBS.get(name, name)
-            if lib and f"-l{lib}" not in libs:
-                libs.append(f"-l{lib}")
+            # CMake's CUDA::cusolver brings the libraries cuSOLVER needs with it
+            for dep in [lib] + (["cusparse", "cublasLt"] if lib == "cusolver" else []):
+                if dep and f"-l{dep}" not in libs:
+                    libs.append(f"-l{dep}")
+        if "NVJITLINK_LIB" in self.cmake and "-lnvJitLink" not in libs:  # find_library()'d
+            libs.append("-lnvJitLink")
         if "OpenMP" in self.cmake:
             libs.append("-Xcompiler=-fopenmp")
         return libs
+
+    def include_dirs(self) -> list[str]:
+        """The sample's own directories its target_include_directories name (inc, ...)."""
+        dirs = []
+        for block in re.findall(r"target_include_directories\([^)]*\)", self.cmake):
+            dirs += [d for d in block.split()[2:] if re.match(r"^[\w./-]+$", d.rstrip(")"))
+                     and (self.dir / d.rstrip(")")).is_dir()]
+        return [d.rstrip(")") for d in dirs]
 
     def kernels(self) -> list[tuple[str, str]]:
         """(output, kernel source) of the fatbins/PTX its CMake builds beside it."""
@@ -156,7 +168,8 @@ class Sample:
         if not sources:
             return "no sources found in add_executable"
         common = ["-O2", "-std=c++17", "--extended-lambda", "-Wno-deprecated-gpu-targets",
-                  f"-arch={arch}", f"-I{self.root / 'Common'}", f"-I{self.dir}"] + extra
+                  f"-arch={arch}", f"-I{self.root / 'Common'}", f"-I{self.dir}",
+                  *(f"-I{self.dir / d}" for d in self.include_dirs())] + extra
         if "CUDA_SEPARABLE_COMPILATION ON" in self.cmake:
             common.append("-rdc=true")
         log = []
@@ -237,25 +250,31 @@ def run_samples(args) -> dict:
     agent, address = frameworks.start_agent()
     shim = frameworks.shim_env(address, trace=False)
     shim.pop("HVGPU_SHIM_STATS", None)
-    try:
-        for s in buildable:
-            row = rows[s.name]
-            if "verdict" in row:
-                continue
-            exe = [str(s.dir / s.name)]
-            row["native"] = run_program(exe, s.dir, dict(os.environ), NATIVE_TIMEOUT,
-                                        logs / f"{s.name}.native.log")
-            hv = None
-            if row["native"]["rc"] == 0:
-                timeout = max(60.0, 10 * row["native"]["seconds"])
-                hv = row["hvgpu"] = run_program(exe, s.dir, shim, timeout,
-                                                logs / f"{s.name}.hvgpu.log")
-            row["verdict"] = verdict(row["native"], hv)
+    lock = threading.Lock()
+
+    def one(s: Sample) -> None:
+        row = rows[s.name]
+        if "verdict" in row:
+            return
+        exe = [str(s.dir / s.name)]
+        row["native"] = run_program(exe, s.dir, dict(os.environ), NATIVE_TIMEOUT,
+                                    logs / f"{s.name}.native.log")
+        hv = None
+        if row["native"]["rc"] == 0:
+            timeout = max(60.0, 10 * row["native"]["seconds"])
+            hv = row["hvgpu"] = run_program(exe, s.dir, shim, timeout,
+                                            logs / f"{s.name}.hvgpu.log")
+        row["verdict"] = verdict(row["native"], hv)
+        with lock:
             save(args, {"suite": "cuda-samples", "commit": commit_of(checkout), "partial": True,
                         "samples": rows})
             print(f"{s.category}/{s.name}: {row['verdict']}"
                   + (f" (native {row['native']['seconds']:.2f} s, hvgpu {hv['seconds']:.2f} s)"
                      if hv else ""), flush=True)
+
+    try:  # several samples at once: their results, not their timings, are compared
+        with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+            list(pool.map(one, buildable))
     finally:
         agent.stop()
     counts: dict[str, int] = {}
@@ -481,6 +500,8 @@ def main() -> int:
     s.add_argument("--arch", help="nvcc -arch (default: this GPU's)")
     s.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
     s.add_argument("--build-only", action="store_true", help="build, run nothing")
+    s.add_argument("--parallel", type=int, default=4, help="samples run at once (each its "
+                   "native run, then its hvgpu run)")
     c = sub.add_parser("cupy", help="CuPy's tests")
     c.add_argument("--checkout", required=True, help="a checkout of cupy/cupy (or its tests/)")
     c.add_argument("--packages", default=",".join(DEFAULT_PACKAGES))
