@@ -806,7 +806,9 @@ class FakeDevice:
         if image[:4] in (b"\x7fELF", b"\x50\xed\x55\xba"):  # cubin / fatbin from nvcc
             names = {k for k in KERNELS if k.encode() + b"\0" in image}
             if os.environ.get("HVGPU_FAKE_ANY_KERNEL"):  # probing which driver calls a
-                return {"names": names, "any": True}   # library makes: its kernels do nothing
+                # library makes: its kernels do nothing; a cubin's are named by its sections
+                found = {m.decode() for m in re.findall(rb"\.text\.([A-Za-z_][\w$]*)", image)}
+                return {"names": names, "any": True, "listed": sorted(names | found)}
             if not names:
                 raise CudaError(S.INVALID_IMAGE,
                                 "fake: no kernel this double knows is in the image")
@@ -944,7 +946,8 @@ class FakeDevice:
 
     def module_function_names(self, module):
         self._check()
-        return sorted(module["names"])  # a PTX module's every entry, a cubin's known ones
+        # a PTX module's every entry, a cubin's known ones (any, when probing a library)
+        return module.get("listed") or sorted(module["names"])
 
     def param_layout(self, function):
         return [] if isinstance(function, tuple) else list(KERNELS[function][0])

@@ -1,7 +1,8 @@
 """A module's and a library's functions found without their names, through the
 libcuda.so.1 shim (cuda/enumerate_functions.c): the count, the names, a launch of a
-function found that way, a short array refused; against the GPU test double here, and
-natively against the shim line for line on a GPU."""
+function found that way, a short array refused, and the driver's private tools table
+whose slot 7 cuFFT finds each of its kernels with; against the GPU test double here,
+and natively against the shim line for line on a GPU."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ EXPECTED = (
     "module: add_one set_seven\n"
     "add_one found by enumeration: 1\n"
     "a null module: 400\n"
+    "tools table: add_one set_seven\n"
+    "tools table returned 2\n"
+    "add_one found by the tools table: 2\n"
     "library kernels: 2\n"
     "library: add_one set_seven\n"
     "enumerated kernel is cuLibraryGetKernel's: yes\n"

@@ -149,6 +149,54 @@ static fnptr context_table[CONTEXT_SLOTS] = {
     S(90), S(91), S(92), S(93), S(94),
 };
 
+/* -- the tools' module table: a module's functions without their names ----------
+ * cuFFT loads each of its kernels as a module of one function and has slot 7 hand
+ * it that function: slot 7(context, module, callback, opaque) calls
+ * callback(opaque, function, owner) for each function of the module and returns how
+ * many it handed out (cuFFT wants exactly 1). The other slots were not seen called:
+ * they say so once and return CUDA_ERROR_NOT_SUPPORTED. */
+
+long hv_module_each_function(CUmodule module, void (*fn)(void *, CUfunction, uint64_t),
+                             void *opaque, CUresult *r); /* module.c */
+
+static long module_functions(CUcontext ctx, CUmodule module,
+                             void (*fn)(void *, CUfunction, uint64_t), void *opaque) {
+    static int once;
+    (void)ctx; /* a module belongs to one vGPU: its handle says which */
+    if (!fn) return 0;
+    CUresult r;
+    long n = hv_module_each_function(module, fn, opaque, &r);
+    if (n < 0 || r) {
+        if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED))
+            hv_log("the tools' module table could not list module %p's functions: %d",
+                   module, r);
+        return n < 0 ? 0 : n;
+    }
+    return n;
+}
+
+#define MODULE_SLOTS 64
+#define MSLOT_FN(n)                                                                   \
+    static CUresult module_slot_##n(void) {                                           \
+        static int once;                                                              \
+        return hv_unsupported("slot " #n " of the driver's private module table",    \
+                              &once);                                                 \
+    }
+#define MTEN(t) MSLOT_FN(t##0) MSLOT_FN(t##1) MSLOT_FN(t##2) MSLOT_FN(t##3) MSLOT_FN(t##4) \
+                MSLOT_FN(t##5) MSLOT_FN(t##6) MSLOT_FN(t##7) MSLOT_FN(t##8) MSLOT_FN(t##9)
+MSLOT_FN(1) MSLOT_FN(2) MSLOT_FN(3) MSLOT_FN(4) MSLOT_FN(5) MSLOT_FN(6) MSLOT_FN(8)
+MSLOT_FN(9)
+MTEN(1) MTEN(2) MTEN(3) MTEN(4) MTEN(5)
+MSLOT_FN(60) MSLOT_FN(61) MSLOT_FN(62) MSLOT_FN(63)
+#define M(n) (fnptr)module_slot_##n
+#define MSTEN(t) M(t##0), M(t##1), M(t##2), M(t##3), M(t##4), M(t##5), M(t##6), M(t##7), \
+                 M(t##8), M(t##9)
+static fnptr module_table[MODULE_SLOTS] = {
+    SLOTS(MODULE_SLOTS), M(1), M(2), M(3), M(4), M(5), M(6), (fnptr)module_functions, M(8),
+    M(9), MSTEN(1), MSTEN(2), MSTEN(3), MSTEN(4), MSTEN(5),
+    M(60), M(61), M(62), M(63),
+};
+
 /* -- context-local storage: the runtime's per-context state -------------------- */
 
 typedef void (*cls_dtor)(CUcontext, void *, void *);
@@ -527,6 +575,8 @@ static const struct { unsigned char id[16]; const void *table; const char *name;
       integrity_table, "integrity check" },
     { { 0x17, 0x34, 0xdc, 0x26, 0x80, 0x0d, 0x47, 0x45, 0x87, 0x26, 0xc0, 0xf1, 0xe7, 0xdd, 0x8b, 0xca },
       cluster_table, "clusters" },
+    { { 0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d, 0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e },
+      module_table, "tools module" },
 };
 
 HV_EXPORT CUresult cuGetExportTable(const void **table, const unsigned char *id) {

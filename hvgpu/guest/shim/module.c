@@ -226,6 +226,29 @@ static CUresult enumerate_functions(CUfunction *out, unsigned want, uint64_t mod
     return r;
 }
 
+/* Each of the module's functions handed to fn, in the driver's order; how many, or -1
+   with *r saying why none could be had (the tools table's iterator, dark.c). */
+long hv_module_each_function(CUmodule module, void (*fn)(void *, CUfunction, uint64_t),
+                             void *opaque, CUresult *r) {
+    if (!module) { *r = CUDA_ERROR_INVALID_HANDLE; return -1; }
+    int device = hv_tag_device(module);
+    uint64_t m = hv_untag(module);
+    char *names;
+    uint32_t len;
+    *r = HV_ON(device, function_names(m, &names, &len));
+    if (*r) return -1;
+    long count = 0;
+    for (uint32_t at = 0; at < len; at += (uint32_t)strlen(names + at) + 1) {
+        CUfunction f;
+        *r = HV_ON(device, get_function(&f, m, names + at));
+        if (*r) break;
+        fn(opaque, f, (uint64_t)(uintptr_t)module);
+        count++;
+    }
+    free(names);
+    return count;
+}
+
 HV_EXPORT CUresult cuModuleGetFunctionCount(unsigned *count, CUmodule module) {
     if (!module) return CUDA_ERROR_INVALID_HANDLE;
     return HV_ON(hv_tag_device(module), function_count(count, hv_untag(module)));

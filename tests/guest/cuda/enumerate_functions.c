@@ -41,6 +41,19 @@ static void show(const char *what, CUfunction *fs, unsigned n, const char *want,
     printf("\n");
 }
 
+/* The driver's private tools table that cuFFT finds its kernels with: slot 7 calls back
+   once per function of a module and returns how many. */
+static const CUuuid TOOLS_MODULE = { { 0x6e, 0x16, 0x3f, 0xbe, 0xb9, 0x58, 0x44, 0x4d,
+                                       0x83, 0x5c, 0xe1, 0x82, 0xaf, 0xf1, 0x99, 0x1e } };
+typedef long (*each_function)(CUcontext, CUmodule, void (*)(void *, CUfunction, unsigned long long),
+                              void *, void *, void *);
+static struct { CUfunction fs[16]; unsigned n; } seen;
+
+static void collect(void *opaque, CUfunction f, unsigned long long owner) {
+    (void)owner;
+    if (opaque == &seen && seen.n < 16) seen.fs[seen.n++] = f;
+}
+
 static int run(CUfunction f, CUdeviceptr d, unsigned *value) {
     void *args[] = { &d };
     CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, 0, args, NULL));
@@ -72,6 +85,15 @@ int main(void) {
     if (!add || run(add, d, &value)) return 1;
     printf("add_one found by enumeration: %u\n", value);
     printf("a null module: %d\n", cuModuleGetFunctionCount(&count, NULL));
+
+    const void *const *table;
+    CHECK(cuGetExportTable((const void **)&table, &TOOLS_MODULE));
+    long n = ((each_function)table[7])(ctx, mod, collect, &seen, NULL, NULL);
+    CUfunction again_add = NULL;
+    show("tools table", seen.fs, seen.n, "add_one", &again_add);
+    printf("tools table returned %ld\n", n);
+    if (!again_add || run(again_add, d, &value)) return 1;
+    printf("add_one found by the tools table: %u\n", value);
 
     CHECK(cuLibraryLoadData(&lib, PTX, NULL, NULL, 0, NULL, NULL, 0));
     CHECK(cuLibraryGetKernelCount(&count, lib));
