@@ -25,9 +25,10 @@ static int driver_version;
    MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too.
    CAN_MAP_HOST_MEMORY (19) is the executor's answer (the device's, where the agent offers
    regions and the device reaches registered memory at its host address), and 1 here
-   only where this process's lane has a region (asked when first queried): pinned memory
-   is then mapped at the program's addresses (region_lane.c), though an allocation whose
-   address the executor cannot take stays unmapped (cuMemHostGetDevicePointer says so).
+   only where this process's lane can have a region (hv_region_can_map, which attaches
+   nothing): pinned memory is then mapped at the program's addresses (region_lane.c),
+   though an allocation whose address the executor cannot take, or made where the VM's
+   region device turns out unusable, stays unmapped (cuMemHostGetDevicePointer says so).
    CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) stays 0: registered memory is the
    program's own pages, which the executor cannot map. The stream memory operations'
    attributes (92-94 of the v1 API, 98 flushes, 122 64-bit, 123 NOR) are the device's:

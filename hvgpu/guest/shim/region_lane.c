@@ -491,23 +491,26 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
     return (void *)b.addr;
 }
 
-/* Whether vGPU device's lane has a region whose pinned memory the executor can map at
-   this process's addresses (it is tried, once, as by the first allocation). */
+/* Whether vGPU device's lane may have a region whose pinned memory the executor maps at
+   this process's addresses: the agent offers one this connection can take (the VM's
+   region device, or memfds on a unix socket), and it was not tried in vain already.
+   Asking attaches nothing: a program that only asks (the runtime asks every attribute
+   at start) takes no region. */
 int hv_region_can_map(int device) {
     if (device < 0 || device >= HV_MAX_DEVICES) return 0;
-    CUresult e, earlier = CUDA_SUCCESS;
+    CUresult e;
     int previous = hv_route(device);
     struct wire *w = hold(&e);
     int can = 0;
     if (w) {
         struct lane *l = lane_of(w);
-        attach(w, l, &earlier);
-        can = l->mode != LANE_NONE;
+        uint64_t caps = hv_wire_caps(w);
+        can = l->tried ? l->mode != LANE_NONE
+                       : (caps & HVGPU_CAP_REGION_DEVICE) ||
+                             ((caps & HVGPU_CAP_REGION_MEMFD) && hv_wire_passes_fds(w));
         hv_wire_release(w);
     }
     hv_route(previous);
-    /* earlier stays unset: the executor keeps an earlier one-way frame's error past
-       REGION_ATTACH and REGION_DETACH for the next CUDA call */
     return can;
 }
 
