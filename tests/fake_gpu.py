@@ -327,6 +327,13 @@ class FakeDevice:
         self.module_bytes: dict[int, int] = {}  # module -> what its arrays take
         self.variables: dict[int, list] = {}  # a module array's address -> [size, memory]
         self.registered: dict[int, int] = {}  # host_register: address -> bytes
+        # ... of those, device-mapped (CU_MEMHOSTREGISTER_DEVICEMAP): a kernel reaches
+        # them at their host address, as the driver maps them under unified addressing
+        self.host_mapped: dict[int, int] = {}
+        # streams held by a cuStreamWaitValue not yet satisfied -> (its condition, the
+        # work queued behind it), run once another stream's work satisfies it
+        self.waiting: dict = {}
+        self.memops: list[tuple] = []  # (call, ops, flags) of each stream_memops
         self.pinned_peak = 0  # the most bytes host_alloc had handed out at once
         self.sticky: CudaError | None = None
         self.printf_buffer = b""  # what kernels printed, written out at a synchronisation
@@ -366,12 +373,29 @@ class FakeDevice:
         self.limit_bytes = 0  # what limits above their defaults reserve
 
     def _on(self, stream, work) -> None:
-        """Run work now, or record it into the capture its stream is in."""
+        """Run work now, or record it into the capture its stream is in; behind a
+        wait for a value, queue it until the value is there."""
         capture = self.captures.get(stream)
-        if capture is None:
-            work()
-        else:
+        if capture is not None:
             capture.graph.ops.append(work)
+        elif stream in self.waiting:
+            self.waiting[stream][1].append(work)
+        else:
+            work()
+            if self.waiting:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Streams whose wait is satisfied now run what queued behind it, in order."""
+        woke = True
+        while woke:
+            woke = False
+            for stream, (ready, queued) in list(self.waiting.items()):
+                if ready():
+                    del self.waiting[stream]
+                    woke = True
+                    for work in queued:
+                        self._on(stream, work)
 
     # -- helpers for kernels -------------------------------------------------
 
@@ -395,6 +419,9 @@ class FakeDevice:
                     raise CudaError(S.INVALID_VALUE,
                                     f"fake: 0x{ptr:x} is mapped without read-write access")
                 return buf, offset + ptr - base, base + size - ptr
+        for base, size in self.host_mapped.items():  # the host's bytes themselves
+            if base <= ptr < base + size:
+                return (ctypes.c_char * size).from_address(base), ptr - base, base + size - ptr
         raise CudaError(S.ILLEGAL_ADDRESS, f"fake: 0x{ptr:x} is not device memory")
 
     def _find(self, ptr: int, n: int) -> tuple[bytearray, int]:
@@ -447,7 +474,10 @@ class FakeDevice:
                   107: 1,  # generic compression, as an H200's
                   109: 134213632,  # the largest access policy window, as an H200's
                   83: 1, 95: 1,  # managed memory, cooperative launches
-                  103: 1, 125: 1}  # POSIX fd handles, IPC events: served among a VM's processes
+                  103: 1, 125: 1,  # POSIX fd handles, IPC events: served among a VM's processes
+                  # mapped host memory at the host's address (unified addressing), stream
+                  # memory operations of the v2 API (64 bits, NOR), not the v1's or flushes
+                  19: 1, 41: 1, 91: 1, 92: 0, 93: 0, 94: 0, 98: 0, 122: 1, 123: 1}
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
@@ -748,17 +778,26 @@ class FakeDevice:
     def host_free(self, addr):
         self.pinned.pop(addr)
 
-    def host_register(self, addr, size):
+    def host_register(self, addr, size, flags=1):
         self._check()
         if any(a <= addr < a + n or addr <= a < addr + size
                for a, n in self.registered.items()):
             raise CudaError(S.HOST_MEMORY_ALREADY_REGISTERED,
                             "cuMemHostRegister: already registered")
         self.registered[addr] = size
+        if flags & 2:  # CU_MEMHOSTREGISTER_DEVICEMAP
+            self.host_mapped[addr] = size
 
     def host_unregister(self, addr):
         if self.registered.pop(addr, None) is None:
             raise CudaError(S.HOST_MEMORY_NOT_REGISTERED, "cuMemHostUnregister: not registered")
+        self.host_mapped.pop(addr, None)
+
+    def host_device_pointer(self, addr):
+        if any(a <= addr < a + n for a, n in self.host_mapped.items()):
+            return addr  # unified addressing: the host's own address
+        raise CudaError(S.INVALID_VALUE, "fake cuMemHostGetDevicePointer: not device-mapped "
+                                         "registered memory")
 
     def stream(self, special):
         return ("stream", special)
@@ -1081,6 +1120,7 @@ class FakeDevice:
         return stream
 
     def stream_destroy(self, stream):
+        self.waiting.pop(stream, None)  # the driver lets its work go on; here it is dropped
         self.stream_attrs.pop(stream, None)
 
     def stream_set_attribute(self, stream, attr, value):
@@ -1123,8 +1163,52 @@ class FakeDevice:
     def stream_copy_attributes(self, dst, src):
         self.stream_attrs[dst] = dict(self.stream_attrs.get(src, {}))
 
+    # CUstreamWaitValue_flags' comparisons, of 32 or 64 bits (GEQ is cyclic: signed)
+    _CONDITIONS = {0: lambda v, want, bits: ((v - want) & (1 << bits) - 1) < 1 << bits - 1,
+                   1: lambda v, want, bits: v == want,
+                   2: lambda v, want, bits: v & want != 0,
+                   3: lambda v, want, bits: ~(v | want) & (1 << bits) - 1 != 0}
+
+    def stream_memops(self, stream, call, ops, flags):
+        self._check()
+        self.memops.append((call, list(ops), flags))
+        if flags:
+            raise CudaError(S.INVALID_VALUE, "fake cuStreamBatchMemOp: flags must be 0")
+        for operation, op_flags, address, value in ops:
+            if operation in (1, 2, 4, 5):
+                width = 4 if operation in (1, 2) else 8
+                if address % width:
+                    raise CudaError(S.INVALID_VALUE, f"fake: 0x{address:x} is not aligned")
+                self._copy_range(address, width, "stream memory operation")
+                if operation in (2, 5) and op_flags & ~1:
+                    raise CudaError(S.INVALID_VALUE, f"fake: write flags {op_flags:#x}")
+                if operation in (1, 4) and op_flags & ~((1 << 30) | 3):
+                    raise CudaError(S.INVALID_VALUE, f"fake: wait flags {op_flags:#x}")
+            elif operation not in (3, 6):
+                raise CudaError(S.INVALID_VALUE, f"fake: no memory operation {operation}")
+        for operation, op_flags, address, value in ops:
+            if operation in (2, 5):
+                fmt = "<I" if operation == 2 else "<Q"
+                self._on(stream, lambda a=address, d=struct.pack(fmt, value): self._store(a, d))
+            elif operation in (1, 4):
+                bits = 32 if operation == 1 else 64
+                test = self._CONDITIONS[op_flags & 3]
+                fmt = "<I" if bits == 32 else "<Q"
+
+                def ready(a=address, want=value, bits=bits, test=test, fmt=fmt):
+                    return test(struct.unpack(fmt, self._load(a, bits // 8))[0], want, bits)
+
+                def wait(stream=stream, ready=ready):
+                    if not ready():
+                        self.waiting[stream] = (ready, [])
+                self._on(stream, wait)
+
     def stream_synchronize(self, stream):
         self._check()
+        self._wake()  # the host may have written what a wait waits for
+        if stream in self.waiting:  # the driver would wait for ever
+            raise CudaError(S.ILLEGAL_STATE, "fake cuStreamSynchronize: the stream waits for "
+                                             "a value nothing has written")
         capture = self.captures.get(stream)
         if capture is not None:  # as the driver: refused, and the capture is lost
             capture.failed = CudaError(S.STREAM_CAPTURE_INVALIDATED,
@@ -1136,7 +1220,8 @@ class FakeDevice:
 
     def stream_query(self, stream):
         self._check()
-        return True
+        self._wake()
+        return stream not in self.waiting
 
     def stream_wait_event(self, stream, event, flags):
         capture = event.capture
@@ -1535,6 +1620,10 @@ class FakeDevice:
 
     def synchronize(self):
         self._check()
+        self._wake()
+        if self.waiting:  # the driver would wait for ever
+            raise CudaError(S.ILLEGAL_STATE, "fake cuCtxSynchronize: a stream waits for a "
+                                             "value nothing has written")
         self._synchronized()
 
     def close(self):

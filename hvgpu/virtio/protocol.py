@@ -522,6 +522,25 @@ OPS: tuple[Op, ...] = (
     Op(0xE6, "MEM_IMPORT", SYNC, _f("u32 handle_type, bytes token"), _f("u64 handle"),
        doc="cuMemImportFromShareableHandle: a handle of this connection for the memory "
            "a MEM_EXPORT token names (any connection of the VM's vGPU, this one too)."),
+    # Page-locked memory a kernel reaches through the guest's own pointer, and stream
+    # memory operations (executor/host_maps.py, ops/memops.py).
+    Op(0xF0, "HOST_MAP", SYNC,
+       _f("u32 region, u32 reserved, u64 offset, u64 size, u64 addr"), _f("u64 dptr"),
+       doc="Maps pinned memory of this connection (a memfd region whole: offset 0, its "
+           "size; or a room of the VM's region: its offset and the size REGION_ALLOC "
+           "took) a second time in the executor, at addr, the address the guest maps it "
+           "at (page-aligned, in user space, where nothing is mapped), and registers it "
+           "with the driver device-mapped: dptr is its device address, addr itself. "
+           "Unmapped when the room is freed or the region detached. "
+           "CUDA_ERROR_NOT_SUPPORTED where it cannot be mapped there."),
+    Op(0xF1, "STREAM_MEMOP", ONEWAY,
+       _f("u64 stream, u32 flags, u32 call, u32 count, bytes ops"),
+       doc="cuStreamBatchMemOp (call 0, _v2; 1: the deprecated v1) or one "
+           "cuStreamWaitValue32/64 or cuStreamWriteValue32/64 (call 2: _v2; 3: v1; ops "
+           "holds one): ops is count records of MEMOP_SIZE bytes (u32 operation, u32 "
+           "flags, u64 address, u64 value), CUstreamBatchMemOpType's operations, at most "
+           "MAX_MEMOPS; every address lies in device memory of this connection or in its "
+           "device-mapped pinned memory (HOST_MAP)."),
 )
 
 # Body of every reply whose status is not success.
@@ -576,6 +595,10 @@ MAX_LINK_LOG = 64 << 10  # bytes of each log a link replies, at most (NUL includ
 TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
 VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
 IPC_HANDLE_SIZE = 64  # an IPC token: CUipcMemHandle's and CUipcEventHandle's size
+# Stream memory operations (STREAM_MEMOP)
+MEMOP_SIZE = 24  # one (u32 operation, u32 flags, u64 address, u64 value) in its ops
+MAX_MEMOPS = 256  # operations one STREAM_MEMOP carries at most (cuStreamBatchMemOp's limit)
+MEMOP_BATCH, MEMOP_BATCH_V1, MEMOP_ONE, MEMOP_ONE_V1 = 0, 1, 2, 3  # its call
 
 # name -> C type of what the C header carries besides the op table (cgen), as
 # HVGPU_<name> ("i32": a plain int literal, as C writes small counts).
@@ -595,6 +618,8 @@ C_CONSTANTS = (
     ("LINK_OPTION_SIZE", "i32"), ("LINK_INPUT_SIZE", "i32"), ("MAX_LINK_OPTIONS", "i32"),
     ("MAX_LINK_INPUTS", "i32"), ("MAX_LINK_BYTES", "i32"), ("MAX_LINK_LOG", "i32"),
     ("MAX_FUNCTION_NAMES", "i32"),
+    ("MEMOP_SIZE", "i32"), ("MAX_MEMOPS", "i32"), ("MEMOP_BATCH", "i32"),
+    ("MEMOP_BATCH_V1", "i32"), ("MEMOP_ONE", "i32"), ("MEMOP_ONE_V1", "i32"),
 )
 
 OPS_BY_CODE = {op.code: op for op in OPS}

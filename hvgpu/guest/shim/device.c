@@ -22,9 +22,18 @@ static int driver_version;
    memory exportable as a POSIX file descriptor at most (103, served among the VM's
    processes by its executor, as IPC events are, 125), compressible or not (107 is the
    device's): the attributes of other handle types, RDMA and host memory pools stay 0,
-   MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too. */
+   MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too.
+   CAN_MAP_HOST_MEMORY (19) is the executor's answer (the device's, where the agent offers
+   regions and the device reaches registered memory at its host address), and 1 here
+   only where this process's lane can have a region (hv_region_can_map, which attaches
+   nothing): pinned memory is then mapped at the program's addresses (region_lane.c),
+   though an allocation whose address the executor cannot take, or made where the VM's
+   region device turns out unusable, stays unmapped (cuMemHostGetDevicePointer says so).
+   CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM (91) stays 0: registered memory is the
+   program's own pages, which the executor cannot map. The stream memory operations'
+   attributes (92-94 of the v1 API, 98 flushes, 122 64-bit, 123 NOR) are the device's:
+   memops.c carries them to the driver's own entry points. */
 static const int NOT_CARRIED[] = {
-    19,  /* CAN_MAP_HOST_MEMORY */
     86,  /* HOST_NATIVE_ATOMIC_SUPPORTED */
     88,  /* PAGEABLE_MEMORY_ACCESS */
     89,  /* CONCURRENT_MANAGED_ACCESS */
@@ -138,6 +147,10 @@ HV_EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = hv_check_device(dev);
     if (r) return r;
+    if (attrib == 19) { /* CAN_MAP_HOST_MEMORY: NOT_CARRIED says when */
+        *pi = hv_attrs[dev][19] && hv_region_can_map(dev);
+        return CUDA_SUCCESS;
+    }
     if (attrib >= 1 && attrib <= HV_ATTR_COUNT) {
         *pi = hv_attrs[dev][attrib];
         return CUDA_SUCCESS;

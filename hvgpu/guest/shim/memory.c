@@ -8,10 +8,14 @@
  *
  * Where the agent offers a region (region_lane.c), pinned host memory
  * (cuMemHostAlloc) lies in it: copies from and to it carry offsets, not bytes, and
- * are asynchronous as CUDA's are; large pageable copies are staged through it.
+ * are asynchronous as CUDA's are; large pageable copies are staged through it. The
+ * executor maps it at the program's own address, device-mapped, so a kernel reaches
+ * it through the program's pointer, which is its device pointer too
+ * (cuMemHostGetDevicePointer), as under unified addressing.
  * Elsewhere pinned memory is ordinary guest memory and the bytes travel on the
  * socket. Memory the program registers (cuMemHostRegister) is its own and stays
- * pageable to the host.
+ * pageable to the host: the executor cannot see it, so registering it device-mapped
+ * is refused (CUDA_ERROR_NOT_SUPPORTED) rather than handing out a pointer that faults.
  */
 #define _GNU_SOURCE
 #include <stdlib.h>
@@ -104,8 +108,42 @@ HV_EXPORT CUresult cuMemHostGetFlags(unsigned *flags, void *p) {
     return CUDA_SUCCESS;
 }
 
+/* The device address of pinned memory at p: p itself where the executor maps it at p
+   (region_lane.c); CUDA_ERROR_NOT_SUPPORTED, said once, where it is page-locked
+   memory the device cannot reach. */
+static CUresult device_pointer(const void *p, CUdeviceptr *d) {
+    static int unmapped_once, registered_once;
+    int mapped = 0;
+    if (hv_region_device_map(p, 1, &mapped)) {
+        if (!mapped)
+            return hv_unsupported("the device pointer of pinned memory the executor could not "
+                                  "map at the program's address (HVGPU_SHIM_TRACE says why)",
+                                  &unmapped_once);
+        *d = (CUdeviceptr)(uintptr_t)p;
+        return CUDA_SUCCESS;
+    }
+    return hv_unsupported("the device pointer of page-locked memory outside a region "
+                          "(registered memory, or an agent that offers no region)",
+                          &registered_once);
+}
+
+HV_EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pd, void *p, unsigned flags) {
+    if (!pd || flags || !hv_host_find(p, NULL, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    return device_pointer(p, pd);
+}
+
 HV_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned flags) {
+    static int devicemap_once;
     if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (hv_host_find(p, NULL, NULL) ||
+        hv_host_find((const char *)p + size - 1, NULL, NULL)) /* as the driver: pinned once */
+        return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    /* The program's own pages: the executor cannot map them, and they cannot be moved
+       into a region (the program owns them, and its other threads may be writing them). */
+    if (flags & HV_HOSTALLOC_DEVICEMAP)
+        return hv_unsupported("cuMemHostRegister with CU_MEMHOSTREGISTER_DEVICEMAP (a kernel "
+                              "cannot reach the program's own pages; cuMemHostAlloc memory "
+                              "it can)", &devicemap_once);
     hv_host_add(p, size, flags | 0x40000000u); /* registered, not ours to free */
     return CUDA_SUCCESS;
 }
@@ -369,9 +407,14 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     switch (attrib) {
     case PA_CONTEXT: *(CUcontext *)data = (is_dev || is_host) ? hv_primary(owner) : NULL; break;
     case PA_MEMORY_TYPE: *(unsigned *)data = is_dev ? 2 : is_host ? 1 : 0; break;
-    case PA_DEVICE_POINTER:
-        if (!is_dev) return lenient ? (*(CUdeviceptr *)data = 0, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
-        *(CUdeviceptr *)data = ptr; break;
+    case PA_DEVICE_POINTER: { /* pinned memory: where the device maps it (its own address) */
+        CUdeviceptr d = ptr;
+        int mapped = 0;
+        if (!is_dev && !(is_host && hv_region_device_map((const void *)(uintptr_t)ptr, 1, &mapped) &&
+                         mapped))
+            return lenient ? (*(CUdeviceptr *)data = 0, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
+        *(CUdeviceptr *)data = d; break;
+    }
     case PA_HOST_POINTER:
         if (!is_host) return lenient ? (*(void **)data = NULL, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
         *(void **)data = (void *)(uintptr_t)ptr; break;

@@ -21,6 +21,15 @@
  * connection's lock is held across a whole copy: the slots are the connection's.
  * The guest's side of each chunk is hv_copy (pcopy.c): a few threads share it.
  *
+ * Each pinned allocation is mapped by the executor a second time at this process's
+ * address of it, device-mapped (HOST_MAP), as the driver maps page-locked memory under
+ * unified addressing: a kernel reads and writes its bytes through the program's own
+ * pointer, which is also its device pointer. Where that address is taken in the
+ * executor, a memfd allocation is moved to another address here (it is not handed out
+ * yet) and asked again, a few times; room in the VM's region cannot move. An
+ * allocation the executor did not map is pinned memory for copies alone:
+ * hv_region_device_map says which.
+ *
  * Where no region can be had (an agent without the lane, no device found, a VM
  * over vsock without a device, a full budget), this file does nothing and the
  * caller carries the bytes on the socket; pinned memory is ordinary memory then.
@@ -107,6 +116,7 @@ struct block {
     unsigned epoch;
     uint32_t region;
     uint64_t offset;
+    int devmap;        /* mapped in the executor at addr, device-mapped (HOST_MAP) */
 };
 
 static pthread_mutex_t blocks_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -180,6 +190,22 @@ static int block_find(const void *p, size_t n, const struct lane *owner, uint32_
 }
 
 int hv_region_holds(const void *p, size_t n) { return block_find(p, n, NULL, NULL, NULL); }
+
+int hv_region_device_map(const void *p, size_t n, int *mapped) {
+    if (!__atomic_load_n(&live, __ATOMIC_ACQUIRE) || !p || !n) return 0;
+    uintptr_t a = (uintptr_t)p;
+    pthread_mutex_lock(&blocks_lock);
+    size_t i = upper(a);
+    int found = 0;
+    if (i > 0) {
+        struct block *b = &blocks[i - 1];
+        found = a - b->addr < b->size && n <= b->size - (a - b->addr) && b->epoch == epoch &&
+                b->owner;
+        if (found) *mapped = b->devmap;
+    }
+    pthread_mutex_unlock(&blocks_lock);
+    return found;
+}
 
 int hv_region_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset) {
     return device >= 0 && device < HV_MAX_DEVICES &&
@@ -387,13 +413,45 @@ static int staging(struct wire *w, struct lane *l, CUresult *earlier) {
 
 /* -- pinned memory ---------------------------------------------------------------- */
 
+enum { MAP_TRIES = 4 }; /* addresses a memfd allocation is offered at before it stays unmapped */
+
+/* Block b (made on w, not handed out yet) mapped in the executor at b->addr,
+   device-mapped: b->devmap. A memfd region whose address the executor cannot take is
+   moved here to one the kernel picks, and offered again. */
+static void host_map(struct wire *w, struct lane *l, struct block *b, CUresult *earlier) {
+    uint64_t len = align_up(b->size);
+    CUresult r = CUDA_SUCCESS;
+    for (int tries = 0; tries < MAP_TRIES; tries++) {
+        hvgpu_host_map_req_t q = { b->region, 0, b->offset, len, b->addr };
+        hvgpu_host_map_rep_t v;
+        uint32_t got = 0;
+        r = lane_call(w, HVGPU_OP_HOST_MAP, &q, sizeof q, &v, sizeof v, &got, earlier);
+        if (!r && got == sizeof v && v.dptr == b->addr) {
+            b->devmap = 1;
+            return;
+        }
+        if (r != CUDA_ERROR_NOT_SUPPORTED || !b->whole) break;
+        void *to = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (to == MAP_FAILED) break;
+        void *moved = mremap((void *)b->addr, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, to);
+        if (moved == MAP_FAILED) {
+            munmap(to, len);
+            break;
+        }
+        b->addr = (uintptr_t)moved;
+    }
+    if (hv_trace_enabled())
+        hv_log("device %d: pinned memory at %p is not device-mapped (HOST_MAP: CUDA error %d): "
+               "kernels cannot reach it", l->device, (void *)b->addr, r);
+}
+
 /* Pinned memory of `size` bytes on w's lane (w held): its address, or NULL (*refused:
    the agent's status where it refused, why: a sentence). An earlier one-way frame's
    error met on the way goes to *earlier, and then nothing is handed out. */
 static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *earlier,
                         CUresult *refused, char *why, size_t whylen) {
     attach(w, l, earlier);
-    struct block b = { 0, size, 0, 0, l, epoch, 0, 0 };
+    struct block b = { 0, size, 0, 0, l, epoch, 0, 0, 0 };
     if (l->mode == LANE_DEVICE) {
         hvgpu_region_alloc_req_t q = { l->device_region, 0, size };
         hvgpu_region_alloc_rep_t v;
@@ -418,6 +476,7 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
     } else {
         snprintf(why, whylen, "%s", l->why);
     }
+    if (b.addr && !*earlier) host_map(w, l, &b, earlier);
     if (b.addr && (*earlier || !block_add(&b))) { /* not handed out: given back */
         if (b.whole) {
             hvgpu_region_detach_req_t q = { b.region };
@@ -430,6 +489,29 @@ static void *lane_alloc(struct wire *w, struct lane *l, size_t size, CUresult *e
         b.addr = 0;
     }
     return (void *)b.addr;
+}
+
+/* Whether vGPU device's lane may have a region whose pinned memory the executor maps at
+   this process's addresses: the agent offers one this connection can take (the VM's
+   region device, or memfds on a unix socket), and it was not tried in vain already.
+   Asking attaches nothing: a program that only asks (the runtime asks every attribute
+   at start) takes no region. */
+int hv_region_can_map(int device) {
+    if (device < 0 || device >= HV_MAX_DEVICES) return 0;
+    CUresult e;
+    int previous = hv_route(device);
+    struct wire *w = hold(&e);
+    int can = 0;
+    if (w) {
+        struct lane *l = lane_of(w);
+        uint64_t caps = hv_wire_caps(w);
+        can = l->tried ? l->mode != LANE_NONE
+                       : (caps & HVGPU_CAP_REGION_DEVICE) ||
+                             ((caps & HVGPU_CAP_REGION_MEMFD) && hv_wire_passes_fds(w));
+        hv_wire_release(w);
+    }
+    hv_route(previous);
+    return can;
 }
 
 int hv_region_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
@@ -451,7 +533,9 @@ int hv_region_host_alloc(void **pp, size_t size, unsigned flags, CUresult *r) {
                    size, why[0] ? why : "out of memory");
         return 0;
     }
-    if (hv_host_add) hv_host_add(p, size, flags);
+    int mapped = 0; /* the flags as given, but DEVICEMAP where the executor could not */
+    hv_region_device_map(p, 1, &mapped);
+    if (hv_host_add) hv_host_add(p, size, mapped ? flags : flags & ~HV_HOSTALLOC_DEVICEMAP);
     *pp = p;
     *r = CUDA_SUCCESS;
     return 1;

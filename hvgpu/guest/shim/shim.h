@@ -290,6 +290,11 @@ int hv_region_htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream, 
                 CUresult *r);
 int hv_region_dtoh(void *dst, CUdeviceptr src, size_t n, CUstream stream, int wait, CUresult *r);
 int hv_region_holds(const void *p, size_t n); /* [p, p + n) lies in one region allocation */
+/* [p, p + n) lies in one region allocation: 1, *mapped whether the executor maps it at p,
+   device-mapped (a kernel reaches it through p); else 0. */
+int hv_region_device_map(const void *p, size_t n, int *mapped);
+int hv_region_can_map(int device); /* the lane's pinned memory can be device-mapped */
+#define HV_HOSTALLOC_DEVICEMAP 0x02u /* CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTREGISTER_DEVICEMAP */
 /* ... of vGPU device's lane: 1 with its region and the offset of p there, else 0. */
 int hv_region_locate(const void *p, size_t n, int device, uint32_t *region, uint64_t *offset);
 

@@ -69,8 +69,12 @@ class GpuDevice(Protocol):
         """Page-locked host memory: (address, writable view)."""
     def host_free(self, addr: int) -> None: ...
 
-    def host_register(self, addr: int, size: int) -> None:
-        """Page-lock memory the executor mapped (a region) for DMA."""
+    def host_register(self, addr: int, size: int, flags: int = 1) -> None:
+        """Page-lock memory the executor mapped (a region) for DMA; ``flags`` are
+        CU_MEMHOSTREGISTER_* (PORTABLE; DEVICEMAP for a mapping at the guest's address)."""
+
+    def host_device_pointer(self, addr: int) -> int:
+        """cuMemHostGetDevicePointer of device-mapped registered memory."""
 
     def host_unregister(self, addr: int) -> None: ...
     def stream(self, special: int) -> Any:
@@ -137,6 +141,10 @@ class GpuDevice(Protocol):
         """cuStreamSetAttribute; value is CUlaunchAttributeValue as cuda.h lays it out."""
     def stream_get_attribute(self, stream: Any, attr: int) -> bytes: ...
     def stream_copy_attributes(self, dst: Any, src: Any) -> None: ...
+    def stream_memops(self, stream: Any, call: int, ops: list, flags: int) -> None:
+        """Stream memory operations: ``ops`` are (CUstreamBatchMemOpType, flags, address,
+        value); ``call`` (protocol.MEMOP_*) says which entry point: cuStreamBatchMemOp
+        (``flags`` its own) or the one cuStreamWaitValue/WriteValue of ops[0], _v2 or v1."""
     def event_create(self, flags: int) -> Any: ...
     def event_destroy(self, event: Any) -> None: ...
     def event_record(self, event: Any, stream: Any) -> None: ...

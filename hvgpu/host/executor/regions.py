@@ -28,6 +28,7 @@ import stat
 import threading
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor import host_maps
 from hvgpu.virtio import protocol as P
 from hvgpu.virtio import region as R
 
@@ -170,6 +171,29 @@ class Attached:
         self.region = region
         self.owned = owned
         self.rooms: dict[int, int] = {}  # offset -> size, in the VM's device region
+        # room start (0: an owned region whole) -> its mapping at the guest's address
+        self.maps: dict[int, host_maps.HostMap] = {}
+
+    def mappable(self, offset: int, size: int) -> None:
+        """What HOST_MAP may map: an owned region whole, or one of this connection's
+        rooms whole (its size rounded up to pages, as Rooms hands them out), once."""
+        if self.owned:
+            whole = offset == 0 and size == self.region.size
+        else:
+            whole = offset in self.rooms and size == R.align_up(max(self.rooms[offset], 1))
+        if not whole:
+            raise _invalid(f"HOST_MAP: offset {offset} + {size} bytes is not a whole "
+                           "allocation of this connection in the region")
+        if offset in self.maps:
+            raise _invalid(f"HOST_MAP: offset {offset} of the region is mapped already")
+
+    def unmap(self, at: int, books=None) -> None:
+        """Undoes the mapping of room ``at`` (after the device is done with it)."""
+        mapped = self.maps.pop(at, None)
+        if mapped is not None:
+            if books is not None:
+                books.remove(mapped.addr)
+            mapped.close()
 
     def take(self, size: int) -> int:
         if len(self.rooms) >= MAX_ROOMS:
@@ -184,15 +208,18 @@ class Attached:
         self.rooms[at] = size
         return at
 
-    def give(self, at: int) -> None:
+    def give(self, at: int, books=None) -> None:
         size = self.rooms.pop(at, None)
         if size is None:
             raise _invalid(f"offset {at} is not an allocation of this connection")
+        self.unmap(at, books)
         self.region.rooms.give(at, size)
 
-    def give_all(self) -> None:
+    def give_all(self, books=None) -> None:
         for at in list(self.rooms):
-            self.give(at)
+            self.give(at, books)
+        for at in list(self.maps):  # an owned region's, mapped whole
+            self.unmap(at, books)
 
     def address(self, offset: int, size: int, what: str) -> int:
         """The executor's address of [offset, offset+size) once it is the guest's."""

@@ -56,7 +56,7 @@ from hvgpu.host.executor.progress import Heartbeat
 from hvgpu.host.executor.staging import StagingPool
 from hvgpu.host.executor.tables import Allocations, Handles
 from hvgpu.host.executor.pools import Pools
-from hvgpu.host.executor import regions
+from hvgpu.host.executor import host_maps, regions
 from hvgpu.host.executor.vmm import VirtualMemory
 from hvgpu.host.logs import clip
 from hvgpu.virtio import codec
@@ -71,7 +71,7 @@ _REGION_ATTACH = P.OP["REGION_ATTACH"]
 # large copy, its rooms): a deferred CUDA error waits for the next CUDA call instead,
 # which must not lose it, nor leave a room or region held that the guest thinks it gave.
 _REGION_SETUP = frozenset(P.OP[name] for name in ("REGION_ATTACH", "REGION_DETACH", "REGION_ALLOC",
-                                               "REGION_FREE"))
+                                               "REGION_FREE", "HOST_MAP"))
 # Ending a capture is never skipped for an earlier one-way frame's error (which waits for
 # the next call): the capture would go on here while the guest believes it over.
 _END_CAPTURE = P.OP["STREAM_END_CAPTURE"]
@@ -185,6 +185,7 @@ class Session:
         # Regions: the executor's budget and VM region; none by default
         self.executor_regions = executor_regions or regions.ExecutorRegions(0)
         self.regions: dict[int, regions.Attached] = {}
+        self.host_maps = host_maps.HostMaps()  # its pinned memory mapped at its addresses
         self.region_ids = 0
         self.frame_fd: int | None = None  # the descriptor the REGION_ATTACH in work came with
         self.owns_staging = staging is None

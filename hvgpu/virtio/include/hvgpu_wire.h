@@ -184,6 +184,8 @@ enum hvgpu_op {
     HVGPU_OP_IPC_OPEN_EVENT_HANDLE = 0xe4,  /* cuIpcOpenEventHandle: a handle of this connection for the exported event (EVENT_DESTROY lets it go). */
     HVGPU_OP_MEM_EXPORT = 0xe5,  /* cuMemExportToShareableHandle of memory made exportable as a POSIX file descriptor (handle_type 1): the token (IPC_HANDLE_SIZE bytes) the guest library puts in the descriptor it gives the program. */
     HVGPU_OP_MEM_IMPORT = 0xe6,  /* cuMemImportFromShareableHandle: a handle of this connection for the memory a MEM_EXPORT token names (any connection of the VM's vGPU, this one too). */
+    HVGPU_OP_HOST_MAP = 0xf0,  /* Maps pinned memory of this connection (a memfd region whole: offset 0, its size; or a room of the VM's region: its offset and the size REGION_ALLOC took) a second time in the executor, at addr, the address the guest maps it at (page-aligned, in user space, where nothing is mapped), and registers it with the driver device-mapped: dptr is its device address, addr itself. Unmapped when the room is freed or the region detached. CUDA_ERROR_NOT_SUPPORTED where it cannot be mapped there. */
+    HVGPU_OP_STREAM_MEMOP = 0xf1,  /* cuStreamBatchMemOp (call 0, _v2; 1: the deprecated v1) or one cuStreamWaitValue32/64 or cuStreamWriteValue32/64 (call 2: _v2; 3: v1; ops holds one): ops is count records of MEMOP_SIZE bytes (u32 operation, u32 flags, u64 address, u64 value), CUstreamBatchMemOpType's operations, at most MAX_MEMOPS; every address lies in device memory of this connection or in its device-mapped pinned memory (HOST_MAP). */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -205,6 +207,7 @@ static inline int hvgpu_op_is_oneway(uint16_t op) {
     case HVGPU_OP_GRAPH_UPLOAD:
     case HVGPU_OP_MEMCPY_3D:
     case HVGPU_OP_MEMCPY_3D_TO:
+    case HVGPU_OP_STREAM_MEMOP:
         return 1;
     default:
         return 0;
@@ -342,6 +345,8 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_IPC_OPEN_EVENT_HANDLE: return "IPC_OPEN_EVENT_HANDLE";
     case HVGPU_OP_MEM_EXPORT: return "MEM_EXPORT";
     case HVGPU_OP_MEM_IMPORT: return "MEM_IMPORT";
+    case HVGPU_OP_HOST_MAP: return "HOST_MAP";
+    case HVGPU_OP_STREAM_MEMOP: return "STREAM_MEMOP";
     default:
         return 0;
     }
@@ -1619,6 +1624,29 @@ typedef struct __attribute__((packed)) hvgpu_mem_import_rep {
 } hvgpu_mem_import_rep_t;
 _Static_assert(sizeof(hvgpu_mem_import_rep_t) == 8, "hvgpu_mem_import_rep_t");
 
+typedef struct __attribute__((packed)) hvgpu_host_map_req {
+    uint32_t region;
+    uint32_t reserved;
+    uint64_t offset;
+    uint64_t size;
+    uint64_t addr;
+} hvgpu_host_map_req_t;
+_Static_assert(sizeof(hvgpu_host_map_req_t) == 32, "hvgpu_host_map_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_host_map_rep {
+    uint64_t dptr;
+} hvgpu_host_map_rep_t;
+_Static_assert(sizeof(hvgpu_host_map_rep_t) == 8, "hvgpu_host_map_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_stream_memop_req {
+    uint64_t stream;
+    uint32_t flags;
+    uint32_t call;
+    uint32_t count;
+    uint32_t ops_len;
+} hvgpu_stream_memop_req_t;
+_Static_assert(sizeof(hvgpu_stream_memop_req_t) == 24, "hvgpu_stream_memop_req_t");
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -1663,6 +1691,12 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_LINK_BYTES 268435456
 #define HVGPU_MAX_LINK_LOG 65536
 #define HVGPU_MAX_FUNCTION_NAMES 524288
+#define HVGPU_MEMOP_SIZE 24
+#define HVGPU_MAX_MEMOPS 256
+#define HVGPU_MEMOP_BATCH 0
+#define HVGPU_MEMOP_BATCH_V1 1
+#define HVGPU_MEMOP_ONE 2
+#define HVGPU_MEMOP_ONE_V1 3
 
 /* -- replies with variable-length fields -------------------------------------------- */
 

@@ -207,10 +207,12 @@ class MemoryCalls:
     def host_free(self, addr: int) -> None:
         ok(cu.cuMemFreeHost(addr), "cuMemFreeHost")
 
-    def host_register(self, addr: int, size: int) -> None:
-        # portable: every context of this process may copy from and to it
-        ok(cu.cuMemHostRegister(addr, size, 1),  # CU_MEMHOSTREGISTER_PORTABLE
-            f"cuMemHostRegister({size})")
+    def host_register(self, addr: int, size: int, flags: int = 1) -> None:
+        # portable (1): every context of this process may copy from and to it
+        ok(cu.cuMemHostRegister(addr, size, flags), f"cuMemHostRegister({size}, {flags:#x})")
+
+    def host_device_pointer(self, addr: int) -> int:
+        return int(ok(cu.cuMemHostGetDevicePointer(addr, 0), "cuMemHostGetDevicePointer"))
 
     def host_unregister(self, addr: int) -> None:
         ok(cu.cuMemHostUnregister(addr), "cuMemHostUnregister")

@@ -9,9 +9,16 @@ Must not validate guest input beyond what the driver does: the session has.
 from __future__ import annotations
 
 import ctypes
+import struct
 
+from hvgpu.errors import CudaError
 from hvgpu.host.executor.cuda_device.driver import cu, driver_library, fail, ok, result_code
 from hvgpu.virtio import protocol as P
+
+# CUstreamBatchMemOpType of the single calls -> their names (_v2 appended for the v2 API)
+_ONE_MEMOP = {1: "cuStreamWaitValue32", 2: "cuStreamWriteValue32", 4: "cuStreamWaitValue64",
+              5: "cuStreamWriteValue64"}
+_MEMOP_PARAMS = 48  # sizeof(CUstreamBatchMemOpParams)
 
 
 class StreamCalls:
@@ -70,6 +77,35 @@ class StreamCalls:
                                                       ctypes.c_void_p(int(src)))
         if err:
             fail(err, "cuStreamCopyAttributes")
+
+    # Through libcuda itself: the v1 entry points are not in cuda.bindings, and a batch
+    # is passed as the CUstreamBatchMemOpParams array it is.
+    def stream_memops(self, stream, call: int, ops: list, flags: int) -> None:
+        lib = driver_library()
+        suffix = "_v2" if call in (P.MEMOP_BATCH, P.MEMOP_ONE) else ""
+        handle = ctypes.c_void_p(int(stream))
+        if call in (P.MEMOP_ONE, P.MEMOP_ONE_V1):
+            operation, op_flags, address, value = ops[0]
+            name = _ONE_MEMOP[operation] + suffix
+            value_type = ctypes.c_uint32 if operation in (1, 2) else ctypes.c_uint64
+            args = (handle, ctypes.c_uint64(address), value_type(value), ctypes.c_uint(op_flags))
+        else:
+            name = "cuStreamBatchMemOp" + suffix
+            params = ctypes.create_string_buffer(_MEMOP_PARAMS * len(ops))
+            for i, (operation, op_flags, address, value) in enumerate(ops):
+                if operation in (1, 2, 4, 5):  # waitValue / writeValue
+                    struct.pack_into("<I4xQQI4x", params, i * _MEMOP_PARAMS, operation, address,
+                                     value, op_flags)
+                else:  # flushRemoteWrites, memoryBarrier: the flags follow the operation
+                    struct.pack_into("<II", params, i * _MEMOP_PARAMS, operation, op_flags)
+            args = (handle, ctypes.c_uint(len(ops)), params, ctypes.c_uint(flags))
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:  # a driver without the v1 entry points
+            raise CudaError(P.CUDA_ERROR_NOT_SUPPORTED, f"this driver has no {name}") from None
+        err = fn(*args)
+        if err:
+            fail(err, name)
 
     def event_create(self, flags: int):
         return ok(cu.cuEventCreate(flags), "cuEventCreate")

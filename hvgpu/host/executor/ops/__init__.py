@@ -11,12 +11,12 @@ Must not import CUDA; the families drive the session's ``GpuDevice``.
 
 from __future__ import annotations
 
-from hvgpu.host.executor.ops import (arrays, device, graphs, ipc, memory, modules, regions,
-                                     streams, vmm)
+from hvgpu.host.executor.ops import (arrays, device, graphs, hostmem, ipc, memory, modules,
+                                     regions, streams, vmm)
 from hvgpu.host.executor.ops.table import ALREADY_REPLIED, Op, build
 
 FAMILIES = (device.FAMILY, memory.FAMILY, modules.FAMILY, streams.FAMILY, graphs.FAMILY,
-            vmm.FAMILY, regions.FAMILY, arrays.FAMILY, ipc.FAMILY)
+            vmm.FAMILY, regions.FAMILY, arrays.FAMILY, ipc.FAMILY, hostmem.FAMILY)
 TABLE: dict[int, Op] = build(*FAMILIES)
 
 

@@ -57,10 +57,17 @@ def device_range(session, ptr: int, n: int, what: str) -> None:
 
 
 def graph_reaches(session, ptr: int) -> None:
-    """A graph may write or read the allocation ``ptr`` falls in: freeing it is parked."""
+    """A graph may write or read the allocation ``ptr`` falls in: freeing it is parked;
+    or device-mapped pinned memory: giving its room back or detaching its region is."""
     base = session.allocs.base_of(ptr)
     if base is not None:
         session.graphs.allocations.add(base)
+    elif session.host_maps.starts:
+        found = session.host_maps.find(ptr, 1)
+        if found is not None:
+            session.graphs.regions.add(found[0])
+            if not session.regions[found[0]].owned:
+                session.graphs.rooms.add(found)
 
 
 def graph_reaches_room(session, number: int, offset: int) -> None:

@@ -52,9 +52,28 @@ def _ordinal_last(session, hdr, *fields) -> tuple:
     return fields
 
 
+_CAN_MAP_HOST_MEMORY = 19
+_UNIFIED_ADDRESSING = 41
+_HOST_POINTER_FOR_REGISTERED_MEM = 91
+
+
+def _as_guests_see(session, attrib: int, value: int) -> int:
+    """CAN_MAP_HOST_MEMORY as the guest has it: its pinned memory reaches kernels only
+    where HOST_MAP can map it at the guest's own address (a region, and a device that
+    reaches registered memory at its host address under unified addressing)."""
+    if attrib != _CAN_MAP_HOST_MEMORY or not value:
+        return value
+    try:
+        return int(bool(session.executor_regions.caps
+                        and session.device.attribute(_UNIFIED_ADDRESSING)
+                        and session.device.attribute(_HOST_POINTER_FOR_REGISTERED_MEM)))
+    except CudaError:
+        return 0
+
+
 @declare("DEVICE_GET_ATTRIBUTE", check=_ordinal_last)
 def device_get_attribute(session, hdr, attrib, ordinal):
-    return (session.device.attribute(attrib),)
+    return (_as_guests_see(session, attrib, session.device.attribute(attrib)),)
 
 
 @declare("DEVICE_GET_NAME", check=_ordinal_last)
@@ -86,7 +105,7 @@ def device_get_attributes(session, hdr, ordinal, count):
     values = []
     for attrib in range(1, count + 1):
         try:
-            values.append(session.device.attribute(attrib))
+            values.append(_as_guests_see(session, attrib, session.device.attribute(attrib)))
         except CudaError:
             values.append(0)  # unknown to this driver: as a device without the feature
     return (b"".join(int(v).to_bytes(4, "little", signed=True) for v in values),)

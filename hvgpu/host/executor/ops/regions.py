@@ -33,7 +33,7 @@ declare = FAMILY.declare
 def drop(session, attached: regions.Attached) -> None:
     """After the GPU is done with it: no DMA may outlive the mapping or the room."""
     session.device.synchronize()
-    attached.give_all()
+    attached.give_all(session.host_maps)
     if attached.owned:
         attached.region.close()
         session.executor_regions.budget.give(attached.region.size)
@@ -128,11 +128,21 @@ def region_free(session, hdr, number, attached, offset):
     session.device.synchronize()  # cuMemFreeHost waits for the device, too
     if (number, offset) in session.graphs.rooms:  # a graph may still copy to or from it
         size = attached.rooms.pop(offset)  # the guest's no more; the region's later
-        if session.graphs.park(f"room {offset} of region {number}",
-                               lambda: attached.region.rooms.give(offset, size)):
+        mapped = attached.maps.pop(offset, None)  # and its mapping at the guest's address
+        if mapped is not None:
+            session.host_maps.remove(mapped.addr)
+
+        def later():
+            if mapped is not None:
+                mapped.close()
+            attached.region.rooms.give(offset, size)
+        if session.graphs.park(f"room {offset} of region {number}", later):
             return
         attached.rooms[offset] = size
-    attached.give(offset)
+        if mapped is not None:
+            attached.maps[offset] = mapped
+            session.host_maps.add(mapped.addr, mapped.size, number, offset)
+    attached.give(offset, session.host_maps)
 
 
 def _upload(session, hdr, dst, number, reserved, offset, size, stream) -> tuple:
