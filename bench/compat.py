@@ -18,6 +18,8 @@ On the GPU machine, from the repository root:
 
     python3 bench/compat.py samples --checkout /path/to/cuda-samples --out /tmp/compat
     python3 bench/compat.py samples --checkout ... --only vectorAdd,simpleCUFFT
+    python3 bench/compat.py samples --checkout ... --build-only   # a program newer than its
+                                                                  # sources is not rebuilt
     python3 bench/compat.py cupy --checkout /path/to/cupy --packages fft,random --out /tmp/compat
     python3 bench/compat.py cupy --checkout ... --packages core/test_ndarray.py --timeout 300
     python3 bench/compat.py needed-by bench/results/compat-*.json   # for hvgpu-guest coverage
@@ -167,6 +169,10 @@ class Sample:
         sources = self.sources()
         if not sources:
             return "no sources found in add_executable"
+        exe = self.dir / self.name
+        if exe.exists() and all(exe.stat().st_mtime >= (self.dir / f).stat().st_mtime
+                                for f in sources if (self.dir / f).exists()):
+            return None  # built by an earlier run
         common = ["-O2", "-std=c++17", "--extended-lambda", "-Wno-deprecated-gpu-targets",
                   f"-arch={arch}", f"-I{self.root / 'Common'}", f"-I{self.dir}",
                   *(f"-I{self.dir / d}" for d in self.include_dirs())] + extra
