@@ -4,7 +4,9 @@
 parked until no graph is left); this module checks what each op names and
 drives it. An instantiation is uploaded at once on a stream of the executor's
 own and charged what that took of device memory (its own memory, which no
-cuMemAlloc shows), measured as a module load is.
+cuMemAlloc shows), measured as a module load is; one whose graph has memory nodes is
+not uploaded (the driver would map its allocations then, not at the first launch) and
+is charged what it allocates instead (graph_memory.py).
 
 Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
 """
