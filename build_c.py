@@ -61,7 +61,8 @@ SHIM_DIR = os.path.join("hvgpu", "guest", "shim")
 SOURCES = ["wire.c", "state.c", "device.c", "context.c", "memory.c", "vmm.c", "pool.c",
            "poolcache.c", "module.c", "launches.c", "occupancy.c", "stream.c", "dark.c",
            "proc.c", "stubs.c", "crash.c", "region.c", "region_lane.c", "pcopy.c", "graph.c",
-           "graph_guest.c", "array.c", "managed.c", "ipc.c", "link.c", "memops.c"]
+           "graph_guest.c", "graph_mem.c", "array.c", "managed.c", "ipc.c", "link.c",
+           "memops.c"]
 SHIM = PlainC(
     "hvgpu.guest.shim.libcuda", "libcuda.so.1",
     [os.path.join(SHIM_DIR, s) for s in SOURCES],

@@ -63,6 +63,9 @@ SMALL_STEP = 512
 # CUlimit -> its value in a new context (cuCtxGetLimit; 7, 8 are a CIG context's).
 LIMITS = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 32, 6: 0, 7: 0, 8: 0, 9: 1}
 HOST_PAGE = 4096  # what cuMemAddressReserve asks of a size and a hint
+GRAPH_AUTO_FREE_ON_LAUNCH = 1  # CUgraphInstantiate_flags
+NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_EMPTY, NODE_WAIT, NODE_RECORD = 0, 1, 2, 5, 6, 7
+NODE_MEM_ALLOC, NODE_MEM_FREE, NODE_CONDITIONAL = 10, 11, 13
 # What this process's devices hold is one file (HVGPU_FAKE_DEVICE_WIDE), written by
 # the threads of its sessions one at a time.
 _PUBLISHING = threading.Lock()
@@ -248,12 +251,15 @@ class Graph:
         self._nodes: list = []
         self.origin: "Graph | None" = None  # the graph this one is a clone of
         self.conditionals: list = []  # handles made for it, set to their default at launch
+        self.mem_allocs: list[int] = []  # addresses its allocation nodes returned
+        self.mem_frees: list[int] = []  # addresses its free nodes free
+        self.execs = 0  # instantiations of it not destroyed
 
     def node(self, i: int) -> "Node":
         """The node of the i-th recorded work: the same object each time, as the
         driver's CUgraphNode is."""
         while len(self._nodes) <= i:
-            self._nodes.append(Node(len(self._nodes)))
+            self._nodes.append(Node(len(self._nodes), self))
         return self._nodes[i]
 
 
@@ -266,7 +272,10 @@ class Conditional:
 
 
 class GraphExec:
-    def __init__(self, graph: Graph):
+    def __init__(self, graph: Graph, flags: int = 0):
+        self.graph = graph
+        self.allocs, self.frees = list(graph.mem_allocs), list(graph.mem_frees)
+        self.auto_free = bool(flags & GRAPH_AUTO_FREE_ON_LAUNCH)
         self.conditionals = list(graph.conditionals)
         self.ops = list(graph.ops)
         self.kernels = set(graph.kernels)
@@ -275,10 +284,15 @@ class GraphExec:
 
 
 class Node:
-    """The dependency a capture query names: the last work recorded so far."""
+    """The dependency a capture query names: the last work recorded so far. ``kind`` is
+    its CUgraphNodeType where it was said (nodes added by hand, memory nodes); ``mem``
+    an allocation node's (address, bytes) or a free node's address."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, graph: "Graph | None" = None):
         self.index = index
+        self.graph = graph
+        self.kind: int | None = None
+        self.mem = None
 
 
 # CUarray_format -> bytes of a channel, as the driver knows them
@@ -371,6 +385,13 @@ class FakeDevice:
         self.object_values = FIRST_TEXTURE
         self.limits = dict(LIMITS)  # CUlimit -> its value in this context
         self.limit_bytes = 0  # what limits above their defaults reserve
+        # Graph memory: the allocations launches made live (address -> memory), and the
+        # physical memory the graph pool holds for them (granules), kept until a trim, as
+        # the driver's pool keeps it for the next launch.
+        self.graph_live: dict[int, bytearray] = {}
+        self.graph_reserved = 0
+        self.graph_high = [0, 0]  # USED_MEM_HIGH, RESERVED_MEM_HIGH
+        self._graph_vas: dict[int, int] = {}  # address -> bytes of each allocation node
 
     def _on(self, stream, work) -> None:
         """Run work now, or record it into the capture its stream is in; behind a
@@ -408,6 +429,9 @@ class FakeDevice:
             for base, (buf, _, _) in pool.chunks.items():
                 if base <= ptr < base + len(buf):
                     return buf, ptr - base, base + len(buf) - ptr
+        for base, buf in self.graph_live.items():
+            if base <= ptr < base + len(buf):
+                return buf, ptr - base, base + len(buf) - ptr
         for base, entry in self.variables.items():
             if base <= ptr < base + entry[0]:
                 if entry[1] is None:  # backed once used: most are never touched here
@@ -529,7 +553,8 @@ class FakeDevice:
                 + sum(self.array_taken.values())
                 + self.graph_bytes
                 + sum(len(b) for b in self.physical.values())
-                + sum(p.reserved for p in self.pools.values()))
+                + sum(p.reserved for p in self.pools.values())
+                + self.graph_reserved)
 
     def mem_info(self):
         return TOTAL - self._used() - self._others_used(), TOTAL
@@ -591,6 +616,9 @@ class FakeDevice:
         return ptr
 
     def mem_free(self, dptr):
+        if dptr in self.graph_live:  # a graph's allocation, freed outside the graph
+            del self.graph_live[dptr]
+            return
         if dptr not in self.mem:
             raise CudaError(S.INVALID_VALUE, "fake: not allocated")
         del self.mem[dptr]
@@ -708,6 +736,12 @@ class FakeDevice:
 
     def pool_alloc(self, size, pool, stream):
         self._check()
+        capture = self.captures.get(stream)
+        if capture is not None:  # as the driver: an allocation node of the capture's graph
+            if capture.failed is not None:
+                raise CudaError(S.STREAM_CAPTURE_INVALIDATED, "fake: the capture failed")
+            node = self._mem_alloc_node(capture.graph, size)
+            return node.mem[0]
         n = -(-size // POOL_STEP) * POOL_STEP
         for base, chunk in pool.chunks.items():
             if chunk[1] + n <= len(chunk[0]):
@@ -730,6 +764,15 @@ class FakeDevice:
         return ptr
 
     def pool_free(self, ptr, stream):
+        capture = self.captures.get(stream)
+        if capture is not None and self._graph_va(ptr):  # a free node of the capture's graph
+            if capture.failed is not None:
+                raise CudaError(S.STREAM_CAPTURE_INVALIDATED, "fake: the capture failed")
+            self._mem_free_node(capture.graph, ptr)
+            return
+        if ptr in self.graph_live:
+            del self.graph_live[ptr]
+            return
         for pool in self.pools.values():
             if ptr in pool.live:
                 base, _ = pool.live.pop(ptr)
@@ -808,6 +851,9 @@ class FakeDevice:
         CUDA_ERROR_INVALID_VALUE at the call (measured on the H200), not a fault later."""
         if not n:
             return
+        if self.captures and any(b <= ptr and ptr + n <= b + m
+                                 for b, m in self._graph_vas.items()):
+            return  # a graph allocation's addresses, which a capture's later work may name
         try:
             self._pieces(ptr, n)
         except CudaError as exc:
@@ -1286,13 +1332,15 @@ class FakeDevice:
     def graph_node_count(self, graph):
         return len(graph.ops)
 
-    def _add(self, graph, deps, work) -> "Node":
+    def _add(self, graph, deps, work, kind=None) -> "Node":
         if graph.destroyed:
             raise CudaError(S.INVALID_HANDLE, "fake: destroyed graph")
         for d in deps:
             assert d in graph._nodes, "the session passed a node of another graph"
         graph.ops.append(work)
-        return graph.node(len(graph.ops) - 1)
+        node = graph.node(len(graph.ops) - 1)
+        node.kind = kind
+        return node
 
     def _kernel(self, function, params):
         if isinstance(function, tuple):
@@ -1306,7 +1354,7 @@ class FakeDevice:
         return Graph()
 
     def graph_add_kernel(self, graph, deps, function, grid, block, shared_mem, params):
-        node = self._add(graph, deps, self._kernel(function, params))
+        node = self._add(graph, deps, self._kernel(function, params), NODE_KERNEL)
         graph.kernels.add(node.index)
         return node
 
@@ -1318,7 +1366,7 @@ class FakeDevice:
         def work():
             for r in range(height):
                 self._store(dst + r * pitch, row)
-        return self._add(graph, deps, work)
+        return self._add(graph, deps, work, NODE_MEMSET)
 
     def graph_add_memcpy(self, graph, deps, kind, dst, src, size):
         if kind == 1:
@@ -1327,15 +1375,16 @@ class FakeDevice:
             work = lambda: ctypes.memmove(dst, self._load(src, size), size)  # noqa: E731
         else:
             work = lambda: self._store(dst, self._load(src, size))  # noqa: E731
-        return self._add(graph, deps, work)
+        return self._add(graph, deps, work, NODE_MEMCPY)
 
     def graph_add_empty(self, graph, deps):
-        return self._add(graph, deps, lambda: None)
+        return self._add(graph, deps, lambda: None, NODE_EMPTY)
 
     def graph_add_event(self, graph, deps, wait, event):
         if wait:
-            return self._add(graph, deps, lambda: None)
-        return self._add(graph, deps, lambda: setattr(event, "t", time.perf_counter()))
+            return self._add(graph, deps, lambda: None, NODE_WAIT)
+        return self._add(graph, deps, lambda: setattr(event, "t", time.perf_counter()),
+                         NODE_RECORD)
 
     def graph_add_dependencies(self, graph, sources, targets):
         for n in (*sources, *targets):
@@ -1359,15 +1408,25 @@ class FakeDevice:
             raise CudaError(S.INVALID_HANDLE, "fake cuGraphInstantiate: destroyed graph")
         if self._used() + self.exec_bytes > TOTAL:
             raise CudaError(S.OUT_OF_MEMORY, "fake cuGraphInstantiate: out of memory")
+        if (graph.mem_allocs or graph.mem_frees) and graph.execs:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphInstantiate: a graph with memory "
+                                             "nodes has one instantiation at a time")
         self.graphs_alive += 1
         self.graph_bytes += self.exec_bytes
         self._publish()
-        return GraphExec(graph)
+        graph.execs += 1
+        return GraphExec(graph, flags)
 
     def graph_launch(self, exec_, stream):
         self._check()
         if exec_.destroyed:
             raise CudaError(S.INVALID_HANDLE, "fake cuGraphLaunch: destroyed graph exec")
+        unfreed = [d for d in exec_.allocs if d in self.graph_live]
+        if unfreed and not exec_.auto_free:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphLaunch: allocations of its last "
+                                             "launch are not freed")
+        for d in unfreed:
+            del self.graph_live[d]
         exec_.launches += 1
         self.graph_launches += 1
 
@@ -1393,6 +1452,7 @@ class FakeDevice:
         if exec_.destroyed:
             raise CudaError(S.INVALID_HANDLE, "fake cuGraphExecDestroy: destroyed twice")
         exec_.destroyed = True
+        exec_.graph.execs -= 1
         self.graphs_alive -= 1
         self.graph_bytes -= self.exec_bytes
         self._publish()
@@ -1427,11 +1487,13 @@ class FakeDevice:
                 run(bodies[1])
             elif kind == 2 and cond.value < size:
                 run(bodies[cond.value])
-        return self._add(graph, deps, work), bodies
+        return self._add(graph, deps, work, NODE_CONDITIONAL), bodies
 
     def graph_clone(self, graph):
         if graph.destroyed:
             raise CudaError(S.INVALID_HANDLE, "fake cuGraphClone: destroyed graph")
+        if graph.mem_allocs or graph.mem_frees:
+            raise CudaError(S.NOT_SUPPORTED, "fake cuGraphClone: a graph with memory nodes")
         self.graphs_alive += 1
         clone = Graph()
         clone.ops, clone.kernels, clone.origin = list(graph.ops), set(graph.kernels), graph
@@ -1443,6 +1505,97 @@ class FakeDevice:
             raise CudaError(S.INVALID_VALUE, "fake cuGraphNodeFindInClone: not a node of "
                                              "the graph cloned")
         return clone.node(node.index)
+
+    # -- graph memory ---------------------------------------------------------------
+
+    def _graph_va(self, ptr):
+        return ptr in self._graph_vas
+
+    def _mem_alloc_node(self, graph, size, deps=None):
+        if not size:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphAddMemAllocNode: 0 bytes")
+        if size > TOTAL:  # the driver reserves addresses for it: it refuses what never fits
+            raise CudaError(S.OUT_OF_MEMORY, f"fake cuGraphAddMemAllocNode: {size} bytes")
+        dptr = -(-self.next // GRANULARITY) * GRANULARITY
+        self.next = dptr + -(-size // GRANULARITY) * GRANULARITY + GRANULARITY
+        self._graph_vas[dptr] = size
+        need = -(-size // GRANULARITY) * GRANULARITY
+
+        def work():
+            held = sum(-(-len(b) // GRANULARITY) * GRANULARITY for b in self.graph_live.values())
+            grow = held + need - self.graph_reserved
+            if grow > 0:
+                if self._used() + grow > TOTAL:
+                    raise CudaError(S.OUT_OF_MEMORY, "fake: the graph's allocation does not fit")
+                self.graph_reserved += grow
+                self._publish()
+            self.graph_live[dptr] = bytearray(size)
+            self.graph_high[0] = max(self.graph_high[0], self.graph_reserved)
+            self.graph_high[1] = max(self.graph_high[1], self.graph_reserved)
+        if deps is None:
+            graph.ops.append(work)
+            node = graph.node(len(graph.ops) - 1)
+        else:
+            node = self._add(graph, deps, work)
+        node.kind, node.mem = NODE_MEM_ALLOC, (dptr, size)
+        graph.mem_allocs.append(dptr)
+        return node
+
+    def _mem_free_node(self, graph, dptr, deps=None):
+        if not self._graph_va(dptr) or dptr in graph.mem_frees:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphAddMemFreeNode: not an allocation "
+                                             "node's address, or freed twice in the graph")
+        work = lambda: self.graph_live.pop(dptr, None)  # noqa: E731
+        if deps is None:
+            graph.ops.append(work)
+            node = graph.node(len(graph.ops) - 1)
+        else:
+            node = self._add(graph, deps, work)
+        node.kind, node.mem = NODE_MEM_FREE, dptr
+        graph.mem_frees.append(dptr)
+        return node
+
+    def graph_add_mem_alloc(self, graph, deps, size):
+        node = self._mem_alloc_node(graph, size, deps)
+        return node, node.mem[0]
+
+    def graph_add_mem_free(self, graph, deps, dptr):
+        return self._mem_free_node(graph, dptr, deps)
+
+    def graph_node_type(self, node):
+        if node.kind is not None:
+            return node.kind
+        return NODE_KERNEL if node.graph is not None and node.index in node.graph.kernels \
+            else NODE_EMPTY  # captured work the double does not tell apart
+
+    def graph_mem_alloc_params(self, node):
+        if node.kind != NODE_MEM_ALLOC:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphMemAllocNodeGetParams: not an "
+                                             "allocation node")
+        return node.mem
+
+    def graph_mem_free_params(self, node):
+        if node.kind != NODE_MEM_FREE:
+            raise CudaError(S.INVALID_VALUE, "fake cuGraphMemFreeNodeGetParams: not a free node")
+        return node.mem
+
+    def graph_mem_trim(self):
+        self.graph_reserved = sum(-(-len(b) // GRANULARITY) * GRANULARITY
+                                  for b in self.graph_live.values())
+        self._publish()
+
+    def graph_mem_attribute(self, attr):
+        # USED and RESERVED alike here: the double's pool maps all it holds to allocations
+        if attr in (0, 2):
+            return self.graph_reserved
+        if attr in (1, 3):
+            return self.graph_high[attr // 2]
+        raise CudaError(S.INVALID_VALUE, f"fake cuDeviceGetGraphMemAttribute: {attr}")
+
+    def graph_mem_set_attribute(self, attr, value):
+        if attr not in (1, 3) or value:
+            raise CudaError(S.INVALID_VALUE, f"fake cuDeviceSetGraphMemAttribute: {attr}")
+        self.graph_high[attr // 2] = self.graph_reserved
 
     def event_query(self, event):
         return True

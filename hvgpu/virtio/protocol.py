@@ -283,6 +283,29 @@ OPS: tuple[Op, ...] = (
        doc="Replies CUDA_ERROR_NOT_READY (600) while the event is pending."),
     Op(0x54, "EVENT_SYNCHRONIZE", SYNC, _f("u64 event")),
     Op(0x55, "EVENT_ELAPSED_TIME", SYNC, _f("u64 start, u64 end"), _f("f32 ms")),
+    # Graph memory: allocation and free nodes, the driver's graph memory pool (issue: graph
+    # memory nodes). An allocation node's address is the driver's, fixed for the graph's
+    # life; the slice is charged what the connection's instantiations allocate.
+    Op(0x56, "GRAPH_ADD_MEM_ALLOC_NODE", SYNC,
+       _f("u64 graph, u64 size, u32 location_type, i32 location_id, bytes deps"),
+       _f("u64 node, u64 dptr"),
+       doc="cuGraphAddMemAllocNode of size bytes of device memory (location_type 1, "
+           "location_id 0: this vGPU's), readable and writable by it alone; dptr is the "
+           "allocation's address."),
+    Op(0x57, "GRAPH_ADD_MEM_FREE_NODE", SYNC, _f("u64 graph, u64 dptr, bytes deps"),
+       _f("u64 node"),
+       doc="cuGraphAddMemFreeNode of dptr, an address an allocation node of this "
+           "connection's graphs returned."),
+    Op(0x58, "GRAPH_NODE_GET_TYPE", SYNC, _f("u64 node"),
+       _f("u32 type, u32 reserved, u64 dptr, u64 size"),
+       doc="cuGraphNodeGetType: type is CUgraphNodeType's number; of an allocation node "
+           "(10) its address and size, of a free node (11) the address it frees."),
+    Op(0x59, "DEVICE_GRAPH_MEM_TRIM", SYNC, (),
+       doc="cuDeviceGraphMemTrim: the graph memory pool gives back what no allocation uses."),
+    Op(0x5A, "DEVICE_GRAPH_MEM_ATTRIBUTE", SYNC, _f("u32 attr, u32 set, u64 value"),
+       _f("u64 value"),
+       doc="cuDeviceGetGraphMemAttribute (set 0) or cuDeviceSetGraphMemAttribute (set 1, "
+           "only a high-water mark, only to 0); attr is CUgraphMem_attribute's number."),
     # Virtual memory management: device-located, non-exportable memory only. A
     # location is (CUmemLocationType, device), the device as the connection sees it (0).
     Op(0x60, "MEM_ADDRESS_RESERVE", SYNC, _f("u64 size, u64 alignment, u64 addr, u64 flags"),

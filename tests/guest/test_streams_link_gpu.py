@@ -1,6 +1,7 @@
-"""Stream attributes, the JIT linker and compressible memory on a GPU: each program
-(cuda/stream_attributes.c, cuda/link_ptx.c, cuda/compressible.c, driver API only, built
-with gcc against cuda.h) prints the same natively and through the shim, line for line.
+"""Stream attributes, the JIT linker, compressible memory and graph memory nodes on a GPU:
+each program (cuda/stream_attributes.c, cuda/link_ptx.c, cuda/compressible.c,
+cuda/graph_memory.c, driver API only, built with gcc against cuda.h) prints the same
+natively and through the shim, line for line.
 HVGPU_SHIM_REPORT=DIR keeps what each run printed."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from tests.guest.test_shim_vmm import build
 from tests.guest.test_vmm_gpu import _native_env, _report, _shim_env, _run
 
 pytestmark = pytest.mark.gpu
-PROGRAMS = ["stream_attributes", "link_ptx", "compressible"]
+PROGRAMS = ["stream_attributes", "link_ptx", "compressible", "graph_memory"]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@
  * joined into a capture) the call is refused with
  * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture invalidated, as the driver
  * does with what it cannot capture; stream-ordered allocation on a capturing stream
- * is refused by the executor (a graph memory node is not built). Capture modes are
+ * is an allocation or free node of the capture's graph. Capture modes are
  * the program's: the executor serves every guest thread on one thread in relaxed
  * mode, so the rules the driver applies per thread are not applied; a call CUDA would
  * refuse to a thread during another thread's global-mode capture goes through.
@@ -33,7 +33,11 @@
  * Conditional nodes (cuGraphAddNode) are the executor's, and so are their bodies, which
  * the driver makes and the program fills as any graph; a graph with host nodes and a
  * conditional node is not instantiated (its parts would be rebuilt without the bodies).
- * Graph memory nodes (allocation and free) are not built: refused as not supported.
+ * Graph memory nodes (cuGraphAddMemAllocNode and cuGraphAddMemFreeNode, and
+ * cuMemAllocAsync/cuMemFreeAsync on a capturing stream, pool.c) are the executor's driver's,
+ * their addresses device ranges here while a graph holds them or a launch left them live
+ * (graph_mem.c); a graph with host nodes and memory nodes is not instantiated (a rebuilt
+ * allocation node would have another address).
  *
  * Must not touch a graph's contents in the guest: they are the executor's.
  */
@@ -440,6 +444,7 @@ static CUresult instantiate(void **exec, void *graph, unsigned long long flags) 
     CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_INSTANTIATE, &q, sizeof q, NULL, 0, &v,
                                        sizeof v, NULL, NULL, 0));
     *exec = r ? NULL : hv_tag(device, v.exec);
+    if (!r && hv_gm_has(graph, 0)) hv_gm_instantiated(graph, *exec);
     return r;
 }
 
@@ -500,6 +505,12 @@ HV_EXPORT CUresult cuGraphLaunch(void *exec, CUstream stream) {
     CUresult m = hv_managed_before(device, stream);
     if (m) return m;
     hvgpu_graph_launch_req_t q = { hv_untag(exec), hv_untag(stream) };
+    if (hv_gm_has(exec, 1)) { /* the driver's refusal of a relaunch is the launch's answer */
+        CUresult r = HV_ON(device, hv_call(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0, NULL, 0,
+                                           NULL, NULL, 0));
+        if (!r) hv_gm_launched(exec);
+        return r;
+    }
     return HV_ON(device, hv_oneway(HVGPU_OP_GRAPH_LAUNCH, &q, sizeof q, NULL, 0));
 }
 
@@ -553,6 +564,7 @@ HV_EXPORT CUresult cuGraphDestroy(void *graph) {
     if (!hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rr;
     hv_shadow_drop(graph);
+    hv_gm_gone(graph, 0);
     if (hv_graph_destroy(graph, 0, &rr)) return rr;
     return about(graph, HVGPU_OP_GRAPH_DESTROY);
 }
@@ -601,6 +613,7 @@ HV_EXPORT CUresult cuGraphNodeFindInClone(void **found, void *node, void *clone)
 HV_EXPORT CUresult cuGraphExecDestroy(void *exec) {
     if (!hv_created(exec)) return CUDA_ERROR_INVALID_VALUE;
     CUresult rr;
+    hv_gm_gone(exec, 1);
     if (hv_graph_destroy(exec, 1, &rr)) return rr;
     return about(exec, HVGPU_OP_GRAPH_EXEC_DESTROY);
 }
@@ -1020,6 +1033,152 @@ HV_EXPORT CUresult cuGraphExecUpdate(void *exec, void *graph, void **error_node,
     return r;
 }
 
+/* -- graph memory ---------------------------------------------------------------------- */
+
+typedef struct { int type, id; } gm_location;                   /* CUmemLocation */
+typedef struct { gm_location location; int flags; } gm_access;  /* CUmemAccessDesc */
+typedef struct { /* CUDA_MEM_ALLOC_NODE_PARAMS, v1 and v2 alike */
+    int alloc_type, handle_types;
+    gm_location location;
+    void *win32;
+    size_t max_size;
+    unsigned short usage;
+    unsigned char reserved[54];
+    const gm_access *access;
+    size_t access_count;
+    size_t bytesize;
+    CUdeviceptr dptr;
+} mem_alloc_node_params;
+_Static_assert(sizeof(mem_alloc_node_params) == 120, "CUDA_MEM_ALLOC_NODE_PARAMS");
+
+enum { GM_PINNED = 1, GM_ON_DEVICE = 1, GM_READWRITE = 3, NODE_HOST_TYPE = 3,
+       NODE_MEM_ALLOC_TYPE = 10, NODE_MEM_FREE_TYPE = 11 };
+
+/* Device memory of the graph's vGPU, read-write for it alone: what the executor's
+   pools are (peer access between vGPUs is not built). */
+HV_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const *deps,
+                                          size_t ndeps, mem_alloc_node_params *p) {
+    static int kinds, host, peers;
+    if (!p || !node || !hv_created(graph)) return CUDA_ERROR_INVALID_VALUE;
+    int device = hv_tag_device(graph), on = -1;
+    if (p->alloc_type != GM_PINNED || p->handle_types || p->usage)
+        return hv_unsupported("graph allocations of managed or exportable memory, or with "
+                              "usage flags", &kinds);
+    CUresult r = hv_device_location(&p->location, &on, "graph allocations of host or NUMA "
+                                    "memory", &host);
+    if (r) return r;
+    if (p->access_count && !p->access) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < p->access_count && on == device; i++) {
+        int to = -1;
+        r = hv_device_location(&p->access[i].location, &to, "graph allocations host or NUMA "
+                               "memory may reach", &host);
+        if (r) return r;
+        if (to != device) on = -1;
+        else if (p->access[i].flags != GM_READWRITE) return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (on != device)
+        return hv_unsupported("graph allocations on or reachable from another vGPU than the "
+                              "graph's (peer access between vGPUs)", &peers);
+    if (!p->bytesize) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_add_mem_alloc_node_req_t q = { hv_untag(graph), p->bytesize, GM_ON_DEVICE, 0, 0 };
+    hvgpu_graph_add_mem_alloc_node_rep_t v;
+    uint32_t got = 0;
+    r = add_node_ex(node, graph, HVGPU_OP_GRAPH_ADD_MEM_ALLOC_NODE, &q, sizeof q,
+                    FIELD_AT(hvgpu_graph_add_mem_alloc_node_req_t, deps_len), deps, ndeps, NULL,
+                    0, &v, sizeof v, &got);
+    if (!r && got < sizeof v) r = CUDA_ERROR_INVALID_VALUE;
+    if (r) return r;
+    p->dptr = v.dptr;
+    hv_gm_alloc(graph, device, v.dptr, p->bytesize);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuGraphAddMemFreeNode(void **node, void *graph, void *const *deps,
+                                         size_t ndeps, CUdeviceptr dptr) {
+    hvgpu_graph_add_mem_free_node_req_t q = { hv_untag(graph), dptr, 0 };
+    CUresult r = add_node(node, graph, HVGPU_OP_GRAPH_ADD_MEM_FREE_NODE, &q, sizeof q,
+                          FIELD_AT(hvgpu_graph_add_mem_free_node_req_t, deps_len), deps, ndeps,
+                          NULL, 0);
+    if (!r) hv_gm_free(graph, dptr);
+    return r;
+}
+
+/* What the executor's driver says of a node: its type, and a memory node's address and
+   size. */
+static CUresult node_info(void *node, hvgpu_graph_node_get_type_rep_t *v) {
+    if (!hv_created(node)) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_node_get_type_req_t q = { hv_untag(node) };
+    return HV_ON(hv_tag_device(node), hv_call(HVGPU_OP_GRAPH_NODE_GET_TYPE, &q, sizeof q, NULL,
+                                              0, v, sizeof *v, NULL, NULL, 0));
+}
+
+HV_EXPORT CUresult cuGraphNodeGetType(void *node, int *type) {
+    if (!type || !node) return CUDA_ERROR_INVALID_VALUE;
+    if (hv_shadow_is_host(node)) { /* the guest's own */
+        *type = NODE_HOST_TYPE;
+        return CUDA_SUCCESS;
+    }
+    hvgpu_graph_node_get_type_rep_t v;
+    CUresult r = node_info(node, &v);
+    if (!r) *type = (int)v.type;
+    return r;
+}
+
+HV_EXPORT CUresult cuGraphMemAllocNodeGetParams(void *node, mem_alloc_node_params *p) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_node_get_type_rep_t v;
+    CUresult r = node_info(node, &v);
+    if (r) return r;
+    if (v.type != NODE_MEM_ALLOC_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->alloc_type = GM_PINNED;
+    p->location = (gm_location){ GM_ON_DEVICE, hv_tag_device(node) };
+    p->bytesize = v.size;
+    p->dptr = v.dptr;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuGraphMemFreeNodeGetParams(void *node, CUdeviceptr *dptr) {
+    if (!dptr) return CUDA_ERROR_INVALID_VALUE;
+    hvgpu_graph_node_get_type_rep_t v;
+    CUresult r = node_info(node, &v);
+    if (r) return r;
+    if (v.type != NODE_MEM_FREE_TYPE) return CUDA_ERROR_INVALID_VALUE;
+    *dptr = v.dptr;
+    return CUDA_SUCCESS;
+}
+
+/* The executor's driver's figures: its process's graph memory pool, which serves this
+   VM's processes on the vGPU. */
+HV_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    return HV_ON(dev, hv_call(HVGPU_OP_DEVICE_GRAPH_MEM_TRIM, NULL, 0, NULL, 0, NULL, 0, NULL,
+                              NULL, 0));
+}
+
+static CUresult graph_mem_attribute(CUdevice dev, int attr, void *value, uint32_t set) {
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    if (!value || attr < 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t in = 0;
+    if (set) memcpy(&in, value, 8);
+    hvgpu_device_graph_mem_attribute_req_t q = { (uint32_t)attr, set, in };
+    hvgpu_device_graph_mem_attribute_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_GRAPH_MEM_ATTRIBUTE, &q, sizeof q, NULL, 0, &v,
+                           sizeof v, NULL, NULL, 0));
+    if (!r && !set) memcpy(value, &v.value, 8); /* a cuuint64_t */
+    return r;
+}
+
+HV_EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    return graph_mem_attribute(dev, attr, value, 0);
+}
+
+HV_EXPORT CUresult cuDeviceSetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    return graph_mem_attribute(dev, attr, value, 1);
+}
+
 /* -- conditional nodes and cuGraphAddNode ------------------------------------------------ */
 
 HV_EXPORT CUresult cuGraphConditionalHandleCreate(uint64_t *handle, void *graph, void *ctx,
@@ -1086,6 +1245,8 @@ typedef struct { /* CUgraphNodeParams (cuda.h 13.0) */
         struct { void *graph; int ownership; } child;
         struct { CUevent event; } event;
         struct { uint64_t handle; unsigned type, size; void **graph_out; void *ctx; } cond;
+        mem_alloc_node_params alloc;
+        struct { CUdeviceptr dptr; } free;
     } u;
     long long reserved2;
 } graph_node_params;
@@ -1118,11 +1279,15 @@ HV_EXPORT CUresult cuGraphAddNode_v2(void **node, void *graph, void *const *deps
     case NODE_CONDITIONAL:
         return conditional_node(node, graph, deps, ndeps, p->u.cond.handle, p->u.cond.type,
                                 p->u.cond.size, &p->u.cond.graph_out);
+    case NODE_MEM_ALLOC_TYPE:
+        return cuGraphAddMemAllocNode(node, graph, deps, ndeps, &p->u.alloc);
+    case NODE_MEM_FREE_TYPE:
+        return cuGraphAddMemFreeNode(node, graph, deps, ndeps, p->u.free.dptr);
     default: {
         static int once;
         if (!__atomic_exchange_n(&once, 1, __ATOMIC_RELAXED) || hv_trace_enabled())
-            hv_log("cuGraphAddNode of a node of type %d (child graphs, memory allocation and "
-                   "free, external semaphores, batched memory operations) is not built by "
+            hv_log("cuGraphAddNode of a node of type %d (child graphs, external semaphores, "
+                   "batched memory operations) is not built by "
                    "hvgpu: CUDA_ERROR_NOT_SUPPORTED", p->type);
         return CUDA_ERROR_NOT_SUPPORTED;
     }

@@ -638,6 +638,13 @@ static int rebuild(const struct shadow *s, int k, uint64_t part, const int *dept
         *r = CUDA_ERROR_NOT_SUPPORTED;
         return 0;
     }
+    if (sn->op == HVGPU_OP_GRAPH_ADD_MEM_ALLOC_NODE || sn->op == HVGPU_OP_GRAPH_ADD_MEM_FREE_NODE) {
+        /* rebuilt, an allocation node would have another address than the program holds */
+        hv_log("instantiating a graph with host nodes and graph memory nodes is not built "
+               "by hvgpu: CUDA_ERROR_NOT_SUPPORTED");
+        *r = CUDA_ERROR_NOT_SUPPORTED;
+        return 0;
+    }
     int nd = 0;
     for (int j = 0; j < npreds[k]; j++) {
         int p = preds[pred_at[k] + j];

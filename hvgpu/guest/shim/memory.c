@@ -62,6 +62,14 @@ CUresult hv_pool_free_now(CUdeviceptr dptr); /* pool.c */
 HV_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     if (!dptr) return CUDA_SUCCESS;
     if (hv_range_kind(dptr) == HV_RANGE_POOL) return hv_pool_free_now(dptr);
+    if (hv_range_kind(dptr) == HV_RANGE_GRAPH) { /* a graph's allocation, freed outside it */
+        int device = hv_alloc_owner(dptr);
+        hvgpu_mem_free_req_t q = { dptr };
+        CUresult r = HV_ON(device, hv_call(HVGPU_OP_MEM_FREE, &q, sizeof q, NULL, 0, NULL, 0,
+                                           NULL, NULL, 0));
+        if (!r) hv_gm_freed(device, dptr);
+        return r;
+    }
     CUresult managed;
     if (hv_managed_free(dptr, &managed)) return managed;
     int device = hv_alloc_owner(dptr);

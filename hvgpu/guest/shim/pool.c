@@ -231,6 +231,21 @@ HV_EXPORT CUresult cuMemPoolGetAccess(int *flags, CUmemoryPool pool, hv_mem_loca
 
 /* -- allocations -------------------------------------------------------------------- */
 
+HV_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream stream, int *status, unsigned long long *id,
+                                             void **graph, const void **deps,
+                                             const void **edges, size_t *ndeps); /* graph.c */
+
+/* The graph `stream` is capturing into (tagged), in *graph; 0 when it captures none. */
+static CUresult capture_graph(CUstream stream, void **graph) {
+    int status = 0;
+    unsigned long long id;
+    *graph = NULL;
+    if (!hv_capture_active()) return CUDA_SUCCESS;
+    CUresult r = cuStreamGetCaptureInfo_v3(stream, &status, &id, graph, NULL, NULL, NULL);
+    if (!r && status != 1) *graph = NULL;
+    return r;
+}
+
 static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
                          CUstream stream) {
     static int once;
@@ -239,6 +254,19 @@ static CUresult alloc_on(int dev, CUdeviceptr *dptr, size_t size, CUmemoryPool p
         return hv_unsupported("cuMemAllocAsync from one vGPU's pool on another's stream", &once);
     CUresult r = pool ? CUDA_SUCCESS : cuDeviceGetDefaultMemPool(&pool, dev); /* asked once */
     if (r) return r;
+    void *graph;
+    r = capture_graph(stream, &graph);
+    if (r) return r;
+    if (graph) { /* an allocation node of the capture's graph: graph memory (graph_mem.c) */
+        hvgpu_mem_alloc_async_req_t q = { size, hv_untag(pool), hv_untag(stream) };
+        hvgpu_mem_alloc_async_rep_t v;
+        r = HV_ON(dev, hv_call(HVGPU_OP_MEM_ALLOC_ASYNC, &q, sizeof q, NULL, 0, &v, sizeof v,
+                               NULL, NULL, 0));
+        if (r) return r;
+        hv_gm_alloc(graph, dev, v.dptr, size);
+        *dptr = v.dptr;
+        return CUDA_SUCCESS;
+    }
     size_t n = hv_pool_block_size(size);
     CUdeviceptr ptr;
     /* not while capturing: the executor judges an allocation on a capturing stream */
@@ -285,6 +313,16 @@ HV_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
     CUresult r = cuInit(0);
     if (r) return r;
     int kind = hv_range_kind(dptr), dev = hv_alloc_owner(dptr);
+    if (kind == HV_RANGE_GRAPH) { /* a free node in a capture, or freed on its stream */
+        void *graph;
+        r = capture_graph(stream, &graph);
+        if (r) return r;
+        hvgpu_mem_free_async_req_t q = { dptr, hv_untag(stream) };
+        r = HV_ON(dev, hv_oneway(HVGPU_OP_MEM_FREE_ASYNC, &q, sizeof q, NULL, 0));
+        if (!r && graph) hv_gm_free(graph, dptr);
+        else if (!r) hv_gm_freed(dev, dptr);
+        return r;
+    }
     if (kind == HV_RANGE_ALLOC) { /* cuMemAlloc's memory: freed once the stream is there */
         r = cuStreamSynchronize(stream);
         return r ? r : cuMemFree_v2(dptr);

@@ -235,7 +235,8 @@ void hv_alloc_add(CUdeviceptr ptr, size_t size, int is_global); /* on hv_routed_
 int hv_alloc_remove(CUdeviceptr ptr);      /* a cuMemAlloc range only */
 /* Kinds of device range: what frees it, and what cuMemFree may not. */
 enum { HV_RANGE_ALLOC = 0, HV_RANGE_GLOBAL = 1, HV_RANGE_MAPPED = 2, HV_RANGE_POOL = 4,
-       HV_RANGE_IPC = 8 /* opened from another process's IPC handle (ipc.c) */ };
+       HV_RANGE_IPC = 8 /* opened from another process's IPC handle (ipc.c) */,
+       HV_RANGE_GRAPH = 16 /* an allocation node's address (graph_mem.c) */ };
 void hv_range_add(CUdeviceptr ptr, size_t size, unsigned kind); /* on hv_routed_device() */
 int hv_range_kind(CUdeviceptr ptr);        /* of the range holding ptr; -1: none */
 int hv_range_remove(int device, CUdeviceptr ptr, unsigned kind);
@@ -255,6 +256,14 @@ int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size);
 /* The device whose allocation holds ptr (the routed device's first: each vGPU's
    executor is its own process, so two devices' addresses may coincide), or -1. */
 int hv_alloc_owner(CUdeviceptr ptr);
+/* graph_mem.c: allocation nodes' addresses, per graph and instantiation (tagged keys). */
+void hv_gm_alloc(void *graph, int device, CUdeviceptr ptr, size_t size);
+void hv_gm_free(void *graph, CUdeviceptr ptr);
+int hv_gm_has(void *key, int is_exec);      /* it allocates or frees */
+void hv_gm_instantiated(void *graph, void *exec);
+void hv_gm_launched(void *exec);
+int hv_gm_freed(int device, CUdeviceptr ptr); /* freed outside a graph; 0: not graph memory */
+void hv_gm_gone(void *key, int is_exec);
 int hv_host_find(const void *ptr, void **base, size_t *size);
 void hv_host_add(void *ptr, size_t size, unsigned flags);
 int hv_host_remove(void *ptr);

@@ -223,7 +223,8 @@ int hv_alloc_owner(CUdeviceptr ptr) {
 int hv_alloc_remove(CUdeviceptr ptr) {
     int d = hv_alloc_owner(ptr);
     return d >= 0 && removed(&dev_ranges[d], (uintptr_t)ptr,
-                             HV_RANGE_GLOBAL | HV_RANGE_MAPPED | HV_RANGE_POOL | HV_RANGE_IPC);
+                             HV_RANGE_GLOBAL | HV_RANGE_MAPPED | HV_RANGE_POOL | HV_RANGE_IPC |
+                                 HV_RANGE_GRAPH);
 }
 
 int hv_alloc_find(CUdeviceptr ptr, CUdeviceptr *base, size_t *size) {

@@ -192,6 +192,23 @@ class GpuDevice(Protocol):
         """cuGraphClone: a new graph, a copy of graph."""
     def graph_node_find_in_clone(self, node: Any, clone: Any) -> Any:
         """cuGraphNodeFindInClone: clone's copy of node (a node of the graph cloned)."""
+    # Graph memory (graph_memory.py keeps the books).
+    def graph_add_mem_alloc(self, graph: Any, deps: list, size: int) -> tuple[Any, int]:
+        """cuGraphAddMemAllocNode of device memory of this device, read-write for it:
+        (the node, the allocation's address)."""
+    def graph_add_mem_free(self, graph: Any, deps: list, dptr: int) -> Any: ...
+    def graph_node_type(self, node: Any) -> int:
+        """cuGraphNodeGetType: CUgraphNodeType's number."""
+    def graph_mem_alloc_params(self, node: Any) -> tuple[int, int]:
+        """cuGraphMemAllocNodeGetParams: (address, bytes)."""
+    def graph_mem_free_params(self, node: Any) -> int:
+        """cuGraphMemFreeNodeGetParams: the address."""
+    def graph_mem_trim(self) -> None:
+        """cuDeviceGraphMemTrim."""
+    def graph_mem_attribute(self, attr: int) -> int:
+        """cuDeviceGetGraphMemAttribute; attr is CUgraphMem_attribute's number."""
+    def graph_mem_set_attribute(self, attr: int, value: int) -> None:
+        """cuDeviceSetGraphMemAttribute (a high-water mark, to 0)."""
     # CUDA arrays, texture and surface objects, 3D copies (ops/arrays.py checked every
     # handle, extent and range). A descriptor is (width, height, depth, format, channels,
     # flags) as CUDA_ARRAY3D_DESCRIPTOR has them.

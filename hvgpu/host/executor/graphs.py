@@ -108,6 +108,9 @@ class Graphs:
         # from, named as regions are. Giving one back is parked: the region's other
         # connections (the VM's other processes) would be given it while a replay writes it.
         self.rooms: set[tuple[int, int]] = set()
+        # The connection's graph memory (graph_memory.GraphMemory), told of each graph and
+        # instantiation that goes, so that it knows which allocation nodes are left.
+        self.memory = None
 
     # -- state the session asks about ------------------------------------------
 
@@ -476,6 +479,8 @@ class Graphs:
     def destroy_exec(self, exec_: int) -> None:
         self.device.graph_exec_destroy(self.execs.get(exec_))
         self.execs.pop(exec_)
+        if self.memory is not None:
+            self.memory.forget(("exec", exec_))
         self.budget.give(self.held.pop(("exec", exec_), 0))
         self._exec_graph.pop(exec_, None)
         self._unpark()
@@ -544,7 +549,13 @@ class Graphs:
         self.budget.count(n)
         self.held[key] = n
 
+    def graph_handle(self, graph: Any) -> int | None:
+        """This connection's handle of the driver's graph ``graph`` (a capture's), or None."""
+        return self._graph_of_value.get(self.device.handle_value(graph))
+
     def _forget_graph(self, gh: int) -> None:
+        if self.memory is not None:
+            self.memory.forget(("graph", gh))
         for body in self._bodies.pop(gh, ()):  # the driver destroyed them with their node's
             self._forget_graph(body)
         self._body_parent.pop(gh, None)

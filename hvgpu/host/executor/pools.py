@@ -139,6 +139,10 @@ class Pools:
             raise CudaError(P.CUDA_ERROR_INVALID_HANDLE, f"unknown memory pool handle {handle}")
         return pool
 
+    def object_of(self, handle: int) -> Any:
+        """The driver's pool a guest's pool number names (0: its default pool)."""
+        return self._pool(handle).obj
+
     def destroy(self, handle: int) -> None:
         pool = self._pool(handle) if handle else None
         if pool is None or pool.is_default:

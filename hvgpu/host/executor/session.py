@@ -46,6 +46,7 @@ from hvgpu.host.executor.compile_cache import CompileCache
 from hvgpu.host.executor.device import (STREAM_DEFAULT, STREAM_LEGACY, STREAM_PER_THREAD,
                                         GpuDevice)
 from hvgpu.host.executor.graphs import Graphs
+from hvgpu.host.executor.graph_memory import GraphMemory
 from hvgpu.host.executor.ipc import Exports, Held
 from hvgpu.host.executor.kernel_output import KernelOutput
 from hvgpu.host.executor.launch_burst import LaunchBurst, unavailable_reason
@@ -179,6 +180,10 @@ class Session:
         self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
                            self.stream,
                            accounted=quota is not None)
+        # Allocation and free nodes of its graphs, and what their memory is charged
+        self.graph_memory = GraphMemory(device, self.ledger.charge, self.ledger.uncharge,
+                                        accounted=lambda: self.ledger.quota is not None)
+        self.graphs.memory = self.graph_memory
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use
@@ -230,6 +235,7 @@ class Session:
             burst.set_stream(special, self.device.handle_value(self.device.stream(special)))
         # Still empty: from here the C loop hears of every range a copy may touch.
         self.allocs.mirror = self.pools.allocs.mirror = self.vmm.accessible.mirror = burst
+        self.graph_memory.ranges.mirror = burst
         return burst
 
     # -- the loop ---------------------------------------------------------

@@ -114,6 +114,11 @@ enum hvgpu_op {
     HVGPU_OP_EVENT_QUERY = 0x53,  /* Replies CUDA_ERROR_NOT_READY (600) while the event is pending. */
     HVGPU_OP_EVENT_SYNCHRONIZE = 0x54,
     HVGPU_OP_EVENT_ELAPSED_TIME = 0x55,
+    HVGPU_OP_GRAPH_ADD_MEM_ALLOC_NODE = 0x56,  /* cuGraphAddMemAllocNode of size bytes of device memory (location_type 1, location_id 0: this vGPU's), readable and writable by it alone; dptr is the allocation's address. */
+    HVGPU_OP_GRAPH_ADD_MEM_FREE_NODE = 0x57,  /* cuGraphAddMemFreeNode of dptr, an address an allocation node of this connection's graphs returned. */
+    HVGPU_OP_GRAPH_NODE_GET_TYPE = 0x58,  /* cuGraphNodeGetType: type is CUgraphNodeType's number; of an allocation node (10) its address and size, of a free node (11) the address it frees. */
+    HVGPU_OP_DEVICE_GRAPH_MEM_TRIM = 0x59,  /* cuDeviceGraphMemTrim: the graph memory pool gives back what no allocation uses. */
+    HVGPU_OP_DEVICE_GRAPH_MEM_ATTRIBUTE = 0x5a,  /* cuDeviceGetGraphMemAttribute (set 0) or cuDeviceSetGraphMemAttribute (set 1, only a high-water mark, only to 0); attr is CUgraphMem_attribute's number. */
     HVGPU_OP_MEM_ADDRESS_RESERVE = 0x60,  /* cuMemAddressReserve: addresses with no memory behind them. */
     HVGPU_OP_MEM_ADDRESS_FREE = 0x61,  /* cuMemAddressFree of a whole reservation with nothing mapped in it. */
     HVGPU_OP_MEM_CREATE = 0x62,  /* cuMemCreate, charged to the slice; alloc_flags: CUmemAllocationProp's allocFlags (compressionType, gpuDirectRDMACapable, usage) as its first four bytes. */
@@ -275,6 +280,11 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_EVENT_QUERY: return "EVENT_QUERY";
     case HVGPU_OP_EVENT_SYNCHRONIZE: return "EVENT_SYNCHRONIZE";
     case HVGPU_OP_EVENT_ELAPSED_TIME: return "EVENT_ELAPSED_TIME";
+    case HVGPU_OP_GRAPH_ADD_MEM_ALLOC_NODE: return "GRAPH_ADD_MEM_ALLOC_NODE";
+    case HVGPU_OP_GRAPH_ADD_MEM_FREE_NODE: return "GRAPH_ADD_MEM_FREE_NODE";
+    case HVGPU_OP_GRAPH_NODE_GET_TYPE: return "GRAPH_NODE_GET_TYPE";
+    case HVGPU_OP_DEVICE_GRAPH_MEM_TRIM: return "DEVICE_GRAPH_MEM_TRIM";
+    case HVGPU_OP_DEVICE_GRAPH_MEM_ATTRIBUTE: return "DEVICE_GRAPH_MEM_ATTRIBUTE";
     case HVGPU_OP_MEM_ADDRESS_RESERVE: return "MEM_ADDRESS_RESERVE";
     case HVGPU_OP_MEM_ADDRESS_FREE: return "MEM_ADDRESS_FREE";
     case HVGPU_OP_MEM_CREATE: return "MEM_CREATE";
@@ -880,6 +890,58 @@ typedef struct __attribute__((packed)) hvgpu_event_elapsed_time_rep {
     float ms;
 } hvgpu_event_elapsed_time_rep_t;
 _Static_assert(sizeof(hvgpu_event_elapsed_time_rep_t) == 4, "hvgpu_event_elapsed_time_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_mem_alloc_node_req {
+    uint64_t graph;
+    uint64_t size;
+    uint32_t location_type;
+    int32_t location_id;
+    uint32_t deps_len;
+} hvgpu_graph_add_mem_alloc_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_mem_alloc_node_req_t) == 28, "hvgpu_graph_add_mem_alloc_node_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_mem_alloc_node_rep {
+    uint64_t node;
+    uint64_t dptr;
+} hvgpu_graph_add_mem_alloc_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_mem_alloc_node_rep_t) == 16, "hvgpu_graph_add_mem_alloc_node_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_mem_free_node_req {
+    uint64_t graph;
+    uint64_t dptr;
+    uint32_t deps_len;
+} hvgpu_graph_add_mem_free_node_req_t;
+_Static_assert(sizeof(hvgpu_graph_add_mem_free_node_req_t) == 20, "hvgpu_graph_add_mem_free_node_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_add_mem_free_node_rep {
+    uint64_t node;
+} hvgpu_graph_add_mem_free_node_rep_t;
+_Static_assert(sizeof(hvgpu_graph_add_mem_free_node_rep_t) == 8, "hvgpu_graph_add_mem_free_node_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_node_get_type_req {
+    uint64_t node;
+} hvgpu_graph_node_get_type_req_t;
+_Static_assert(sizeof(hvgpu_graph_node_get_type_req_t) == 8, "hvgpu_graph_node_get_type_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_graph_node_get_type_rep {
+    uint32_t type;
+    uint32_t reserved;
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_graph_node_get_type_rep_t;
+_Static_assert(sizeof(hvgpu_graph_node_get_type_rep_t) == 24, "hvgpu_graph_node_get_type_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_graph_mem_attribute_req {
+    uint32_t attr;
+    uint32_t set;
+    uint64_t value;
+} hvgpu_device_graph_mem_attribute_req_t;
+_Static_assert(sizeof(hvgpu_device_graph_mem_attribute_req_t) == 16, "hvgpu_device_graph_mem_attribute_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_graph_mem_attribute_rep {
+    uint64_t value;
+} hvgpu_device_graph_mem_attribute_rep_t;
+_Static_assert(sizeof(hvgpu_device_graph_mem_attribute_rep_t) == 8, "hvgpu_device_graph_mem_attribute_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_mem_address_reserve_req {
     uint64_t size;

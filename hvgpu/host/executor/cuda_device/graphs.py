@@ -21,6 +21,18 @@ from hvgpu.host.executor.cuda_device.driver import (DEVICE, HOST, KernelNodePara
 GRAPH_NODE_TYPE_CONDITIONAL = 13  # CUgraphNodeType
 
 
+class MemAllocNodeParams(ctypes.Structure):  # CUDA_MEM_ALLOC_NODE_PARAMS (v1 and v2)
+    _fields_ = [("alloc_type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("location_type", ctypes.c_int), ("location_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("max_size", ctypes.c_size_t),
+                ("usage", ctypes.c_ushort), ("reserved", ctypes.c_ubyte * 54),
+                ("access_descs", ctypes.c_void_p), ("access_count", ctypes.c_size_t),
+                ("bytesize", ctypes.c_size_t), ("dptr", ctypes.c_uint64)]
+
+
+assert ctypes.sizeof(MemAllocNodeParams) == 88 + 32
+
+
 class GraphCalls:
     """``GpuDevice``'s capture and graph methods over the driver."""
 
@@ -187,3 +199,63 @@ class GraphCalls:
 
     def graph_node_find_in_clone(self, node, clone):
         return ok(cu.cuGraphNodeFindInClone(node, clone), "cuGraphNodeFindInClone")
+
+    # -- graph memory ---------------------------------------------------------------
+
+    def graph_add_mem_alloc(self, graph, deps, size: int):
+        p = MemAllocNodeParams()
+        p.alloc_type = 1  # CU_MEM_ALLOCATION_TYPE_PINNED
+        p.location_type = 1  # CU_MEM_LOCATION_TYPE_DEVICE
+        p.location_id = int(self.dev)
+        p.bytesize = size
+        node = self._add("cuGraphAddMemAllocNode", driver_library().cuGraphAddMemAllocNode,
+                         graph, deps, ctypes.byref(p))
+        return cu.CUgraphNode(node), int(p.dptr)
+
+    def graph_add_mem_free(self, graph, deps, dptr: int):
+        return cu.CUgraphNode(self._add("cuGraphAddMemFreeNode",
+                                        driver_library().cuGraphAddMemFreeNode, graph, deps,
+                                        ctypes.c_uint64(dptr)))
+
+    def graph_node_type(self, node) -> int:
+        kind = ctypes.c_int()
+        err = driver_library().cuGraphNodeGetType(ctypes.c_void_p(int(node)), ctypes.byref(kind))
+        if err:
+            fail(err, "cuGraphNodeGetType")
+        return kind.value
+
+    def graph_mem_alloc_params(self, node) -> tuple[int, int]:
+        p = MemAllocNodeParams()
+        err = driver_library().cuGraphMemAllocNodeGetParams(ctypes.c_void_p(int(node)),
+                                                             ctypes.byref(p))
+        if err:
+            fail(err, "cuGraphMemAllocNodeGetParams")
+        return int(p.dptr), int(p.bytesize)
+
+    def graph_mem_free_params(self, node) -> int:
+        dptr = ctypes.c_uint64()
+        err = driver_library().cuGraphMemFreeNodeGetParams(ctypes.c_void_p(int(node)),
+                                                            ctypes.byref(dptr))
+        if err:
+            fail(err, "cuGraphMemFreeNodeGetParams")
+        return dptr.value
+
+    def graph_mem_trim(self) -> None:
+        err = driver_library().cuDeviceGraphMemTrim(ctypes.c_int(int(self.dev)))
+        if err:
+            fail(err, "cuDeviceGraphMemTrim")
+
+    def graph_mem_attribute(self, attr: int) -> int:
+        value = ctypes.c_uint64()
+        err = driver_library().cuDeviceGetGraphMemAttribute(ctypes.c_int(int(self.dev)), attr,
+                                                             ctypes.byref(value))
+        if err:
+            fail(err, "cuDeviceGetGraphMemAttribute")
+        return value.value
+
+    def graph_mem_set_attribute(self, attr: int, value: int) -> None:
+        raw = ctypes.c_uint64(value)
+        err = driver_library().cuDeviceSetGraphMemAttribute(ctypes.c_int(int(self.dev)), attr,
+                                                             ctypes.byref(raw))
+        if err:
+            fail(err, "cuDeviceSetGraphMemAttribute")

@@ -38,12 +38,12 @@ def device_ordinal(ordinal: int) -> None:
 
 
 def device_range(session, ptr: int, n: int, what: str) -> None:
-    """Inside an allocation of this guest (cuMemAlloc, pool or readable-writable
-    mapped memory), or a module variable it looked up."""
+    """Inside an allocation of this guest (cuMemAlloc, pool, readable-writable mapped
+    memory, or an allocation node of its graphs), or a module variable it looked up."""
     if session.graphs.origins:  # a capture under way may take this work in
         graph_reaches(session, ptr)
     if session.allocs.holds(ptr, n) or session.pools.allocs.holds(ptr, n) \
-            or session.vmm.covers(ptr, n):
+            or session.vmm.covers(ptr, n) or session.graph_memory.ranges.holds(ptr, n):
         return
     for ranges in session.globals.values():
         if ranges.holds(ptr, n):

@@ -4,7 +4,9 @@
 parked until no graph is left); this module checks what each op names and
 drives it. An instantiation is uploaded at once on a stream of the executor's
 own and charged what that took of device memory (its own memory, which no
-cuMemAlloc shows), measured as a module load is.
+cuMemAlloc shows), measured as a module load is; one whose graph has memory nodes is
+not uploaded (the driver would map its allocations then, not at the first launch) and
+is charged what it allocates instead (graph_memory.py).
 
 Must not import CUDA; every driver call goes through the session's ``GpuDevice``.
 """
@@ -12,11 +14,15 @@ Must not import CUDA; every driver call goes through the session's ``GpuDevice``
 from __future__ import annotations
 
 from hvgpu.errors import CudaError
+from hvgpu.host.executor.graph_memory import (RESERVED_CURRENT, RESERVED_HIGH, USED_CURRENT,
+                                               USED_HIGH, node_params)
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops.ledger import DEVICE_MEMORY, quietly
 from hvgpu.host.executor.ops.table import MEASURED, RELEASES, Family, by_books
+from hvgpu.host.executor.vmm import check_location
 from hvgpu.virtio import protocol as P
 
+GRAPH_MEM_ATTRIBUTES = (USED_CURRENT, USED_HIGH, RESERVED_CURRENT, RESERVED_HIGH)
 FAMILY = Family("graphs")
 declare = FAMILY.declare
 
@@ -63,6 +69,19 @@ def upload_stream(session):
 def graph_instantiate(session, hdr, graph, flags):
     """Instantiated and uploaded at once, and charged what that took of device memory."""
     graphs, device = session.graphs, session.device
+    memory = session.graph_memory
+    if memory.has_nodes(graph):
+        # Not uploaded: the driver would map its allocations' memory now, which it does at
+        # the first launch (programs read the graph memory figures before it). Charged what
+        # it allocates instead (graph_memory.py), or refused past the quota.
+        handle = graphs.instantiate(graph, flags)
+        try:
+            memory.instantiated(graph, handle, flags)
+        except CudaError:
+            with DEVICE_MEMORY:
+                quietly(graphs.destroy_exec, handle)
+            raise
+        return (handle,)
     if session.quota is None:
         return (graphs.instantiate(graph, flags),)
 
@@ -125,7 +144,13 @@ def _launch(session, hdr, exec_, stream) -> tuple:
 
 @declare("GRAPH_LAUNCH", check=_launch)
 def graph_launch(session, hdr, exec_, s):
-    session.graphs.launch(exec_, s)
+    memory = session.graph_memory
+    if not memory.holds_memory(exec_):
+        session.graphs.launch(exec_, s)
+        return
+    with DEVICE_MEMORY:  # the driver maps its allocations' memory as it launches
+        session.graphs.launch(exec_, s)
+    memory.launched(exec_)
 
 
 def _upload(session, hdr, exec_, stream) -> tuple:
@@ -149,6 +174,7 @@ def graph_exec_destroy(session, hdr, exec_):
     with DEVICE_MEMORY:
         session.graphs.destroy_exec(exec_)
     session.ledger.uncharge(session.exec_charges.pop(exec_, 0))
+    session.graph_memory.settle()  # what the driver's pool still holds stays charged
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -266,11 +292,80 @@ def graph_exec_kernel_node_set_params(session, hdr, ex, node, kernel):
     session.device.graph_exec_kernel_set(ex, node, *kernel)
 
 
+# -- graph memory ------------------------------------------------------------------------
+
+def _mem_alloc_node(session, hdr, graph, size, location_type, location_id, deps) -> tuple:
+    check_location(location_type, location_id, "a graph allocation")
+    session.graph_memory.check_size(size)
+    return graph, size, deps
+
+
+@declare("GRAPH_ADD_MEM_ALLOC_NODE", check=_mem_alloc_node)
+def graph_add_mem_alloc_node(session, hdr, graph, size, deps):
+    """Charged when instantiated (graph_memory.py): a graph no one instantiates takes
+    addresses, not memory."""
+    made: list[int] = []
+
+    def add(g, d):
+        node, dptr = session.device.graph_add_mem_alloc(g, d, size)
+        made.append(dptr)
+        return node
+    node = session.graphs.add_node(graph, deps, add)
+    session.graph_memory.allocated(graph, made[0], size)
+    return node, made[0]
+
+
+def _mem_free_node(session, hdr, graph, dptr, deps) -> tuple:
+    session.graph_memory.check_free(dptr, graph)
+    return graph, dptr, deps
+
+
+@declare("GRAPH_ADD_MEM_FREE_NODE", check=_mem_free_node)
+def graph_add_mem_free_node(session, hdr, graph, dptr, deps):
+    node = session.graphs.add_node(graph, deps, lambda g, d: session.device.graph_add_mem_free(
+        g, d, dptr))
+    session.graph_memory.freed_in(graph, dptr)
+    return (node,)
+
+
+@declare("GRAPH_NODE_GET_TYPE", check=by_books)
+def graph_node_get_type(session, hdr, node):
+    kind, dptr, size = node_params(session.device, session.graphs.nodes.get(node))
+    return kind, 0, dptr, size
+
+
+# Gives back what the driver's pool no longer holds.
+@declare("DEVICE_GRAPH_MEM_TRIM", charge=RELEASES)
+def device_graph_mem_trim(session, hdr):
+    with DEVICE_MEMORY:
+        session.device.graph_mem_trim()
+    session.graph_memory.settle()
+
+
+def _graph_mem_attribute(session, hdr, attr, set_, value) -> tuple:
+    if attr not in GRAPH_MEM_ATTRIBUTES or set_ not in (0, 1):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph memory attribute {attr}")
+    if set_ and (attr not in (USED_HIGH, RESERVED_HIGH) or value):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"graph memory attribute {attr} cannot "
+                        f"be set to {value} (only a high-water mark, only to 0)")
+    return attr, set_
+
+
+@declare("DEVICE_GRAPH_MEM_ATTRIBUTE", check=_graph_mem_attribute)
+def device_graph_mem_attribute(session, hdr, attr, set_):
+    if set_:
+        session.device.graph_mem_set_attribute(attr, 0)
+        return (0,)
+    return (session.device.graph_mem_attribute(attr),)
+
+
 def release_all(session) -> None:
     """At the end: captures end and graphs go first, and what they held back (parked)
-    is released with them; the instantiations' charges go with the guest's whole."""
+    is released with them, then what their allocations left live; the instantiations'
+    charges go with the guest's whole."""
     with DEVICE_MEMORY:
         session.graphs.release_all(session.stream)
+        session.graph_memory.release_all()
     session.exec_charges.clear()
     if session.upload_stream is not None:
         quietly(session.device.stream_destroy, session.upload_stream)

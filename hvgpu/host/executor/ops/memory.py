@@ -63,6 +63,8 @@ def mem_alloc(session, hdr, size, *, charged):
 
 
 def _allocation(session, hdr, dptr) -> tuple:
+    if dptr not in session.allocations and session.graph_memory.is_allocation(dptr):
+        return (dptr,)  # a graph's allocation, freed outside the graph
     if dptr not in session.allocations:
         opened = " (opened from an IPC handle: cuIpcCloseMemHandle lets it go)" \
             if dptr in session.ipc_held.opened else ""
@@ -90,6 +92,11 @@ def release_of(session, allocation: Allocation):
 
 @declare("MEM_FREE", check=_allocation, charge=RELEASES)
 def mem_free(session, hdr, dptr):
+    if dptr not in session.allocations:  # graph memory: its charge goes at the next trim
+        with DEVICE_MEMORY:
+            session.device.mem_free(dptr)
+        session.graph_memory.freed(dptr)
+        return
     session.allocs.remove(dptr)
     release = release_of(session, session.allocations.pop(dptr))
     if dptr in session.graphs.allocations and session.graphs.park(

@@ -12,12 +12,14 @@ Must not import CUDA; every driver call goes through the session's ``GpuDevice``
 
 from __future__ import annotations
 
+from hvgpu.errors import CudaError
 from hvgpu.host.executor import ipc, pools, vmm
 from hvgpu.host.executor.ops import fields as F
 from hvgpu.host.executor.device import STREAM_LEGACY, STREAM_PER_THREAD
 from hvgpu.host.executor.ops import checks
 from hvgpu.host.executor.ops.ledger import quietly
 from hvgpu.host.executor.ops.table import BOOKS, RELEASES, Family, by_books
+from hvgpu.virtio import protocol as P
 
 FAMILY = Family("virtual memory and pools")
 declare = FAMILY.declare
@@ -158,28 +160,63 @@ def mem_pool_default(session, hdr):
     return (session.pools.default(),)
 
 
+def _capture_graph(session, s) -> int | None:
+    """The handle of the graph capturing stream ``s`` (of this connection), or None."""
+    graphs = session.graphs
+    if not graphs.capturing(s):
+        return None
+    status, _, graph, _ = session.device.stream_capture_info(s)
+    gh = graphs.graph_handle(graph) if graph is not None else None
+    if gh is None:
+        raise CudaError(P.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "the stream's capture is "
+                        "not one of this connection's, or has been invalidated")
+    return gh
+
+
 def _alloc_async(session, hdr, size, pool, stream) -> tuple:
-    session.graphs.refuse_if_capturing(checks.stream(session, stream), "cuMemAllocAsync (a "
-                                       "graph memory node, which hvgpu does not build)")
+    s = checks.stream(session, stream)
     pools.check_size(size)
-    return size, pool, stream
+    gh = _capture_graph(session, s)
+    if gh is not None:  # an allocation node of the capture's graph (graph_memory.py)
+        session.graph_memory.check_size(size)
+        return size, pool, stream, (gh, s, session.pools.object_of(pool))
+    return size, pool, stream, None
 
 
+# Captured: charged when the graph is instantiated (graph_memory.py).
 @declare("MEM_ALLOC_ASYNC", check=_alloc_async, charge=BOOKS)
-def mem_alloc_async(session, hdr, size, pool, stream):
-    return (session.pools.alloc(size, pool, stream),)
+def mem_alloc_async(session, hdr, size, pool, stream, captured):
+    if captured is None:
+        return (session.pools.alloc(size, pool, stream),)
+    gh, s, obj = captured
+    dptr = session.device.pool_alloc(size, obj, s)
+    session.graph_memory.allocated(gh, dptr, size)
+    return (dptr,)
 
 
 def _free_async(session, hdr, dptr, stream) -> tuple:
-    session.graphs.refuse_if_capturing(checks.stream(session, stream), "cuMemFreeAsync (a "
-                                       "graph memory node, which hvgpu does not build)")
-    return dptr, stream
+    s = checks.stream(session, stream)
+    if session.graph_memory.is_allocation(dptr):  # a graph's: a free node, or freed now
+        gh = _capture_graph(session, s)
+        session.graph_memory.check_free(dptr, gh)
+        return dptr, stream, (gh, s)
+    session.graphs.refuse_if_capturing(s, "cuMemFreeAsync of memory no graph allocated")
+    return dptr, stream, None
 
 
-# Freed on its stream; a pool the guest destroyed goes with its last allocation.
+# Freed on its stream; a pool the guest destroyed goes with its last allocation. Graph
+# memory's charge goes at the next trim (graph_memory.py).
 @declare("MEM_FREE_ASYNC", check=_free_async, charge=RELEASES)
-def mem_free_async(session, hdr, dptr, stream):
-    session.pools.free(dptr, stream)
+def mem_free_async(session, hdr, dptr, stream, graph):
+    if graph is None:
+        session.pools.free(dptr, stream)
+        return
+    gh, s = graph
+    session.device.pool_free(dptr, s)
+    if gh is not None:
+        session.graph_memory.freed_in(gh, dptr)
+    else:
+        session.graph_memory.freed(dptr)
 
 
 @declare("MEM_POOL_SET_ATTRIBUTE", check=by_books)
