@@ -177,8 +177,8 @@ class Session:
         self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,
                                  DEVICE_MEMORY, self.ipc, self.ledger.hand_over)
         self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
-                           self.stream,
-                           accounted=quota is not None)
+                           self.stream, accounted=quota is not None, exports=self.ipc,
+                           hand_over=self.ledger.hand_over)
         self.launchable: dict[int, tuple] = {}  # function handle -> (function, params size)
         self.deferred: tuple[CudaError, int, int] | None = None
         self.staging = staging  # the executor's pool; None: one of its own, made on first use
