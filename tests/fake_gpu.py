@@ -447,7 +447,8 @@ class FakeDevice:
                   107: 1,  # generic compression, as an H200's
                   109: 134213632,  # the largest access policy window, as an H200's
                   83: 1, 95: 1,  # managed memory, cooperative launches
-                  103: 1, 125: 1}  # POSIX fd handles, IPC events: served among a VM's processes
+                  103: 1, 125: 1,  # POSIX fd handles, IPC events: served among a VM's processes
+                  119: 9}  # pools' handle types: POSIX fd and fabric, as an H200's
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,
