@@ -158,3 +158,15 @@ def test_processes_of_a_vm_share_a_pool_and_its_allocation_through_a_descriptor(
 def test_a_pool_shared_through_a_descriptor_prints_the_same_natively_and_through_the_shim(
         pool_exe, tmp_path):
     _native_and_shim(pool_exe, tmp_path, "pool_share")
+
+
+def test_importers_that_exit_holding_their_imports_leave_nothing_held(pool_exe, sliced):
+    out = run(pool_exe, sliced.vm_address("vm1"), "abandon")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[2:4] == [
+        f"child {i}: wrote its half and exits holding its imports" for i in range(2)]
+    assert out.stdout.splitlines()[-1].startswith("parent: the children wrote 4096 of 4096")
+    deadline = time.monotonic() + 20
+    while sliced.api.status()[0]["mem_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sliced.api.status()[0]["mem_used"] == 0

@@ -6,7 +6,8 @@
  * children (forked before any uses CUDA), one after the other; each child imports the
  * pool and the allocation, adds to its half with a kernel, frees its import and says
  * so; the parent reads what they wrote, then frees and destroys. Some calls CUDA
- * refuses are made too, their statuses printed. Built against cuda.h, linked with -l:libcuda.so.1.
+ * refuses are made too, their statuses printed. With "abandon", the children exit
+ * without freeing or destroying what they imported. Built against cuda.h, linked with -l:libcuda.so.1.
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -75,6 +76,8 @@ static int receive_fd(int sock, CUmemPoolPtrExportData *data) {
     return fd;
 }
 
+static int abandon;
+
 static int child(int id, int sock) {
     CUmemPoolPtrExportData data;
     int fd = receive_fd(sock, &data);
@@ -106,6 +109,13 @@ static int child(int id, int sock) {
     CUdeviceptr half = y + (CUdeviceptr)id * n * sizeof(float);
     void *params[] = { &a, &x, &half, &n };
     CHECK(cuLaunchKernel(saxpy, n / 256, 1, 1, 256, 1, 1, 0, stream, params, NULL));
+    if (abandon) { /* its exit lets go of what it imported */
+        CHECK(cuStreamSynchronize(stream));
+        printf("child %d: wrote its half and exits holding its imports\n", id);
+        fflush(stdout);
+        char done = 1;
+        return write(sock, &done, 1) != 1;
+    }
     CHECK(cuMemFreeAsync(y, stream)); /* the importer frees before the exporter does */
     CHECK(cuStreamSynchronize(stream));
     CHECK(cuMemFree(x));
@@ -120,7 +130,8 @@ static int child(int id, int sock) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    abandon = argc > 1 && !strcmp(argv[1], "abandon");
     int pairs[CHILDREN][2];
     pid_t pids[CHILDREN];
     fflush(stdout);
