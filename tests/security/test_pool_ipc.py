@@ -190,6 +190,10 @@ def test_only_exportable_pools_and_their_live_allocations_are_exported(vm1):
         fresh = a.call("MEM_ALLOC_ASYNC", M, pool, 0)[0]
         a.call("MEM_POOL_DESTROY", pool)  # with allocations live, one of them imported
         _refused(INVALID, a, "MEM_POOL_EXPORT_POINTER", fresh)  # its pool is destroyed
+        never = _pool(a)  # never exported before it was destroyed
+        unshared = a.call("MEM_ALLOC_ASYNC", M, never, 0)[0]
+        a.call("MEM_POOL_DESTROY", never)
+        _refused(INVALID, a, "MEM_POOL_EXPORT_POINTER", unshared)
         assert a.call("MEM_POOL_EXPORT_POINTER", shared)[0] == token  # exported before
         assert b.call("MEMCPY_DTOH", shared, 4, 0)[-1] == a.call("MEMCPY_DTOH", shared, 4, 0)[-1]
 

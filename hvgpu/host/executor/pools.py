@@ -254,6 +254,9 @@ class Pools:
         if not pool.handle_types & POSIX_FD:
             raise CudaError(_INVALID, "the memory pool was not created exportable as a POSIX "
                                       "file descriptor (CUmemPoolProps.handleTypes)")
+        if pool.doomed:  # destroyed, its allocations live: exported before or never
+            raise CudaError(_INVALID, "the memory pool is destroyed: nothing of it is exported "
+                                      "any more")
         if pool.export is None:
             made = self.exports.export(ipc.POOL, owner, obj=pool)
             device, lock, obj = self.device, self.lock, pool.obj
@@ -287,9 +290,8 @@ class Pools:
             return made.token
         pool = entry[0]
         pool_export = self._export(pool, owner)
-        if not self.exports.hold(pool_export):  # its pool was destroyed, with this one live
-            raise CudaError(_INVALID, f"the memory pool of 0x{ptr:x} is destroyed: its "
-                                      "allocations are exported no more")
+        if not self.exports.hold(pool_export):  # cannot be: it was live just now
+            raise CudaError(_INVALID, f"the memory pool of 0x{ptr:x} is destroyed")
         made = self.exports.export(ipc.POINTER, owner, base=ptr, size=self.allocs.sizes[ptr],
                                    obj=pool_export)
         device, exports = self.device, self.exports
