@@ -92,6 +92,7 @@ static int child(int id, int sock) {
     if (access != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) { /* as the sample does */
         CUmemAccessDesc rw = { here, CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         CHECK(cuMemPoolSetAccess(pool, &rw, 1));
+        CHECK(cuMemPoolGetAccess(&access, pool, &here));
     }
     CUdeviceptr y, x, other;
     CHECK(cuMemPoolImportPointer(&y, pool, &data));
