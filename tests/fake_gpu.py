@@ -501,7 +501,8 @@ class FakeDevice:
                   103: 1, 125: 1,  # POSIX fd handles, IPC events: served among a VM's processes
                   # mapped host memory at the host's address (unified addressing), stream
                   # memory operations of the v2 API (64 bits, NOR), not the v1's or flushes
-                  19: 1, 41: 1, 91: 1, 92: 0, 93: 0, 94: 0, 98: 0, 122: 1, 123: 1}
+                  19: 1, 41: 1, 91: 1, 92: 0, 93: 0, 94: 0, 98: 0, 122: 1, 123: 1,
+                  119: 9}  # pools' handle types: POSIX fd and fabric, as an H200's
         if os.environ.get("HVGPU_FAKE_H200"):  # an H200's answers, for probing libraries
             values.update({12: 65536, 16: 132, 13: 1980000, 36: 3201000, 37: 6144, 38: 62914560,
                            81: 233472, 82: 65536, 97: 232448, 106: 32, 111: 1024, 120: 1,

@@ -564,6 +564,25 @@ OPS: tuple[Op, ...] = (
            "flags, u64 address, u64 value), CUstreamBatchMemOpType's operations, at most "
            "MAX_MEMOPS; every address lies in device memory of this connection or in its "
            "device-mapped pinned memory (HOST_MAP)."),
+    # Stream-ordered pools shared among the VM's processes, as VMM memory is: a pool made
+    # exportable as a POSIX file descriptor and each allocation from it are tokens of the
+    # executor's table; an imported pool only reaches the allocations imported into it.
+    Op(0xE7, "MEM_POOL_EXPORT", SYNC, _f("u64 pool, u32 handle_type, u32 flags"),
+       _f("bytes token"),
+       doc="cuMemPoolExportToShareableHandle of a pool made exportable as a POSIX file "
+           "descriptor (handle_type 1): its token, the same each time while the pool lives."),
+    Op(0xE8, "MEM_POOL_IMPORT", SYNC, _f("u32 handle_type, u32 flags, bytes token"),
+       _f("u64 pool"),
+       doc="cuMemPoolImportFromShareableHandle: a pool handle of this connection for the "
+           "pool a MEM_POOL_EXPORT token names; nothing is allocated from it."),
+    Op(0xE9, "MEM_POOL_EXPORT_POINTER", SYNC, _f("u64 dptr"), _f("bytes token"),
+       doc="cuMemPoolExportPointer of an allocation (its base) from an exportable pool of "
+           "this connection: the token CUmemPoolPtrExportData carries (IPC_HANDLE_SIZE "
+           "bytes), withdrawn when the allocation is freed."),
+    Op(0xEA, "MEM_POOL_IMPORT_POINTER", SYNC, _f("u64 pool, bytes token"),
+       _f("u64 dptr, u64 size"),
+       doc="cuMemPoolImportPointer into a pool this connection imported: the allocation's "
+           "base and size, copyable by this connection until it frees it (MEM_FREE_ASYNC)."),
 )
 
 # Body of every reply whose status is not success.
@@ -617,7 +636,8 @@ MAX_LINK_BYTES = 256 << 20  # the inputs' bytes together, at most
 MAX_LINK_LOG = 64 << 10  # bytes of each log a link replies, at most (NUL included)
 TEX_DESC_SIZE = 104  # CUDA_TEXTURE_DESC
 VIEW_DESC_SIZE = 112  # CUDA_RESOURCE_VIEW_DESC
-IPC_HANDLE_SIZE = 64  # an IPC token: CUipcMemHandle's and CUipcEventHandle's size
+IPC_HANDLE_SIZE = 64  # an IPC token: CUipcMemHandle's, CUipcEventHandle's and
+                      # CUmemPoolPtrExportData's size
 # Stream memory operations (STREAM_MEMOP)
 MEMOP_SIZE = 24  # one (u32 operation, u32 flags, u64 address, u64 value) in its ops
 MAX_MEMOPS = 256  # operations one STREAM_MEMOP carries at most (cuStreamBatchMemOp's limit)

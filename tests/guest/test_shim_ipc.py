@@ -112,3 +112,61 @@ def test_vmm_memory_shared_through_a_descriptor_prints_the_same_natively_and_thr
 def test_ipc_between_a_parent_and_its_child_prints_the_same_natively_and_through_the_shim(
         exe, tmp_path):
     _native_and_shim(exe, tmp_path, "ipc_fork")
+
+
+POOL_EXPECTED = (
+    "parent: pools 1, POSIX fd pool handles 1\n"
+    "parent: exported a descriptor 1; exporting the default pool's allocation 1\n"
+    "child 0: imported the pool (access 3) and 4096 floats, wrote its half with a kernel, "
+    "freed them; allocating from the imported pool 1\n"
+    "child 1: imported the pool (access 3) and 4096 floats, wrote its half with a kernel, "
+    "freed them; allocating from the imported pool 1\n"
+    "parent: the children wrote 4096 of 4096 values; 2 of 2 exited 0; exporting the freed "
+    "allocation 1\n")
+
+
+@pytest.fixture(scope="module")
+def pool_exe(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("pool_share"), "pool_share")
+
+
+def test_the_shim_resolves_every_pool_ipc_entry_point():
+    lib = ctypes.CDLL(str(library()), mode=ctypes.RTLD_LOCAL)
+    gpa = lib.cuGetProcAddress_v2
+    gpa.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                    ctypes.c_uint64, ctypes.POINTER(ctypes.c_int)]
+    for name in ("cuMemPoolExportToShareableHandle", "cuMemPoolImportFromShareableHandle",
+                 "cuMemPoolExportPointer", "cuMemPoolImportPointer"):
+        pfn, status = ctypes.c_void_p(), ctypes.c_int()
+        assert gpa(name.encode(), pfn, 13000, 0, status) == 0 and status.value == 0, name
+        assert pfn.value == ctypes.cast(getattr(lib, name), ctypes.c_void_p).value, name
+
+
+def test_processes_of_a_vm_share_a_pool_and_its_allocation_through_a_descriptor(
+        pool_exe, sliced):
+    out = run(pool_exe, sliced.vm_address("vm1"))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == POOL_EXPECTED
+    assert "not implemented" not in out.stderr
+    deadline = time.monotonic() + 20
+    while sliced.api.status()[0]["mem_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sliced.api.status()[0]["mem_used"] == 0  # every process gave everything back
+
+
+@pytest.mark.gpu
+def test_a_pool_shared_through_a_descriptor_prints_the_same_natively_and_through_the_shim(
+        pool_exe, tmp_path):
+    _native_and_shim(pool_exe, tmp_path, "pool_share")
+
+
+def test_importers_that_exit_holding_their_imports_leave_nothing_held(pool_exe, sliced):
+    out = run(pool_exe, sliced.vm_address("vm1"), "abandon")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[2:4] == [
+        f"child {i}: wrote its half and exits holding its imports" for i in range(2)]
+    assert out.stdout.splitlines()[-1].startswith("parent: the children wrote 4096 of 4096")
+    deadline = time.monotonic() + 20
+    while sliced.api.status()[0]["mem_used"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sliced.api.status()[0]["mem_used"] == 0

@@ -97,7 +97,7 @@ def test_neither_cu_mem_create_nor_a_pool_passes_the_slice(exe, sliced):
 def test_what_the_shim_refuses_it_says(exe, fake_agent):
     out = run(exe, fake_agent.address, "refusals")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout == "vmm 1, pools 1, pool handle types 0\nrefusals: as expected\n"
+    assert out.stdout == "vmm 1, pools 1, pool handle types 1\nrefusals: as expected\n"
     for said in ("cuMemCreate of exportable memory", "cuMemCreate of host or NUMA memory",
                  "GPUDirect RDMA", "cuMemPoolCreate of exportable memory",
                  "cuMemExportToShareableHandle of other handle types"):

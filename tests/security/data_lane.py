@@ -124,10 +124,12 @@ class SessionGuest:
     the handshake: what its C loop did not serve.
     """
 
-    def __init__(self, device, quota=None):
+    def __init__(self, device, quota=None, ipc=None):
+        """``ipc``: the executor's table of exports, where guests are processes of one VM
+        (ipc.Exports shared by their sessions)."""
         self.sock, host = socket_pair()
         self.sock.settimeout(30)
-        self.session = Session(host, device, peer="test-guest", quota=quota)
+        self.session = Session(host, device, peer="test-guest", quota=quota, ipc=ipc)
         self.python_ops: list[int] = []
         read = self.session.reader.read_frame
 

@@ -21,8 +21,8 @@ static int driver_version;
    management (102) and memory pools (115) are carried (vmm.c, pool.c), for device
    memory exportable as a POSIX file descriptor at most (103, served among the VM's
    processes by its executor, as IPC events are, 125), compressible or not (107 is the
-   device's): the attributes of other handle types, RDMA and host memory pools stay 0,
-   MEMPOOL_SUPPORTED_HANDLE_TYPES (119) too.
+   device's), pools too (MEMPOOL_SUPPORTED_HANDLE_TYPES, 119: the device's POSIX fd bit
+   alone): the attributes of other handle types, RDMA and host memory pools stay 0.
    CAN_MAP_HOST_MEMORY (19) is the executor's answer (the device's, where the agent offers
    regions and the device reaches registered memory at its host address), and 1 here
    only where this process's lane can have a region (hv_region_can_map, which attaches
@@ -45,7 +45,6 @@ static const int NOT_CARRIED[] = {
     110, /* GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED */
     112, /* SPARSE_CUDA_ARRAY_SUPPORTED (cuMemMapArrayAsync is not built) */
     116, /* GPU_DIRECT_RDMA_SUPPORTED */
-    119, /* MEMPOOL_SUPPORTED_HANDLE_TYPES */
     121, /* DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED */
     124, /* DMA_BUF_SUPPORTED */
     128, /* HANDLE_TYPE_FABRIC_SUPPORTED */
@@ -86,6 +85,7 @@ static void initialise(void) {
         for (size_t i = 0; i < sizeof NOT_CARRIED / sizeof *NOT_CARRIED; i++)
             hv_attrs[d][NOT_CARRIED[i]] = 0;
         hv_attrs[d][83] = 1; /* MANAGED_MEMORY: managed.c, without concurrent access (89) */
+        hv_attrs[d][119] &= 1; /* MEMPOOL_SUPPORTED_HANDLE_TYPES: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR */
         hvgpu_device_get_uuid_req_t u = { 0 };
         unsigned char urep[sizeof(hvgpu_device_get_uuid_rep_t) + HVGPU_UUID_SIZE];
         r = HV_ON(d, hv_call(HVGPU_OP_DEVICE_GET_UUID, &u, sizeof u, NULL, 0, urep, sizeof urep,

@@ -9,10 +9,19 @@
  * needs the pointer at once, and a free is one-way, ordered on its stream, its
  * error reported by the next synchronising call as CUDA's asynchronous errors
  * are. Pool attributes are the executor's pools' own, but for what the guest
- * keeps: not in use to the program. Pools of host memory, of exportable memory
- * or with usage flags are refused (CUDA_ERROR_NOT_SUPPORTED, said once), and a
- * pool is reachable from its own vGPU only: peer access between vGPUs is not
- * built.
+ * keeps: not in use to the program. Pools of host memory, of memory exportable
+ * otherwise than as a POSIX file descriptor or with usage flags are refused
+ * (CUDA_ERROR_NOT_SUPPORTED, said once), and a pool is reachable from its own vGPU
+ * only: peer access between vGPUs is not built.
+ *
+ * A pool made exportable as a POSIX file descriptor is shared among the VM's
+ * processes as VMM memory is (vmm.c): cuMemPoolExportToShareableHandle gives a
+ * sealed memfd holding the executor's token for the pool, cuMemPoolExportPointer's
+ * 64 bytes are the executor's token for one allocation, and another process of the
+ * VM imports both on the same vGPU (hvgpu/host/executor/pools.py). None of a shared
+ * pool's blocks is kept here: a free must reach the executor, which withdraws the
+ * allocation's export. An imported allocation is a pool range like any other: the
+ * importer copies to it and frees it (cuMemFree or cuMemFreeAsync).
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -32,6 +41,12 @@ typedef struct {                                             /* CUmemPoolProps *
     unsigned char reserved[54];
 } hv_pool_props;
 _Static_assert(sizeof(hv_pool_props) == 88, "cuda.h layout");
+
+typedef struct { unsigned char reserved[HVGPU_IPC_HANDLE_SIZE]; } hv_ptr_export; /* CUmemPoolPtrExportData */
+_Static_assert(sizeof(hv_ptr_export) == 64, "cuda.h layout");
+
+enum { POSIX_FD = 1 };
+static const char SHAREABLE_MAGIC[8] = "hvgpuPOL"; /* a pool's, never a VMM handle's */
 
 enum { PINNED = 1, ON_DEVICE = 1, READWRITE = 3, LAST_INT_ATTRIBUTE = 3, RELEASE_THRESHOLD = 4,
        USED_CURRENT = 7, USED_HIGH = 8, LAST_ATTRIBUTE = 8 };
@@ -98,6 +113,8 @@ HV_EXPORT CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
     CUresult r = check_device(dev);
     if (r) return r;
     if (pool_device(pool) != dev) return CUDA_ERROR_INVALID_VALUE; /* not a pool of dev */
+    if (hv_pool_marks(dev, hv_untag(pool)) & HV_POOL_IMPORTED)
+        return CUDA_ERROR_INVALID_VALUE; /* CUDA: an imported pool allocates nothing */
     pthread_once(&fork_once, watch_fork);
     __atomic_store_n(&current[dev], pool, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
@@ -137,15 +154,105 @@ HV_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const hv_pool_props *prop
     CUresult r = hv_device_location(&props->location, &dev, "cuMemPoolCreate of host or NUMA "
                                     "memory", &host);
     if (r) return r;
-    if (props->handle_types)
-        return hv_unsupported("cuMemPoolCreate of exportable memory (IPC pools)", &exportable);
+    if (props->handle_types & ~POSIX_FD)
+        return hv_unsupported("cuMemPoolCreate of exportable memory (fabric or Win32 handles)",
+                              &exportable);
     if (props->usage) return hv_unsupported("cuMemPoolCreate with usage flags", &usage);
-    hvgpu_mem_pool_create_req_t q = { PINNED, 0, ON_DEVICE, 0, props->max_size, 0 };
+    hvgpu_mem_pool_create_req_t q = { PINNED, (uint32_t)props->handle_types, ON_DEVICE, 0,
+                                      props->max_size, 0 };
     hvgpu_mem_pool_create_rep_t v;
     r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_CREATE, &q, sizeof q, NULL, 0, &v, sizeof v, NULL,
                            NULL, 0));
-    if (!r) *pool = hv_tag(dev, v.pool);
-    return r;
+    if (r) return r;
+    if (props->handle_types) hv_pool_mark(dev, v.pool, HV_POOL_SHARED);
+    *pool = hv_tag(dev, v.pool);
+    return CUDA_SUCCESS;
+}
+
+/* -- sharing among the VM's processes ------------------------------------------------ */
+
+HV_EXPORT CUresult cuMemPoolExportToShareableHandle(void *handle, CUmemoryPool pool, int type,
+                                                    unsigned long long flags) {
+    int dev = pool_device(pool);
+    if (!handle || dev < 0 || flags > UINT32_MAX) return CUDA_ERROR_INVALID_VALUE;
+    /* the executor refuses other types: no pool is made exportable otherwise */
+    hvgpu_mem_pool_export_req_t q = { hv_untag(pool), (uint32_t)type, (uint32_t)flags };
+    unsigned char rep[sizeof(hvgpu_mem_pool_export_rep_t) + HVGPU_IPC_HANDLE_SIZE];
+    uint32_t n = 0;
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_EXPORT, &q, sizeof q, NULL, 0, rep,
+                                    sizeof rep, &n, NULL, 0));
+    if (r) return r;
+    hvgpu_mem_pool_export_rep_view_t v;
+    if (hvgpu_mem_pool_export_rep_decode(rep, n, &v) || v.token.len != HVGPU_IPC_HANDLE_SIZE)
+        return CUDA_ERROR_UNKNOWN;
+    int fd = hv_shareable_make(SHAREABLE_MAGIC, dev, v.token.data);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)handle = fd;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle, int type,
+                                                      unsigned long long flags) {
+    static int other;
+    if (!pool || flags > UINT32_MAX) return CUDA_ERROR_INVALID_VALUE;
+    if (type != POSIX_FD)
+        return hv_unsupported("cuMemPoolImportFromShareableHandle of other handle types than "
+                              "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", &other);
+    CUresult r = cuInit(0);
+    if (r) return r;
+    struct __attribute__((packed)) {
+        hvgpu_mem_pool_import_req_t q;
+        unsigned char token[HVGPU_IPC_HANDLE_SIZE];
+    } body = { { (uint32_t)type, (uint32_t)flags, HVGPU_IPC_HANDLE_SIZE }, { 0 } };
+    int dev = -1;
+    if (hv_shareable_read(SHAREABLE_MAGIC, (int)(intptr_t)handle, &dev, body.token))
+        return CUDA_ERROR_INVALID_VALUE; /* no pool's descriptor this shim made */
+    hvgpu_mem_pool_import_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_IMPORT, &body, sizeof body, NULL, 0, &v, sizeof v,
+                           NULL, NULL, 0));
+    if (r) return r;
+    hv_pool_mark(dev, v.pool, HV_POOL_SHARED | HV_POOL_IMPORTED);
+    pthread_once(&fork_once, watch_fork);
+    *pool = hv_tag(dev, v.pool);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemPoolExportPointer(hv_ptr_export *out, CUdeviceptr ptr) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuInit(0);
+    if (r) return r;
+    int dev = hv_alloc_owner(ptr);
+    if (dev < 0 || hv_range_kind(ptr) != HV_RANGE_POOL)
+        return CUDA_ERROR_INVALID_VALUE; /* no pool allocation of this process (or freed) */
+    hvgpu_mem_pool_export_pointer_req_t q = { ptr };
+    unsigned char rep[sizeof(hvgpu_mem_pool_export_pointer_rep_t) + HVGPU_IPC_HANDLE_SIZE];
+    uint32_t n = 0;
+    r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_EXPORT_POINTER, &q, sizeof q, NULL, 0, rep,
+                           sizeof rep, &n, NULL, 0));
+    if (r) return r;
+    hvgpu_mem_pool_export_pointer_rep_view_t v;
+    if (hvgpu_mem_pool_export_pointer_rep_decode(rep, n, &v)
+            || v.token.len != HVGPU_IPC_HANDLE_SIZE)
+        return CUDA_ERROR_UNKNOWN;
+    memcpy(out->reserved, v.token.data, sizeof out->reserved);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *ptr, CUmemoryPool pool,
+                                          const hv_ptr_export *data) {
+    int dev = pool_device(pool);
+    if (!ptr || !data || dev < 0) return CUDA_ERROR_INVALID_VALUE;
+    struct __attribute__((packed)) {
+        hvgpu_mem_pool_import_pointer_req_t q;
+        hv_ptr_export token;
+    } body = { { hv_untag(pool), HVGPU_IPC_HANDLE_SIZE }, *data };
+    hvgpu_mem_pool_import_pointer_rep_t v;
+    CUresult r = HV_ON(dev, hv_call(HVGPU_OP_MEM_POOL_IMPORT_POINTER, &body, sizeof body, NULL, 0,
+                                    &v, sizeof v, NULL, NULL, 0));
+    if (r) return r;
+    HV_ON(dev, (hv_range_add(v.dptr, v.size, HV_RANGE_POOL), CUDA_SUCCESS));
+    *ptr = v.dptr;
+    return CUDA_SUCCESS;
 }
 
 HV_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {

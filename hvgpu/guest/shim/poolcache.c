@@ -72,6 +72,7 @@ struct pool {
     int kept_since_reset;        /* USED_MEM_HIGH is then `high`: the driver's is not the
                                     program's once blocks are kept and taken back */
     int state;                   /* OPEN; CLOSING or GONE: keeps and hands out nothing */
+    unsigned marks;              /* HV_POOL_SHARED: keeps nothing; HV_POOL_IMPORTED */
     size_t blocks;               /* tracked here, live or kept */
     struct block *oldest, *newest;
     struct pool *next;
@@ -374,7 +375,8 @@ int hv_pool_keep(int device, CUdeviceptr ptr, CUstream stream) {
     struct block *b = find(device, ptr);
     if (b && !b->kept) {
         struct pool *p = b->pool;
-        if (p->state == OPEN && b->size <= p->threshold) {
+        /* a shared pool's free must reach the executor, which withdraws its export */
+        if (p->state == OPEN && !(p->marks & HV_POOL_SHARED) && b->size <= p->threshold) {
             evict(p, p->threshold - b->size, &gone);
             is_kept = park(b, stream);
         }
@@ -469,6 +471,21 @@ void hv_pool_destroyed(int device, uint64_t pool, int ok) {
         drop_if_gone(p);
     }
     pthread_mutex_unlock(&lock);
+}
+
+void hv_pool_mark(int device, uint64_t pool, unsigned marks) {
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_of(device, pool, 1);
+    if (p) p->marks |= marks;
+    pthread_mutex_unlock(&lock);
+}
+
+unsigned hv_pool_marks(int device, uint64_t pool) {
+    pthread_mutex_lock(&lock);
+    struct pool *p = pool_of(device, pool, 0);
+    unsigned marks = p ? p->marks : 0;
+    pthread_mutex_unlock(&lock);
+    return marks;
 }
 
 /* Bytes of freed pool blocks the guest keeps now, all pools together: for tests and

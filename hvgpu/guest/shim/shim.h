@@ -288,6 +288,11 @@ void hv_pool_reset_high(int device, uint64_t pool);
    from now), then destroyed (ok) or open again (the executor refused). */
 void hv_pool_closing(int device, uint64_t pool);
 void hv_pool_destroyed(int device, uint64_t pool, int ok);
+/* What a pool is besides: shared (exportable: its blocks are never kept, a freed one's
+   export must be withdrawn by the executor at once) or imported from another process. */
+enum { HV_POOL_SHARED = 1, HV_POOL_IMPORTED = 2 };
+void hv_pool_mark(int device, uint64_t pool, unsigned marks);
+unsigned hv_pool_marks(int device, uint64_t pool);
 int hv_stats_enabled(void);               /* wire.c: HVGPU_SHIM_STATS is set */
 
 /* region_lane.c: the region lane. Each returns 0 where it did nothing (the caller
@@ -352,6 +357,12 @@ CUresult hv_unsupported(const char *api, int *once);
 /* vmm.c: the vGPU a CUmemLocation names; CUDA_ERROR_NOT_SUPPORTED (hv_unsupported(api,
    once)) for host and NUMA locations, CUDA_ERROR_INVALID_DEVICE for no such vGPU. */
 CUresult hv_device_location(const void *location, int *device, const char *api, int *once);
+/* vmm.c: a shareable handle the program passes to its other processes, a sealed memfd
+   holding `magic` (8 bytes: what it shares), the vGPU and the executor's token
+   (HVGPU_IPC_HANDLE_SIZE bytes): the descriptor, or -1; and reading one back (0: read,
+   -1: no descriptor of this shim with that magic, or for no vGPU of this VM). */
+int hv_shareable_make(const char *magic, int device, const unsigned char *token);
+int hv_shareable_read(const char *magic, int fd, int *device, unsigned char *token);
 
 /* array.c: one side of a 2D or 3D copy (CUmemorytype's numbers: host, device, array,
    unified), as CUDA_MEMCPY2D/3D name it, and the copy (wait: the synchronous form). */

@@ -178,6 +178,30 @@ HV_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 static const char SHAREABLE_MAGIC[8] = "hvgpuVMM";
 struct shareable { char magic[8]; uint32_t device, reserved; unsigned char token[HVGPU_IPC_HANDLE_SIZE]; };
 
+int hv_shareable_make(const char *magic, int device, const unsigned char *token) {
+    struct shareable s = { .device = (uint32_t)device };
+    memcpy(s.magic, magic, sizeof s.magic);
+    memcpy(s.token, token, sizeof s.token);
+    int fd = memfd_create("hvgpu-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    if (write(fd, &s, sizeof s) != (ssize_t)sizeof s
+            || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int hv_shareable_read(const char *magic, int fd, int *device, unsigned char *token) {
+    struct shareable s;
+    if (pread(fd, &s, sizeof s, 0) != (ssize_t)sizeof s || memcmp(s.magic, magic, sizeof s.magic)
+            || s.device >= (uint32_t)hv_device_count)
+        return -1;
+    *device = (int)s.device;
+    memcpy(token, s.token, sizeof s.token);
+    return 0;
+}
+
 HV_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
                                                 int type, unsigned long long flags) {
     static int other;
@@ -195,18 +219,10 @@ HV_EXPORT CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAll
                                        &n, NULL, 0));
     if (r) return r;
     hvgpu_mem_export_rep_view_t v;
-    struct shareable s = { .device = (uint32_t)device };
-    if (hvgpu_mem_export_rep_decode(rep, n, &v) || v.token.len != sizeof s.token)
+    if (hvgpu_mem_export_rep_decode(rep, n, &v) || v.token.len != HVGPU_IPC_HANDLE_SIZE)
         return CUDA_ERROR_UNKNOWN;
-    memcpy(s.magic, SHAREABLE_MAGIC, sizeof s.magic);
-    memcpy(s.token, v.token.data, sizeof s.token);
-    int fd = memfd_create("hvgpu-shareable", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int fd = hv_shareable_make(SHAREABLE_MAGIC, device, v.token.data);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-    if (write(fd, &s, sizeof s) != (ssize_t)sizeof s
-            || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL)) {
-        close(fd);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     *(int *)shareable = fd;
     return CUDA_SUCCESS;
 }
@@ -220,20 +236,17 @@ HV_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
                               "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR", &other);
     CUresult r = cuInit(0);
     if (r) return r;
-    struct shareable s;
-    int fd = (int)(intptr_t)os_handle;
-    if (pread(fd, &s, sizeof s, 0) != (ssize_t)sizeof s
-            || memcmp(s.magic, SHAREABLE_MAGIC, sizeof s.magic) || s.device >= (uint32_t)hv_device_count)
-        return CUDA_ERROR_INVALID_VALUE; /* no descriptor this shim made */
     struct __attribute__((packed)) {
         hvgpu_mem_import_req_t q;
         unsigned char token[HVGPU_IPC_HANDLE_SIZE];
-    } body = { { (uint32_t)type, sizeof s.token }, { 0 } };
-    memcpy(body.token, s.token, sizeof body.token);
+    } body = { { (uint32_t)type, HVGPU_IPC_HANDLE_SIZE }, { 0 } };
+    int device = -1;
+    if (hv_shareable_read(SHAREABLE_MAGIC, (int)(intptr_t)os_handle, &device, body.token))
+        return CUDA_ERROR_INVALID_VALUE; /* no descriptor this shim made */
     hvgpu_mem_import_rep_t v;
-    r = HV_ON((int)s.device, hv_call(HVGPU_OP_MEM_IMPORT, &body, sizeof body, NULL, 0, &v,
-                                     sizeof v, NULL, NULL, 0));
-    if (!r) *handle = (CUmemGenericAllocationHandle)(uintptr_t)hv_tag((int)s.device, v.handle);
+    r = HV_ON(device, hv_call(HVGPU_OP_MEM_IMPORT, &body, sizeof body, NULL, 0, &v, sizeof v,
+                              NULL, NULL, 0));
+    if (!r) *handle = (CUmemGenericAllocationHandle)(uintptr_t)hv_tag(device, v.handle);
     return r;
 }
 

@@ -7,7 +7,8 @@ processes is a token (:data:`TOKEN_SIZE` random bytes, never derived from an
 address or a counter) naming an export in this executor's :class:`Exports`, and
 opening it gives the opening connection the same device memory (or event).
 Another VM's executor is another process with another table: its tokens name
-nothing here.
+nothing here. The same table holds VMM memory's shareable handles (vmm.py) and
+memory pools' and their allocations' (pools.py), each kind opening only as itself.
 
 An :class:`Export` keeps the device object alive while anyone holds it: the
 exporter until it frees (or destroys) it, and each connection that opened it
@@ -30,6 +31,8 @@ from hvgpu.virtio import protocol as P
 
 TOKEN_SIZE = P.IPC_HANDLE_SIZE
 MEMORY, EVENT, VMM = "memory", "event", "vmm"  # cuMemAlloc's, an event, cuMemCreate's
+POOL, POINTER = "pool", "pool pointer"  # a memory pool, an allocation from one
+KINDS = (MEMORY, EVENT, VMM, POOL, POINTER)
 
 
 class Export:
@@ -43,7 +46,9 @@ class Export:
         self.token, self.kind, self.exporter = token, kind, exporter
         self.base, self.size, self.obj = base, size, obj
         self.holders = 1  # the exporter's, until it frees or destroys what it exported
-        self.last: Callable[[], None] | None = None  # what the last holder's letting go runs
+        # what the last holder's letting go runs, with what that holder passes (a pool
+        # pointer's: the stream its memory is freed on)
+        self.last: Callable[..., None] | None = None
         self.uncharge: Callable[[], None] = lambda: None  # gives the slice its charge back
 
 
@@ -84,17 +89,17 @@ class Exports:
             export.holders += 1
             return True
 
-    def withdraw(self, export: Export, last: Callable[[], None]) -> Callable[[], None]:
+    def withdraw(self, export: Export, last: Callable[..., None]) -> Callable[..., None]:
         """The exporter lets go: nothing opens the token again, and ``last`` runs once
         the last holder lets go. Returns the exporter's letting go (run it now, or
         once its own graphs are gone)."""
         with self.lock:
             self.by_token.pop(export.token, None)
             export.last = last
-        return lambda: self.let_go(export)
+        return lambda *args: self.let_go(export, *args)
 
-    def let_go(self, export: Export) -> None:
-        """One holder fewer; the last one's runs ``last`` (the token opens nothing
+    def let_go(self, export: Export, *args) -> None:
+        """One holder fewer; the last one's runs ``last(*args)`` (the token opens nothing
         from then on)."""
         with self.lock:
             export.holders -= 1
@@ -102,7 +107,7 @@ class Exports:
             if last is not None:
                 self.by_token.pop(export.token, None)
         if last is not None:
-            last()
+            last(*args)
 
     def __len__(self) -> int:
         return len(self.by_token)

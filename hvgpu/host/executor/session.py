@@ -178,8 +178,8 @@ class Session:
         self.vmm = VirtualMemory(device, self.ledger.charge, self.ledger.uncharge,
                                  DEVICE_MEMORY, self.ipc, self.ledger.hand_over)
         self.pools = Pools(device, self.ledger.charge, self.ledger.uncharge, DEVICE_MEMORY,
-                           self.stream,
-                           accounted=quota is not None)
+                           self.stream, accounted=quota is not None, exports=self.ipc,
+                           hand_over=self.ledger.hand_over)
         # Allocation and free nodes of its graphs, and what their memory is charged
         self.graph_memory = GraphMemory(device, self.ledger.charge, self.ledger.uncharge,
                                         accounted=lambda: self.ledger.quota is not None)

@@ -191,6 +191,10 @@ enum hvgpu_op {
     HVGPU_OP_MEM_IMPORT = 0xe6,  /* cuMemImportFromShareableHandle: a handle of this connection for the memory a MEM_EXPORT token names (any connection of the VM's vGPU, this one too). */
     HVGPU_OP_HOST_MAP = 0xf0,  /* Maps pinned memory of this connection (a memfd region whole: offset 0, its size; or a room of the VM's region: its offset and the size REGION_ALLOC took) a second time in the executor, at addr, the address the guest maps it at (page-aligned, in user space, where nothing is mapped), and registers it with the driver device-mapped: dptr is its device address, addr itself. Unmapped when the room is freed or the region detached. CUDA_ERROR_NOT_SUPPORTED where it cannot be mapped there. */
     HVGPU_OP_STREAM_MEMOP = 0xf1,  /* cuStreamBatchMemOp (call 0, _v2; 1: the deprecated v1) or one cuStreamWaitValue32/64 or cuStreamWriteValue32/64 (call 2: _v2; 3: v1; ops holds one): ops is count records of MEMOP_SIZE bytes (u32 operation, u32 flags, u64 address, u64 value), CUstreamBatchMemOpType's operations, at most MAX_MEMOPS; every address lies in device memory of this connection or in its device-mapped pinned memory (HOST_MAP). */
+    HVGPU_OP_MEM_POOL_EXPORT = 0xe7,  /* cuMemPoolExportToShareableHandle of a pool made exportable as a POSIX file descriptor (handle_type 1): its token, the same each time while the pool lives. */
+    HVGPU_OP_MEM_POOL_IMPORT = 0xe8,  /* cuMemPoolImportFromShareableHandle: a pool handle of this connection for the pool a MEM_POOL_EXPORT token names; nothing is allocated from it. */
+    HVGPU_OP_MEM_POOL_EXPORT_POINTER = 0xe9,  /* cuMemPoolExportPointer of an allocation (its base) from an exportable pool of this connection: the token CUmemPoolPtrExportData carries (IPC_HANDLE_SIZE bytes), withdrawn when the allocation is freed. */
+    HVGPU_OP_MEM_POOL_IMPORT_POINTER = 0xea,  /* cuMemPoolImportPointer into a pool this connection imported: the allocation's base and size, copyable by this connection until it frees it (MEM_FREE_ASYNC). */
 };
 
 /* 1 when the op is one-way (pipelined, never answered). */
@@ -357,6 +361,10 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     case HVGPU_OP_MEM_IMPORT: return "MEM_IMPORT";
     case HVGPU_OP_HOST_MAP: return "HOST_MAP";
     case HVGPU_OP_STREAM_MEMOP: return "STREAM_MEMOP";
+    case HVGPU_OP_MEM_POOL_EXPORT: return "MEM_POOL_EXPORT";
+    case HVGPU_OP_MEM_POOL_IMPORT: return "MEM_POOL_IMPORT";
+    case HVGPU_OP_MEM_POOL_EXPORT_POINTER: return "MEM_POOL_EXPORT_POINTER";
+    case HVGPU_OP_MEM_POOL_IMPORT_POINTER: return "MEM_POOL_IMPORT_POINTER";
     default:
         return 0;
     }
@@ -1709,6 +1717,52 @@ typedef struct __attribute__((packed)) hvgpu_stream_memop_req {
 } hvgpu_stream_memop_req_t;
 _Static_assert(sizeof(hvgpu_stream_memop_req_t) == 24, "hvgpu_stream_memop_req_t");
 
+typedef struct __attribute__((packed)) hvgpu_mem_pool_export_req {
+    uint64_t pool;
+    uint32_t handle_type;
+    uint32_t flags;
+} hvgpu_mem_pool_export_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_export_req_t) == 16, "hvgpu_mem_pool_export_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_export_rep {
+    uint32_t token_len;
+} hvgpu_mem_pool_export_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_export_rep_t) == 4, "hvgpu_mem_pool_export_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_import_req {
+    uint32_t handle_type;
+    uint32_t flags;
+    uint32_t token_len;
+} hvgpu_mem_pool_import_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_import_req_t) == 12, "hvgpu_mem_pool_import_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_import_rep {
+    uint64_t pool;
+} hvgpu_mem_pool_import_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_import_rep_t) == 8, "hvgpu_mem_pool_import_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_export_pointer_req {
+    uint64_t dptr;
+} hvgpu_mem_pool_export_pointer_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_export_pointer_req_t) == 8, "hvgpu_mem_pool_export_pointer_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_export_pointer_rep {
+    uint32_t token_len;
+} hvgpu_mem_pool_export_pointer_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_export_pointer_rep_t) == 4, "hvgpu_mem_pool_export_pointer_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_import_pointer_req {
+    uint64_t pool;
+    uint32_t token_len;
+} hvgpu_mem_pool_import_pointer_req_t;
+_Static_assert(sizeof(hvgpu_mem_pool_import_pointer_req_t) == 12, "hvgpu_mem_pool_import_pointer_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_mem_pool_import_pointer_rep {
+    uint64_t dptr;
+    uint64_t size;
+} hvgpu_mem_pool_import_pointer_rep_t;
+_Static_assert(sizeof(hvgpu_mem_pool_import_pointer_rep_t) == 16, "hvgpu_mem_pool_import_pointer_rep_t");
+
 /* The body of every reply whose status is not 0. */
 typedef struct __attribute__((packed)) hvgpu_error_rep {
     uint16_t op;
@@ -2100,6 +2154,36 @@ typedef struct hvgpu_mem_export_rep_view {
 } hvgpu_mem_export_rep_view_t;
 
 static inline int hvgpu_mem_export_rep_decode(const void *body, uint32_t n, hvgpu_mem_export_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->token, p, end, v->fixed.token_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_mem_pool_export_rep_view {
+    hvgpu_mem_pool_export_rep_t fixed;
+    hvgpu_span_t token;
+} hvgpu_mem_pool_export_rep_view_t;
+
+static inline int hvgpu_mem_pool_export_rep_decode(const void *body, uint32_t n, hvgpu_mem_pool_export_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->token, p, end, v->fixed.token_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_mem_pool_export_pointer_rep_view {
+    hvgpu_mem_pool_export_pointer_rep_t fixed;
+    hvgpu_span_t token;
+} hvgpu_mem_pool_export_pointer_rep_view_t;
+
+static inline int hvgpu_mem_pool_export_pointer_rep_decode(const void *body, uint32_t n, hvgpu_mem_pool_export_pointer_rep_view_t *v) {
     const uint8_t *p = (const uint8_t *)body, *end = p + n;
     int cut = 0, whole = n >= sizeof v->fixed;
     memset(v, 0, sizeof *v);

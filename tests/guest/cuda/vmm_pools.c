@@ -273,7 +273,7 @@ static int refusals(void) {
     memset(&props, 0, sizeof props);
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    props.handleTypes = CU_MEM_HANDLE_TYPE_FABRIC; /* a POSIX fd is served: pool_share.c */
     CUmemoryPool pool;
     EXPECT(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_NOT_SUPPORTED);
     CHECK(cuDeviceGetDefaultMemPool(&pool, dev));

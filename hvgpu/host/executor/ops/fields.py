@@ -103,7 +103,8 @@ def ipc_allocation(field: str) -> FieldCheck:
 
 
 def ipc_token(field: str, *, what: str, own: bool = False) -> FieldCheck:
-    """``what``: the kind of export it must name (ipc.MEMORY, ipc.EVENT, ipc.VMM);
+    """``what``: the kind of export it must name (ipc.MEMORY, ipc.EVENT, ipc.VMM, ipc.POOL,
+    ipc.POINTER);
     ``own``: the exporting connection may open it too (as a shareable handle may be
     imported in the process that exported it)."""
     return FieldCheck("ipc_token", field, what=what, own=own)
@@ -157,8 +158,10 @@ def validate(name: str, fields: tuple[FieldCheck, ...], *, raw: bool = False) ->
                 raise ValueError(f"{name}: no multiplier field {check.times!r}")
             if not check.what:
                 raise ValueError(f"{name}: a range must say what it is")
-        if check.kind == "ipc_token" and check.what not in ("memory", "event", "vmm"):
-            raise ValueError(f"{name}: an IPC token names memory, an event or VMM memory")
+        if check.kind == "ipc_token" and check.what not in ("memory", "event", "vmm", "pool",
+                                                            "pool pointer"):
+            raise ValueError(f"{name}: an IPC token names memory, an event, VMM memory, a "
+                             "pool or a pool allocation")
         if check.kind == "one_of" and not all(0 <= v < 64 for v in check.values):
             raise ValueError(f"{name}: one_of values must lie in [0, 64)")
     if raw and any(typ == "str" for _, typ in op.request):

@@ -141,13 +141,40 @@ def mem_handle_props(session, hdr, handle):
 
 def _pool(session, hdr, type_, handle_types, loc_type, loc_id, max_size, usage) -> tuple:
     pools.check_create(type_, handle_types, loc_type, loc_id, usage)
-    return (max_size,)
+    return max_size, handle_types
 
 
 # A pool is charged what it holds, as it grows (mem_alloc_async), not when it is made.
 @declare("MEM_POOL_CREATE", check=_pool)
-def mem_pool_create(session, hdr, max_size):
-    return (session.pools.create(max_size),)
+def mem_pool_create(session, hdr, max_size, handle_types):
+    return (session.pools.create(max_size, handle_types),)
+
+
+# Shared among the VM's processes through the executor's table (ipc.py), as VMM memory
+# is: the pool's memory stays charged to the slice, whichever process holds it last.
+@declare("MEM_POOL_EXPORT", fields=(F.one_of("handle_type", (vmm.POSIX_FD,)),
+                                    F.one_of("flags", (0,))))
+def mem_pool_export(session, hdr, pool, handle_type, flags):
+    return (session.pools.export(pool, session),)
+
+
+@declare("MEM_POOL_IMPORT", fields=(F.one_of("handle_type", (vmm.POSIX_FD,)),
+                                    F.one_of("flags", (0,)),
+                                    F.ipc_token("token", what=ipc.POOL, own=True)))
+def mem_pool_import(session, hdr, handle_type, flags, export):
+    return (session.pools.import_(export),)
+
+
+@declare("MEM_POOL_EXPORT_POINTER", check=by_books)
+def mem_pool_export_pointer(session, hdr, dptr):
+    return (session.pools.export_pointer(dptr, session),)
+
+
+# Another process's allocation: imported into a pool this one imported, never into the
+# exporter itself (its own pointer is its already).
+@declare("MEM_POOL_IMPORT_POINTER", fields=(F.ipc_token("token", what=ipc.POINTER),))
+def mem_pool_import_pointer(session, hdr, pool, export):
+    return session.pools.import_pointer(pool, export)
 
 
 @declare("MEM_POOL_DESTROY", check=by_books, charge=RELEASES)
