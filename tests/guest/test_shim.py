@@ -8,6 +8,7 @@ kernel the program's own kernel of that name stands for.
 from __future__ import annotations
 
 import ctypes
+import re
 import os
 import shutil
 import subprocess
@@ -36,6 +37,24 @@ def test_the_shim_is_built_with_every_entry_point_it_lists(lib):
     for symbol in implemented + ["cuArrayCreate_v2", "cuGraphLaunch", "cuGetExportTable",
                                  "cuStreamWaitValue32", "cuLinkComplete", "cuMemcpyHtoD"]:
         assert hasattr(lib, symbol), symbol
+
+
+# Exported under their first names for programs linked against old cuda.h; the runtime
+# asks cuGetProcAddress for the later ones (_v2), which implemented.def lists.
+_LEGACY = {"cuCtxDestroy", "cuCtxPopCurrent", "cuCtxPushCurrent", "cuDevicePrimaryCtxRelease",
+           "cuDevicePrimaryCtxReset", "cuDevicePrimaryCtxSetFlags", "cuEventDestroy",
+           "cuStreamDestroy", "cuMemHostRegister", "cuLaunchCooperativeKernelMultiDevice"}
+
+
+def test_every_entry_point_the_shim_defines_is_found_by_cu_get_proc_address():
+    """The runtime finds the driver through cuGetProcAddress: a function the shim defines
+    but implemented.def does not list is, to a CUDA program, not there."""
+    defined = set()
+    for source in (HERE.parents[1] / "hvgpu/guest/shim").glob("*.c"):
+        defined |= set(re.findall(r"HV_EXPORT\s+\w+\s+\**(cu\w+)\s*\(", source.read_text()))
+    listed = set(re.findall(r"E\(\w+, \d+, (\w+)\)",
+                            (HERE.parents[1] / "hvgpu/guest/shim/implemented.def").read_text()))
+    assert sorted(defined - listed - _LEGACY) == []
 
 
 def test_get_proc_address_resolves_versions_and_says_what_is_missing(lib):
