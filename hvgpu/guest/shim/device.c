@@ -251,6 +251,23 @@ HV_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice src,
     return r;
 }
 
+/* CUdevprop, as cuda.h lays it out: the attributes it gathers (deprecated by CUDA). */
+typedef struct {
+    int max_threads_per_block, max_threads_dim[3], max_grid_size[3], shared_mem_per_block,
+        total_constant_memory, simd_width, mem_pitch, regs_per_block, clock_rate, texture_align;
+} hv_devprop;
+
+HV_EXPORT CUresult cuDeviceGetProperties(hv_devprop *p, CUdevice dev) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    const int *a = hv_attrs[dev];
+    /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK (1) .. TEXTURE_ALIGNMENT (14), in order */
+    *p = (hv_devprop){ a[1], { a[2], a[3], a[4] }, { a[5], a[6], a[7] }, a[8], a[9], a[10],
+                       a[11], a[12], a[13], a[14] };
+    return CUDA_SUCCESS;
+}
+
 HV_EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
     const char *name, *text;
     if (!str) return CUDA_ERROR_INVALID_VALUE;

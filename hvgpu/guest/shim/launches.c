@@ -242,6 +242,94 @@ HV_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned
     return cuLaunchKernelEx(&c, f, params, NULL);
 }
 
+/* -- the deprecated launch API (cuFuncSetBlockShape .. cuLaunchGridAsync) ----------
+ *
+ * Still in cuda.h 13: a function carries a block shape, a dynamic shared memory size and
+ * a parameter buffer the program fills at byte offsets, and cuLaunch/cuLaunchGrid launch
+ * it with them, as cuLaunchKernel with that buffer in `extra` would. The state is the
+ * function's, kept here; not guarded, as the driver's is not (one thread sets it up). */
+struct hv_legacy {
+    unsigned block[3], shared;
+    uint32_t size;            /* cuParamSetSize's */
+    unsigned char params[HVGPU_MAX_PARAMS];
+};
+
+static struct hv_legacy *legacy(struct hv_func *f) {
+    if (!f->legacy) {
+        struct hv_legacy *l = calloc(1, sizeof *l);
+        if (l && __atomic_compare_exchange_n(&f->legacy, &(struct hv_legacy *){ NULL }, l, 0,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return l;
+        free(l);
+    }
+    return f->legacy;
+}
+
+HV_EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (x <= 0 || y <= 0 || z <= 0) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->block[0] = (unsigned)x; l->block[1] = (unsigned)y; l->block[2] = (unsigned)z;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuFuncSetSharedSize(CUfunction f, unsigned bytes) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->shared = bytes;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuParamSetSize(CUfunction f, unsigned n) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (n > HVGPU_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->size = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult param_set(CUfunction f, int offset, const void *value, unsigned n) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (offset < 0 || (n && !value) || (uint64_t)offset + n > HVGPU_MAX_PARAMS)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (n) memcpy(l->params + offset, value, n);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuParamSeti(CUfunction f, int offset, unsigned value) {
+    return param_set(f, offset, &value, sizeof value);
+}
+HV_EXPORT CUresult cuParamSetf(CUfunction f, int offset, float value) {
+    return param_set(f, offset, &value, sizeof value);
+}
+HV_EXPORT CUresult cuParamSetv(CUfunction f, int offset, void *ptr, unsigned n) {
+    return param_set(f, offset, ptr, n);
+}
+
+HV_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream stream) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (width <= 0 || height <= 0) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t size = l->size;
+    void *extra[] = { LAUNCH_PARAM_BUFFER_POINTER, l->params, LAUNCH_PARAM_BUFFER_SIZE, &size,
+                      LAUNCH_PARAM_END };
+    /* no block shape set: 0 threads, which the launch check refuses as the driver does */
+    return launch(f, (unsigned)width, (unsigned)height, 1, l->block[0], l->block[1],
+                  l->block[2], l->shared, stream, NULL, extra);
+}
+
+HV_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height) {
+    return cuLaunchGridAsync(f, width, height, NULL);
+}
+
+HV_EXPORT CUresult cuLaunch(CUfunction f) { return cuLaunchGridAsync(f, 1, 1, NULL); }
+
 /* CUDA_LAUNCH_PARAMS, as cuda.h lays it out. */
 typedef struct {
     CUfunction function;

@@ -1,0 +1,50 @@
+"""Driver entry points the other samples do not call, through the libcuda.so.1 shim
+against the agent with the GPU test double: cuda/misc_driver.c sets context flags and
+shared memory banks, asks about execution affinity, a function's module and loading
+state, loads a library from a file and launches through the deprecated launch API; in
+its `hostile` mode it passes NULL and out-of-range arguments."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.guest.test_shim_vmm import build, run
+
+FLAGS = ("-Wno-deprecated-declarations",)  # it calls the deprecated launch API on purpose
+
+
+@pytest.fixture(scope="module")
+def exe(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("misc_driver"), "misc_driver", FLAGS)
+
+
+def test_misc_driver_entry_points_run_through_the_shim(exe, fake_agent):
+    out = run(exe, fake_agent.address)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == (
+        "context flags: scheduling 4\n"
+        "context flags 3: 1\n"
+        "shared memory banks: 1\n"
+        "set eight-byte banks: 0\n"
+        "shared memory banks then: 1\n"
+        "function banks: 0\n"
+        "execution affinity: supported 0, context's 224\n"
+        "properties: threads per block as attribute yes, warp as attribute yes\n"
+        "function's module: the one loaded yes\n"
+        "found by name: loaded 1\n"
+        "after cuFuncLoad: loaded 1\n"
+        "cuLaunchGrid: sum 28666\n"
+        "cuLaunchGridAsync: sum 53236\n"
+        "cuLaunch: sum 54760\n"
+        "library kernel's module: the library's yes\n"
+        "library from a file: sum 28666\n"
+        "a file that is not there: 301\n"
+        "misc_driver: ok\n")
+    assert "not implemented" not in out.stderr
+
+
+def test_hostile_misc_arguments_are_refused(exe, fake_agent):
+    out = run(exe, fake_agent.address, "hostile")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == ("hostile: bad functions, shapes, offsets, sizes, "
+                                           "flags and paths refused")
