@@ -1,8 +1,10 @@
 """Driver entry points the other samples do not call, through the libcuda.so.1 shim
 against the agent with the GPU test double: cuda/misc_driver.c sets context flags and
 shared memory banks, asks about execution affinity, a function's module and loading
-state, loads a library from a file and launches through the deprecated launch API; in
-its `hostile` mode it passes NULL and out-of-range arguments."""
+state, loads a library from a file and launches through the deprecated launch API,
+records and waits for the context's work, asks the device about 1D textures and atomics,
+arrays about their memory and encodes im2col tensor maps; in its `hostile` mode it
+passes NULL, forged and out-of-range arguments."""
 
 from __future__ import annotations
 
@@ -39,6 +41,19 @@ def test_misc_driver_entry_points_run_through_the_shim(exe, fake_agent):
         "library kernel's module: the library's yes\n"
         "library from a file: sum 28666\n"
         "a file that is not there: 301\n"
+        "cuCtxRecordEvent: 0\n"
+        "after the event: sum 28666\n"
+        "cuCtxWaitEvent: 0\n"
+        "cuCtxRecordEvent while capturing: 900\n"
+        "cuCtxResetPersistingL2Cache: 0\n"
+        "1D linear texture: at most 268435456 floats, 268435456 float4s\n"
+        "host atomics: 0, add 0x1f, cas 0x1f, float add 0x18\n"
+        "peer atomics with itself: 101\n"
+        "array's memory requirements: 0\n"
+        "mipmapped array's memory requirements: 0\n"
+        "im2col tensor map: 0\n"
+        "address replaced: 0, map changed yes\n"
+        "unaligned address: 1\n"
         "misc_driver: ok\n")
     assert "not implemented" not in out.stderr
 

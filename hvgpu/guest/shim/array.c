@@ -108,6 +108,34 @@ static CUresult describe(void *array, hvgpu_array_get_descriptor_rep_t *v) {
                                                0, v, sizeof *v, NULL, NULL, 0));
 }
 
+/* CUDA_ARRAY_MEMORY_REQUIREMENTS, as cuda.h lays it out. */
+typedef struct { size_t size, alignment; unsigned reserved[4]; } memory_requirements;
+
+static CUresult requirements(memory_requirements *req, void *handle, CUdevice dev,
+                             uint32_t mipmapped) {
+    if (!req) return CUDA_ERROR_INVALID_VALUE;
+    if (!handle) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    if (dev != hv_tag_device(handle)) return CUDA_ERROR_INVALID_DEVICE; /* another vGPU's */
+    hvgpu_array_memory_requirements_req_t q = { hv_untag(handle), mipmapped };
+    hvgpu_array_memory_requirements_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_ARRAY_MEMORY_REQUIREMENTS, &q, sizeof q, NULL, 0, &v,
+                           sizeof v, NULL, NULL, 0));
+    if (!r) *req = (memory_requirements){ (size_t)v.size, (size_t)v.alignment, { 0 } };
+    return r;
+}
+
+HV_EXPORT CUresult cuArrayGetMemoryRequirements(memory_requirements *req, void *array,
+                                                CUdevice dev) {
+    return requirements(req, array, dev, 0);
+}
+
+HV_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(memory_requirements *req, void *mipmap,
+                                                         CUdevice dev) {
+    return requirements(req, mipmap, dev, 1);
+}
+
 HV_EXPORT CUresult cuArray3DGetDescriptor_v2(array3d_desc *d, void *array) {
     hvgpu_array_get_descriptor_rep_t v;
     if (!d) return CUDA_ERROR_INVALID_VALUE;

@@ -346,6 +346,35 @@ HV_EXPORT CUresult cuCtxGetExecAffinity(void *param, int type) {
     return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
 }
 
+/* On the executor's context of the vGPU, which all the VM's programs on it share (one
+   process's contexts and the work of the others on that vGPU alike are captured, or wait:
+   more than the program's own, never less). Answered: the driver's refusal (a capture
+   under way, a bad event) comes back at the call. */
+static CUresult ctx_event(CUcontext ctx, CUevent event, uint32_t wait) {
+    struct hv_ctx *c = valid_ctx(ctx);
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!hv_created(event)) return CUDA_ERROR_INVALID_HANDLE;
+    if (hv_tag_device(event) != c->device) {
+        /* Recording needs an event of the context; waiting may take another vGPU's, whose
+           executor is another process: the guest waits for it, and the context's later
+           work is issued after. */
+        return wait ? hv_call_handle(hv_tag_device(event), HVGPU_OP_EVENT_SYNCHRONIZE,
+                                     hv_untag(event))
+                    : CUDA_ERROR_INVALID_HANDLE;
+    }
+    hvgpu_ctx_event_req_t q = { hv_untag(event), wait };
+    return HV_ON(c->device, hv_call(HVGPU_OP_CTX_EVENT, &q, sizeof q, NULL, 0, NULL, 0, NULL,
+                                    NULL, 0));
+}
+
+HV_EXPORT CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event) { return ctx_event(ctx, event, 0); }
+HV_EXPORT CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event) { return ctx_event(ctx, event, 1); }
+
+HV_EXPORT CUresult cuCtxResetPersistingL2Cache(void) {
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return hv_call(HVGPU_OP_CTX_RESET_PERSISTING_L2, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
 /* Unversioned names with the same arguments as their _v2 (NVIDIA's library keeps
    exporting them, and libraries such as cuBLASLt look them up by name). */
 HV_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }

@@ -64,6 +64,34 @@ static int hostile(CUfunction f) {
     CUlibrary lib;
     EXPECT(cuLibraryLoadFromFile(&lib, NULL, NULL, NULL, 0, NULL, NULL, 0),
            CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuCtxRecordEvent(NULL, (CUevent)(uintptr_t)0x7777), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuCtxWaitEvent(NULL, NULL), CUDA_ERROR_INVALID_HANDLE);
+    CUevent forged = (CUevent)(uintptr_t)0x12345678;
+    EXPECT(cuCtxRecordEvent(NULL, forged), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuCtxWaitEvent(NULL, forged), CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuDeviceGetTexture1DLinearMaxWidth(NULL, CU_AD_FORMAT_FLOAT, 1, 0),
+           CUDA_ERROR_INVALID_VALUE);
+    size_t w;
+    EXPECT(cuDeviceGetTexture1DLinearMaxWidth(&w, CU_AD_FORMAT_FLOAT, 3, 0),
+           CUDA_ERROR_INVALID_VALUE);
+    unsigned caps[100];
+    CUatomicOperation ops[100];
+    for (int i = 0; i < 100; i++) ops[i] = CU_ATOMIC_OPERATION_INTEGER_ADD;
+    EXPECT(cuDeviceGetHostAtomicCapabilities(caps, ops, 100, 0), CUDA_SUCCESS); /* two frames */
+    ops[70] = (CUatomicOperation)99;
+    EXPECT(cuDeviceGetHostAtomicCapabilities(caps, ops, 100, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuDeviceGetHostAtomicCapabilities(NULL, ops, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    EXPECT(cuArrayGetMemoryRequirements(&req, (CUarray)(uintptr_t)0x4242, 0),
+           CUDA_ERROR_INVALID_HANDLE);
+    EXPECT(cuMipmappedArrayGetMemoryRequirements(&req, NULL, 0), CUDA_ERROR_INVALID_HANDLE);
+    CUtensorMap map;
+    cuuint64_t dims[3] = { 8, 16, 2 }, strides[2] = { 32, 512 };
+    cuuint32_t es[3] = { 1, 1, 1 };
+    int lo = -1, hi = 1;
+    EXPECT(cuTensorMapEncodeIm2col(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, NULL, dims, strides,
+                                   &lo, &hi, 8, 16, es, 0, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT(cuTensorMapReplaceAddress(NULL, NULL), CUDA_ERROR_INVALID_VALUE);
     printf("hostile: bad functions, shapes, offsets, sizes, flags and paths refused\n");
     return 0;
 }
@@ -172,6 +200,63 @@ int main(int argc, char **argv) {
     EXPECT(cuLibraryUnload(lib), CUDA_SUCCESS);
     printf("a file that is not there: %d\n",
            cuLibraryLoadFromFile(&lib, "/nonexistent/hvgpu.ptx", NULL, NULL, 0, NULL, NULL, 0));
+
+    /* context events, the L2 cache, device queries */
+    CUevent e;
+    EXPECT(cuEventCreate(&e, CU_EVENT_DEFAULT), CUDA_SUCCESS);
+    if (reset(x, y)) return 1;
+    EXPECT(cuLaunchKernel(f, N / 256, 1, 1, 256, 1, 1, 0, s, args, NULL), CUDA_SUCCESS);
+    printf("cuCtxRecordEvent: %d\n", cuCtxRecordEvent(ctx, e));
+    EXPECT(cuEventSynchronize(e), CUDA_SUCCESS);
+    printf("after the event: sum %.0f\n", sum_y(y));
+    printf("cuCtxWaitEvent: %d\n", cuCtxWaitEvent(ctx, e));
+    EXPECT(cuCtxSynchronize(), CUDA_SUCCESS);
+    EXPECT(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    printf("cuCtxRecordEvent while capturing: %d\n", cuCtxRecordEvent(ctx, e));
+    CUgraph g;
+    r = cuStreamEndCapture(s, &g);
+    if (!r) cuGraphDestroy(g);
+    printf("cuCtxResetPersistingL2Cache: %d\n", cuCtxResetPersistingL2Cache());
+    size_t width = 0, width4 = 0;
+    EXPECT(cuDeviceGetTexture1DLinearMaxWidth(&width, CU_AD_FORMAT_FLOAT, 1, dev), CUDA_SUCCESS);
+    EXPECT(cuDeviceGetTexture1DLinearMaxWidth(&width4, CU_AD_FORMAT_FLOAT, 4, dev), CUDA_SUCCESS);
+    printf("1D linear texture: at most %zu floats, %zu float4s\n", width, width4);
+    CUatomicOperation ops[] = { CU_ATOMIC_OPERATION_INTEGER_ADD, CU_ATOMIC_OPERATION_CAS,
+                                CU_ATOMIC_OPERATION_FLOAT_ADD };
+    unsigned caps[3] = { 0 };
+    printf("host atomics: %d", cuDeviceGetHostAtomicCapabilities(caps, ops, 3, dev));
+    printf(", add %#x, cas %#x, float add %#x\n", caps[0], caps[1], caps[2]);
+    printf("peer atomics with itself: %d\n", cuDeviceGetP2PAtomicCapabilities(caps, ops, 3, dev, dev));
+
+    /* arrays' memory requirements */
+    CUDA_ARRAY3D_DESCRIPTOR ad = { 64, 64, 0, CU_AD_FORMAT_FLOAT, 1, 0 };
+    CUarray arr;
+    CUmipmappedArray mip;
+    EXPECT(cuArray3DCreate(&arr, &ad), CUDA_SUCCESS);
+    EXPECT(cuMipmappedArrayCreate(&mip, &ad, 3), CUDA_SUCCESS);
+    CUDA_ARRAY_MEMORY_REQUIREMENTS req;
+    r = cuArrayGetMemoryRequirements(&req, arr, dev);
+    printf("array's memory requirements: %d\n", r);
+    r = cuMipmappedArrayGetMemoryRequirements(&req, mip, dev);
+    printf("mipmapped array's memory requirements: %d\n", r);
+    EXPECT(cuArrayDestroy(arr), CUDA_SUCCESS);
+    EXPECT(cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
+
+    /* im2col tensor maps: 16 pixels of 8 channels, 2 images */
+    CUtensorMap map, before;
+    cuuint64_t dims[3] = { 8, 16, 2 }, strides[2] = { 8 * 4, 8 * 4 * 16 };
+    int lower[1] = { -1 }, upper[1] = { 1 };
+    cuuint32_t estrides[3] = { 1, 1, 1 };
+    r = cuTensorMapEncodeIm2col(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)(uintptr_t)x,
+                                dims, strides, lower, upper, 8, 16, estrides,
+                                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    printf("im2col tensor map: %d\n", r);
+    before = map;
+    r = cuTensorMapReplaceAddress(&map, (void *)(uintptr_t)y);
+    printf("address replaced: %d, map changed %s\n", r,
+           memcmp(&map, &before, sizeof map) ? "yes" : "no");
+    printf("unaligned address: %d\n", cuTensorMapReplaceAddress(&map, (void *)(uintptr_t)(y + 4)));
 
     printf("misc_driver: ok\n");
     return 0;
