@@ -1,6 +1,6 @@
-"""Driver entry points no other sample calls, on a GPU: each program (cuda/misc_driver.c,
-driver API only, built with gcc against cuda.h) prints the same natively and through
-the shim, line for line; where the driver answers with a status, the status is printed,
+"""Driver entry points no other sample calls, on a GPU: each program (cuda/misc_driver.c
+and cuda/batch_copies.c, driver API only, built with gcc against cuda.h) prints the same
+natively and through the shim, line for line; where the driver answers with a status, the status is printed,
 so a difference names the call. HVGPU_SHIM_REPORT=DIR keeps what each run printed."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.guest.test_shim_vmm import build
 from tests.guest.test_vmm_gpu import _native_env, _report, _run, _shim_env
 
 pytestmark = pytest.mark.gpu
-PROGRAMS = ["misc_driver"]
+PROGRAMS = ["misc_driver", "batch_copies"]
 
 
 @pytest.fixture(scope="module")

@@ -63,3 +63,37 @@ def test_hostile_misc_arguments_are_refused(exe, fake_agent):
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines()[-1] == ("hostile: bad functions, shapes, offsets, sizes, "
                                            "flags and paths refused")
+
+
+@pytest.fixture(scope="module")
+def batch_exe(tmp_path_factory):
+    return build(tmp_path_factory.mktemp("batch_copies"), "batch_copies", FLAGS)
+
+
+def test_batches_of_copies_prefetches_and_sync_memops_run_through_the_shim(batch_exe,
+                                                                           fake_agent):
+    """cuda/batch_copies.c: cuMemcpyBatchAsync (13's form and 12.8's, with failIdx),
+    cuMemcpy3DBatchAsync between host memory, an array and pitched device memory,
+    batches of managed prefetches and discards, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS."""
+    out = run(batch_exe, fake_agent.address)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout == (
+        "cuMemcpyBatchAsync: there and back same, same\n"
+        "CUDA 12.8's form: same\n"
+        "cuMemcpy3DBatchAsync: array same, pitched rows same\n"
+        "cuMemPrefetchBatchAsync: 0\n"
+        "a prefetched byte: 5\n"
+        "cuMemDiscardBatchAsync: 0\n"
+        "cuMemDiscardAndPrefetchBatchAsync: 0\n"
+        "sync memops before: 0\n"
+        "sync memops set: 1\n"
+        "copied with sync memops: same\n"
+        "batch_copies: ok\n")
+    assert "not implemented" not in out.stderr
+
+
+def test_hostile_batches_are_refused_whole(batch_exe, fake_agent):
+    out = run(batch_exe, fake_agent.address, "hostile")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == ("hostile: batches refused whole, foreign arrays, "
+                                           "dma-buf refused")
