@@ -1144,6 +1144,53 @@ class FakeDevice:
                                 interleave, swizzle, l2, oob):
         return struct.pack("<QI", address, rank).ljust(128, b"\0")
 
+    def tensor_map_encode_im2col(self, dtype, rank, address, dims, strides, lower, upper,
+                                 channels, pixels, element_strides, interleave, swizzle, l2,
+                                 oob, wide, mode):
+        if address % 16:  # as the driver: a global address 16-byte aligned
+            raise CudaError(S.INVALID_VALUE, "fake cuTensorMapEncodeIm2col: unaligned address")
+        return struct.pack("<QII", address, rank, 2 + wide).ljust(128, b"\0")
+
+    def tensor_map_replace_address(self, tensor_map, address):
+        if address % 16:
+            raise CudaError(S.INVALID_VALUE, "fake cuTensorMapReplaceAddress: unaligned address")
+        return struct.pack("<Q", address) + bytes(tensor_map)[8:]
+
+    # -- contexts and device queries the double answers as an H200 would ------------------
+
+    def ctx_record_event(self, event):
+        if self.captures:  # as the driver: a capture under way is invalidated, and refused
+            raise CudaError(S.STREAM_CAPTURE_UNSUPPORTED, "fake cuCtxRecordEvent: capturing")
+        event.capture = None
+        event.t = time.perf_counter()  # the double's work is done as it is given
+
+    def ctx_wait_event(self, event):
+        if self.captures or event.capture is not None:
+            raise CudaError(S.STREAM_CAPTURE_UNSUPPORTED, "fake cuCtxWaitEvent: capturing")
+        self.ctx_waits = getattr(self, "ctx_waits", 0) + 1
+
+    def ctx_reset_persisting_l2(self):
+        self.l2_resets = getattr(self, "l2_resets", 0) + 1
+
+    def texture_1d_linear_max_width(self, fmt, channels):
+        if fmt not in ARRAY_FORMATS or channels not in (1, 2, 4):
+            raise CudaError(S.INVALID_VALUE, "fake cuDeviceGetTexture1DLinearMaxWidth: "
+                                             f"format {fmt:#x}, {channels} channels")
+        return 1 << 28
+
+    def host_atomic_caps(self, operations):
+        caps = []
+        for (op,) in struct.iter_unpack("<I", operations):
+            if op > 12:  # past CU_ATOMIC_OPERATION_FLOAT_MAX
+                raise CudaError(S.INVALID_VALUE, f"fake: atomic operation {op}")
+            # signed, unsigned, reduction, 32 and 64 bits; floats: 32 and 64 bits
+            caps.append(0x18 if op >= 10 else 0x1F)
+        return struct.pack(f"<{len(caps)}I", *caps)
+
+    def array_memory_requirements(self, array, mipmapped):
+        data = sum(len(a.data) for a in array) if mipmapped else len(array.data)
+        return (data + 0xFFFF) & ~0xFFFF, 0x10000
+
     def compiler_id(self):
         return "fake-nvrtc-sm_90"
 

@@ -142,6 +142,37 @@ OPS: tuple[Op, ...] = (
        _f("u32 version, u32 reserved, u64 caps, u64 max_payload, u32 max_body, str peer, str agent"),
        doc="First frame of every connection: version and capability handshake."),
     Op(0x02, "PING", SYNC, doc="Round trip through the executor without touching CUDA."),
+    # Driver calls no other op covers (issue: misc entry points): answered, so a refusal
+    # comes back at the call.
+    Op(0x03, "CTX_EVENT", SYNC, _f("u64 event, u32 wait"),
+       doc="cuCtxRecordEvent (wait 0) or cuCtxWaitEvent (wait 1) of the executor's context "
+           "with an event of this connection: all the context's work so far, or all its "
+           "later work waiting for the event."),
+    Op(0x04, "CTX_RESET_PERSISTING_L2", SYNC, doc="cuCtxResetPersistingL2Cache."),
+    Op(0x05, "DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH", SYNC, _f("u32 format, u32 channels"),
+       _f("u64 width"),
+       doc="cuDeviceGetTexture1DLinearMaxWidth: elements, for CUarray_format's format."),
+    Op(0x06, "DEVICE_HOST_ATOMIC_CAPS", SYNC, _f("bytes operations"), _f("bytes caps"),
+       doc="cuDeviceGetHostAtomicCapabilities: operations are CUatomicOperation numbers "
+           "(u32 each, at most MAX_ATOMIC_OPERATIONS), caps one u32 of "
+           "CUatomicOperationCapability bits for each."),
+    Op(0x07, "ARRAY_MEMORY_REQUIREMENTS", SYNC, _f("u64 array, u32 mipmapped"),
+       _f("u64 size, u64 alignment"),
+       doc="cuArrayGetMemoryRequirements (mipmapped 0: array is an array handle) or "
+           "cuMipmappedArrayGetMemoryRequirements (1: a mipmapped array's) of this "
+           "connection."),
+    Op(0x09, "TENSOR_MAP_ENCODE_IM2COL", SYNC,
+       _f("u32 dtype, u32 rank, u64 address, bytes dims, bytes strides, bytes lower, "
+          "bytes upper, u32 channels, u32 pixels, bytes element_strides, u32 interleave, "
+          "u32 swizzle, u32 l2_promotion, u32 oob_fill, u32 wide, u32 mode"),
+       _f("bytes map"),
+       doc="cuTensorMapEncodeIm2col (wide 0: lower and upper are the pixel box's corners, "
+           "i32 arrays of rank - 2) or cuTensorMapEncodeIm2colWide (wide 1: one i32 each, "
+           "the corners' widths; mode its CUtensorMapIm2ColWideMode); dims and strides as "
+           "TENSOR_MAP_ENCODE_TILED's. The reply is the 128-byte CUtensorMap."),
+    Op(0x0A, "TENSOR_MAP_REPLACE_ADDRESS", SYNC, _f("bytes map, u64 address"), _f("bytes map"),
+       doc="cuTensorMapReplaceAddress of a CUtensorMap (TENSOR_MAP_SIZE bytes) the guest "
+           "holds: the map with its global address replaced."),
     Op(0x10, "DRIVER_GET_VERSION", SYNC, (), _f("i32 version")),
     Op(0x11, "DEVICE_GET_COUNT", SYNC, (), _f("i32 count")),
     Op(0x12, "DEVICE_GET_ATTRIBUTE", SYNC, _f("i32 attrib, i32 device"), _f("i32 value"),
@@ -611,6 +642,7 @@ MAX_FUNCTION_NAMES = 512 << 10  # MODULE_FUNCTION_NAMES's names at most, NUL-sep
 MAX_FUNC_ATTRIBUTES = 32  # FUNC_GET_ATTRIBUTES's count at most: its reply's known is 32 bits
 UUID_SIZE = 16  # DEVICE_GET_UUID's uuid (a CUuuid)
 TENSOR_MAP_SIZE = 128  # TENSOR_MAP_ENCODE_TILED's map (a CUtensorMap)
+MAX_ATOMIC_OPERATIONS = 64  # CUatomicOperation values DEVICE_HOST_ATOMIC_CAPS asks at once
 ACCESS_DESC_SIZE = 12  # one CUmemAccessDesc in MEM_SET_ACCESS's descs
 MAX_ACCESS_DESCS = 64  # descriptors one MEM_SET_ACCESS carries at most
 MAX_QUERY_NODES = 4096  # dependency nodes one STREAM_CAPTURE_INFO answers at most
@@ -651,6 +683,7 @@ C_CONSTANTS = (
     ("LAUNCH_ATTR_LAUNCH_COMPLETION_EVENT", "i32"), ("MAX_DEVICE_ATTRIBUTES", "i32"),
     ("LAUNCH_ATTR_COOPERATIVE", "i32"), ("LAUNCH_ATTR_VALUE_SIZE", "i32"),
     ("MAX_FUNC_ATTRIBUTES", "i32"), ("UUID_SIZE", "i32"), ("TENSOR_MAP_SIZE", "i32"),
+    ("MAX_ATOMIC_OPERATIONS", "i32"),
     ("ACCESS_DESC_SIZE", "i32"), ("MAX_ACCESS_DESCS", "i32"), ("MAX_QUERY_NODES", "i32"),
     ("MAX_GRAPH_NODES", "i32"), ("MAX_CONDITIONAL_BODIES", "i32"), ("FIRST_HANDLE", "i32"),
     ("MEMCPY_NODE_DEVICE", "i32"),

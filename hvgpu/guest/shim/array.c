@@ -108,6 +108,34 @@ static CUresult describe(void *array, hvgpu_array_get_descriptor_rep_t *v) {
                                                0, v, sizeof *v, NULL, NULL, 0));
 }
 
+/* CUDA_ARRAY_MEMORY_REQUIREMENTS, as cuda.h lays it out. */
+typedef struct { size_t size, alignment; unsigned reserved[4]; } memory_requirements;
+
+static CUresult requirements(memory_requirements *req, void *handle, CUdevice dev,
+                             uint32_t mipmapped) {
+    if (!req) return CUDA_ERROR_INVALID_VALUE;
+    if (!handle) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    if (dev != hv_tag_device(handle)) return CUDA_ERROR_INVALID_DEVICE; /* another vGPU's */
+    hvgpu_array_memory_requirements_req_t q = { hv_untag(handle), mipmapped };
+    hvgpu_array_memory_requirements_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_ARRAY_MEMORY_REQUIREMENTS, &q, sizeof q, NULL, 0, &v,
+                           sizeof v, NULL, NULL, 0));
+    if (!r) *req = (memory_requirements){ (size_t)v.size, (size_t)v.alignment, { 0 } };
+    return r;
+}
+
+HV_EXPORT CUresult cuArrayGetMemoryRequirements(memory_requirements *req, void *array,
+                                                CUdevice dev) {
+    return requirements(req, array, dev, 0);
+}
+
+HV_EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(memory_requirements *req, void *mipmap,
+                                                         CUdevice dev) {
+    return requirements(req, mipmap, dev, 1);
+}
+
 HV_EXPORT CUresult cuArray3DGetDescriptor_v2(array3d_desc *d, void *array) {
     hvgpu_array_get_descriptor_rep_t v;
     if (!d) return CUDA_ERROR_INVALID_VALUE;
@@ -372,4 +400,176 @@ HV_EXPORT CUresult cuMemcpyDtoA_v2(void *dst, size_t off, CUdeviceptr src, size_
 }
 HV_EXPORT CUresult cuMemcpyAtoA_v2(void *dst, size_t doff, void *src, size_t soff, size_t n) {
     return copy1d(array_at(src, soff), array_at(dst, doff), n, NULL, 1);
+}
+
+/* -- batches of copies (CUDA 12.8+) -------------------------------------------------
+ *
+ * A batch runs in stream order as a whole, its copies in no order among themselves: the
+ * shim issues them one by one on the stream, which is one such order. Everything is
+ * checked before the first copy is issued, as the driver refuses a batch whole; a copy
+ * that fails after names itself in failIdx (SIZE_MAX: the error concerns no one copy). A
+ * source CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL names is read before the call returns:
+ * its copy is made in the synchronous form. */
+
+typedef struct { int type, id; } mem_location; /* CUmemLocation */
+typedef struct {
+    int src_access_order;
+    mem_location src_hint, dst_hint;
+    unsigned flags;
+} memcpy_attributes; /* CUmemcpyAttributes */
+typedef struct {
+    int type; /* CUmemcpy3DOperandType: 1 pointer, 2 array */
+    union {
+        struct { CUdeviceptr ptr; size_t row_length, layer_height; mem_location hint; } ptr;
+        struct { void *array; size_t x, y, z; } array;
+    } op;
+} memcpy3d_operand; /* CUmemcpy3DOperand */
+typedef struct {
+    memcpy3d_operand src, dst;
+    size_t width, height, depth;
+    int src_access_order;
+    unsigned flags;
+} memcpy3d_batch_op; /* CUDA_MEMCPY3D_BATCH_OP */
+_Static_assert(sizeof(memcpy_attributes) == 24, "CUmemcpyAttributes' layout");
+_Static_assert(sizeof(memcpy3d_batch_op) == 112, "CUDA_MEMCPY3D_BATCH_OP's layout");
+
+#define ORDER_STREAM 1
+#define ORDER_DURING_CALL 2
+#define ORDER_ANY 3
+#define FLAG_PREFER_OVERLAP 1u
+
+static int valid_order(int order, unsigned flags) {
+    return order >= ORDER_STREAM && order <= ORDER_ANY && !(flags & ~FLAG_PREFER_OVERLAP);
+}
+
+/* Not the legacy NULL stream, as cuda.h says of both batches. */
+static int batch_stream(CUstream stream) { return hv_created(stream) || hv_untag(stream) == 2; }
+
+CUresult hv_batch_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream,
+                       int wait); /* memory.c */
+
+static CUresult copy_batch(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                           memcpy_attributes *attrs, size_t *idxs, size_t nattrs,
+                           size_t *fail_idx, CUstream stream) {
+    if (fail_idx) *fail_idx = SIZE_MAX;
+    if (!dsts || !srcs || !sizes || !count || !attrs || !idxs || !nattrs || nattrs > count ||
+        idxs[0] != 0 || !batch_stream(stream))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 0; k < nattrs; k++)
+        if ((k && idxs[k] <= idxs[k - 1]) || idxs[k] >= count ||
+            !valid_order(attrs[k].src_access_order, attrs[k].flags))
+            return CUDA_ERROR_INVALID_VALUE;
+    size_t k = 0;
+    for (size_t i = 0; i < count; i++) {
+        while (k + 1 < nattrs && idxs[k + 1] <= i) k++;
+        CUresult r = hv_batch_copy(dsts[i], srcs[i], sizes[i], stream,
+                                   attrs[k].src_access_order == ORDER_DURING_CALL);
+        if (r) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+/* CUDA 12.8's, with failIdx; CUDA 13's (_v2) has none. */
+HV_EXPORT CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                      size_t count, memcpy_attributes *attrs, size_t *idxs,
+                                      size_t nattrs, size_t *fail_idx, CUstream stream) {
+    return copy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail_idx, stream);
+}
+
+HV_EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
+                                         size_t count, memcpy_attributes *attrs, size_t *idxs,
+                                         size_t nattrs, CUstream stream) {
+    return copy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, NULL, stream);
+}
+
+/* The bytes of one element of an array (its format's channel size times its channels). */
+static CUresult element_size(void *array, size_t *size) {
+    array3d_desc d;
+    CUresult r = cuArray3DGetDescriptor_v2(&d, array);
+    if (r) return r;
+    size_t channel = d.format == 0x01 || d.format == 0x08 ? 1
+                     : d.format == 0x02 || d.format == 0x09 || d.format == 0x10 ? 2 : 4;
+    *size = channel * d.channels;
+    return CUDA_SUCCESS;
+}
+
+/* One operand as a copy side, its extent in elements of `elem` bytes. */
+static CUresult operand_side(const memcpy3d_operand *o, size_t elem, size_t width, size_t height,
+                             struct hv_copy_side *s) {
+    if (o->type == 1) {
+        size_t row = o->op.ptr.row_length, layer = o->op.ptr.layer_height;
+        if ((row && row < width) || (layer && layer < height)) return CUDA_ERROR_INVALID_VALUE;
+        *s = (struct hv_copy_side){ MT_UNIFIED, NULL, o->op.ptr.ptr, NULL, 0, 0, 0,
+                                    (row ? row : width) * elem, layer ? layer : height };
+        return CUDA_SUCCESS;
+    }
+    if (o->type == 2) {
+        if (!o->op.array.array) return CUDA_ERROR_INVALID_HANDLE;
+        *s = (struct hv_copy_side){ MT_ARRAY, NULL, 0, o->op.array.array, o->op.array.x * elem,
+                                    o->op.array.y, o->op.array.z, 0, 0 };
+        return CUDA_SUCCESS;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The element size of an operation: 1 between pointers, else its array's (both arrays'
+   must agree). */
+static CUresult op_element(const memcpy3d_batch_op *op, size_t *elem) {
+    size_t s = 1, d = 1;
+    CUresult r = CUDA_SUCCESS;
+    if (op->src.type == 2) r = element_size(op->src.op.array.array, &s);
+    if (!r && op->dst.type == 2) r = element_size(op->dst.op.array.array, &d);
+    if (r) return r;
+    if (op->src.type == 2 && op->dst.type == 2 && s != d) return CUDA_ERROR_INVALID_VALUE;
+    *elem = op->src.type == 2 ? s : d;
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy3d_batch(size_t n, memcpy3d_batch_op *ops, size_t *fail_idx,
+                             unsigned long long flags, CUstream stream) {
+    if (fail_idx) *fail_idx = SIZE_MAX;
+    if (!n || !ops || flags || !batch_stream(stream)) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < n; i++) {
+        const memcpy3d_batch_op *op = &ops[i];
+        size_t elem;
+        struct hv_copy_side s, d;
+        CUresult r = !op->width || !op->height || !op->depth ||
+                     !valid_order(op->src_access_order, op->flags)
+                         ? CUDA_ERROR_INVALID_VALUE : op_element(op, &elem);
+        if (!r) r = operand_side(&op->src, elem, op->width, op->height, &s);
+        if (!r) r = operand_side(&op->dst, elem, op->width, op->height, &d);
+        if (r) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const memcpy3d_batch_op *op = &ops[i];
+        size_t elem = 1;
+        struct hv_copy_side s, d;
+        CUresult r = op_element(op, &elem);
+        if (!r) r = operand_side(&op->src, elem, op->width, op->height, &s);
+        if (!r) r = operand_side(&op->dst, elem, op->width, op->height, &d);
+        if (!r) r = hv_copy3d(&s, &d, op->width * elem, op->height, op->depth, stream,
+                              op->src_access_order == ORDER_DURING_CALL);
+        if (!r && op->src_access_order == ORDER_DURING_CALL) r = cuStreamSynchronize(stream);
+        if (r) {
+            if (fail_idx) *fail_idx = i;
+            return r;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuMemcpy3DBatchAsync(size_t n, memcpy3d_batch_op *ops, size_t *fail_idx,
+                                        unsigned long long flags, CUstream stream) {
+    return copy3d_batch(n, ops, fail_idx, flags, stream);
+}
+
+HV_EXPORT CUresult cuMemcpy3DBatchAsync_v2(size_t n, memcpy3d_batch_op *ops,
+                                           unsigned long long flags, CUstream stream) {
+    return copy3d_batch(n, ops, NULL, flags, stream);
 }

@@ -296,6 +296,85 @@ HV_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
     return CUDA_SUCCESS;
 }
 
+/* CU_CTX_FLAGS_MASK's flags, with a scheduling mode CU_CTX_SCHED_MASK names (auto, spin,
+   yield, blocking sync). They are the program's word about how it waits: the executor's
+   context keeps its own, and the shim's waits are the socket's. */
+HV_EXPORT CUresult cuCtxSetFlags(unsigned flags) {
+    struct hv_ctx *c = hv_current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned sched = flags & 0x07u;
+    if (flags & ~0xFFu || (sched != 0 && sched != 1 && sched != 2 && sched != 4))
+        return CUDA_ERROR_INVALID_VALUE;
+    c->flags = flags;
+    return CUDA_SUCCESS;
+}
+
+/* Shared memory banks are four bytes wide and fixed on every GPU a driver of CUDA 12+
+   runs (Volta and later): the driver answers four and takes any valid setting as a
+   no-op, and so does the shim. CUsharedconfig: 0 default, 1 four bytes, 2 eight. */
+HV_EXPORT CUresult cuCtxGetSharedMemConfig(int *config) {
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    *config = 1; /* CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE */
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuCtxSetSharedMemConfig(int config) {
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return config < 0 || config > 2 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuFuncSetSharedMemConfig(CUfunction f, int config) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    return config < 0 || config > 2 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+/* Execution affinity: a vGPU's one context cannot be narrowed to fewer SMs (see
+   refuse_affinity), so the device says it does not support it, and the context's
+   affinity is asked as of such a device. CU_EXEC_AFFINITY_TYPE_SM_COUNT is 0, the only
+   type. */
+HV_EXPORT CUresult cuDeviceGetExecAffinitySupport(int *pi, int type, CUdevice dev) {
+    if (!pi || type != 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(dev);
+    if (!r) *pi = 0;
+    return r;
+}
+
+HV_EXPORT CUresult cuCtxGetExecAffinity(void *param, int type) {
+    if (!param || type != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY;
+}
+
+/* On the executor's context of the vGPU, which all the VM's programs on it share (one
+   process's contexts and the work of the others on that vGPU alike are captured, or wait:
+   more than the program's own, never less). Answered: the driver's refusal (a capture
+   under way, a bad event) comes back at the call. */
+static CUresult ctx_event(CUcontext ctx, CUevent event, uint32_t wait) {
+    struct hv_ctx *c = valid_ctx(ctx);
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!hv_created(event)) return CUDA_ERROR_INVALID_HANDLE;
+    if (hv_tag_device(event) != c->device) {
+        /* Recording needs an event of the context; waiting may take another vGPU's, whose
+           executor is another process: the guest waits for it, and the context's later
+           work is issued after. */
+        return wait ? hv_call_handle(hv_tag_device(event), HVGPU_OP_EVENT_SYNCHRONIZE,
+                                     hv_untag(event))
+                    : CUDA_ERROR_INVALID_HANDLE;
+    }
+    hvgpu_ctx_event_req_t q = { hv_untag(event), wait };
+    return HV_ON(c->device, hv_call(HVGPU_OP_CTX_EVENT, &q, sizeof q, NULL, 0, NULL, 0, NULL,
+                                    NULL, 0));
+}
+
+HV_EXPORT CUresult cuCtxRecordEvent(CUcontext ctx, CUevent event) { return ctx_event(ctx, event, 0); }
+HV_EXPORT CUresult cuCtxWaitEvent(CUcontext ctx, CUevent event) { return ctx_event(ctx, event, 1); }
+
+HV_EXPORT CUresult cuCtxResetPersistingL2Cache(void) {
+    if (!hv_current()) return CUDA_ERROR_INVALID_CONTEXT;
+    return hv_call(HVGPU_OP_CTX_RESET_PERSISTING_L2, NULL, 0, NULL, 0, NULL, 0, NULL, NULL, 0);
+}
+
 /* Unversioned names with the same arguments as their _v2 (NVIDIA's library keeps
    exporting them, and libraries such as cuBLASLt look them up by name). */
 HV_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return cuCtxDestroy_v2(ctx); }

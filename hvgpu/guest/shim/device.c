@@ -251,6 +251,76 @@ HV_EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice src,
     return r;
 }
 
+/* CUdevprop, as cuda.h lays it out: the attributes it gathers (deprecated by CUDA). */
+typedef struct {
+    int max_threads_per_block, max_threads_dim[3], max_grid_size[3], shared_mem_per_block,
+        total_constant_memory, simd_width, mem_pitch, regs_per_block, clock_rate, texture_align;
+} hv_devprop;
+
+HV_EXPORT CUresult cuDeviceGetProperties(hv_devprop *p, CUdevice dev) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    const int *a = hv_attrs[dev];
+    /* CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK (1) .. TEXTURE_ALIGNMENT (14), in order */
+    *p = (hv_devprop){ a[1], { a[2], a[3], a[4] }, { a[5], a[6], a[7] }, a[8], a[9], a[10],
+                       a[11], a[12], a[13], a[14] };
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuDeviceGetTexture1DLinearMaxWidth(size_t *width, int format,
+                                                      unsigned channels, CUdevice dev) {
+    if (!width) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(dev);
+    if (r) return r;
+    hvgpu_device_texture_1d_linear_max_width_req_t q = { (uint32_t)format, channels };
+    hvgpu_device_texture_1d_linear_max_width_rep_t v;
+    r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH, &q, sizeof q, NULL, 0, &v,
+                           sizeof v, NULL, NULL, 0));
+    if (!r) *width = (size_t)v.width;
+    return r;
+}
+
+/* Atomics of the device on host memory: the host's pinned memory, which is what the
+   guest's device-mapped pinned memory is (the region), so the host driver's answer holds;
+   asked MAX_ATOMIC_OPERATIONS operations at a time. */
+HV_EXPORT CUresult cuDeviceGetHostAtomicCapabilities(unsigned *caps, const int *ops,
+                                                     unsigned count, CUdevice dev) {
+    if (!caps || (count && !ops)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(dev);
+    for (unsigned done = 0; !r && done < count; done += HVGPU_MAX_ATOMIC_OPERATIONS) {
+        unsigned k = count - done < HVGPU_MAX_ATOMIC_OPERATIONS ? count - done
+                                                                 : HVGPU_MAX_ATOMIC_OPERATIONS;
+        unsigned char body[sizeof(hvgpu_device_host_atomic_caps_req_t) +
+                           4 * HVGPU_MAX_ATOMIC_OPERATIONS];
+        hvgpu_device_host_atomic_caps_req_t q = { 4 * k };
+        memcpy(body, &q, sizeof q);
+        memcpy(body + sizeof q, ops + done, 4 * k);
+        unsigned char rep[sizeof(hvgpu_device_host_atomic_caps_rep_t) +
+                          4 * HVGPU_MAX_ATOMIC_OPERATIONS];
+        uint32_t n = 0;
+        r = HV_ON(dev, hv_call(HVGPU_OP_DEVICE_HOST_ATOMIC_CAPS, body, (uint32_t)(sizeof q + 4 * k),
+                               NULL, 0, rep, sizeof rep, &n, NULL, 0));
+        hvgpu_device_host_atomic_caps_rep_view_t v;
+        if (!r && (hvgpu_device_host_atomic_caps_rep_decode(rep, n, &v) < 0 || v.caps.len != 4 * k))
+            r = CUDA_ERROR_UNKNOWN;
+        if (!r) memcpy(caps + done, v.caps.data, 4 * k);
+    }
+    return r;
+}
+
+/* Between two vGPUs, which cannot reach each other's memory (cuDeviceCanAccessPeer says
+   0): no atomic is possible, as between two GPUs without a peer link. */
+HV_EXPORT CUresult cuDeviceGetP2PAtomicCapabilities(unsigned *caps, const int *ops,
+                                                    unsigned count, CUdevice src, CUdevice dst) {
+    if (!caps || (count && !ops)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = hv_check_device(src);
+    if (!r) r = hv_check_device(dst);
+    if (!r && src == dst) r = CUDA_ERROR_INVALID_DEVICE;
+    if (!r) memset(caps, 0, (size_t)count * sizeof *caps);
+    return r;
+}
+
 HV_EXPORT CUresult cuGetErrorName(CUresult error, const char **str) {
     const char *name, *text;
     if (!str) return CUDA_ERROR_INVALID_VALUE;

@@ -242,6 +242,169 @@ HV_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned
     return cuLaunchKernelEx(&c, f, params, NULL);
 }
 
+/* Im2col tensor maps, as cuTensorMapEncodeTiled's: the host's driver encodes them.
+   wide: cuTensorMapEncodeIm2colWide, whose corners are one width each. */
+static CUresult im2col(void *map, int dtype, uint32_t rank, void *address, const uint64_t *dims,
+                       const uint64_t *strides, const int *lower, const int *upper, int wide,
+                       uint32_t channels, uint32_t pixels, const uint32_t *element_strides,
+                       int interleave, int mode, int swizzle, int l2, int oob) {
+    if (!map || !dims || !element_strides || rank < 3 || rank > 5 || !strides ||
+        (!wide && (!lower || !upper)))
+        return CUDA_ERROR_INVALID_VALUE;
+    uint32_t corners = wide ? 4 : (rank - 2) * 4;
+    unsigned char body[sizeof(hvgpu_tensor_map_encode_im2col_req_t) + 5 * 8 * 2 + 3 * 4 * 2 +
+                       5 * 4];
+    hvgpu_tensor_map_encode_im2col_req_t q = {
+        (uint32_t)dtype, rank, (uint64_t)(uintptr_t)address, rank * 8, (rank - 1) * 8, corners,
+        corners, channels, pixels, rank * 4, (uint32_t)interleave, (uint32_t)swizzle,
+        (uint32_t)l2, (uint32_t)oob, (uint32_t)wide, (uint32_t)mode };
+    unsigned char *p = body + sizeof q;
+    memcpy(p, dims, rank * 8); p += rank * 8;
+    memcpy(p, strides, (rank - 1) * 8); p += (rank - 1) * 8;
+    memcpy(p, lower, corners); p += corners;
+    memcpy(p, upper, corners); p += corners;
+    memcpy(p, element_strides, rank * 4); p += rank * 4;
+    memcpy(body, &q, sizeof q);
+    unsigned char rep[sizeof(hvgpu_tensor_map_encode_im2col_rep_t) + HVGPU_TENSOR_MAP_SIZE];
+    uint32_t n = 0;
+    CUresult r = hv_call(HVGPU_OP_TENSOR_MAP_ENCODE_IM2COL, body, (uint32_t)(p - body), NULL, 0,
+                         rep, sizeof rep, &n, NULL, 0);
+    if (r) return r;
+    hvgpu_tensor_map_encode_im2col_rep_view_t v;
+    if (hvgpu_tensor_map_encode_im2col_rep_decode(rep, n, &v) < 0 ||
+        v.map.len < HVGPU_TENSOR_MAP_SIZE)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, v.map.data, HVGPU_TENSOR_MAP_SIZE);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuTensorMapEncodeIm2col(void *map, int dtype, uint32_t rank, void *address,
+                                           const uint64_t *dims, const uint64_t *strides,
+                                           const int *lower, const int *upper, uint32_t channels,
+                                           uint32_t pixels, const uint32_t *element_strides,
+                                           int interleave, int swizzle, int l2, int oob) {
+    return im2col(map, dtype, rank, address, dims, strides, lower, upper, 0, channels, pixels,
+                  element_strides, interleave, 0, swizzle, l2, oob);
+}
+
+HV_EXPORT CUresult cuTensorMapEncodeIm2colWide(void *map, int dtype, uint32_t rank, void *address,
+                                               const uint64_t *dims, const uint64_t *strides,
+                                               int lower, int upper, uint32_t channels,
+                                               uint32_t pixels, const uint32_t *element_strides,
+                                               int interleave, int mode, int swizzle, int l2,
+                                               int oob) {
+    return im2col(map, dtype, rank, address, dims, strides, &lower, &upper, 1, channels, pixels,
+                  element_strides, interleave, mode, swizzle, l2, oob);
+}
+
+HV_EXPORT CUresult cuTensorMapReplaceAddress(void *map, void *address) {
+    if (!map) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char body[sizeof(hvgpu_tensor_map_replace_address_req_t) + HVGPU_TENSOR_MAP_SIZE];
+    hvgpu_tensor_map_replace_address_req_t q = { HVGPU_TENSOR_MAP_SIZE,
+                                                 (uint64_t)(uintptr_t)address };
+    memcpy(body, &q, sizeof q);
+    memcpy(body + sizeof q, map, HVGPU_TENSOR_MAP_SIZE);
+    unsigned char rep[sizeof(hvgpu_tensor_map_replace_address_rep_t) + HVGPU_TENSOR_MAP_SIZE];
+    uint32_t n = 0;
+    CUresult r = hv_call(HVGPU_OP_TENSOR_MAP_REPLACE_ADDRESS, body, sizeof body, NULL, 0, rep,
+                         sizeof rep, &n, NULL, 0);
+    if (r) return r;
+    hvgpu_tensor_map_replace_address_rep_view_t v;
+    if (hvgpu_tensor_map_replace_address_rep_decode(rep, n, &v) < 0 ||
+        v.map.len < HVGPU_TENSOR_MAP_SIZE)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(map, v.map.data, HVGPU_TENSOR_MAP_SIZE);
+    return CUDA_SUCCESS;
+}
+
+/* -- the deprecated launch API (cuFuncSetBlockShape .. cuLaunchGridAsync) ----------
+ *
+ * Still in cuda.h 13: a function carries a block shape, a dynamic shared memory size and
+ * a parameter buffer the program fills at byte offsets, and cuLaunch/cuLaunchGrid launch
+ * it with them, as cuLaunchKernel with that buffer in `extra` would. The state is the
+ * function's, kept here; not guarded, as the driver's is not (one thread sets it up). */
+struct hv_legacy {
+    unsigned block[3], shared;
+    uint32_t size;            /* cuParamSetSize's */
+    unsigned char params[HVGPU_MAX_PARAMS];
+};
+
+static struct hv_legacy *legacy(struct hv_func *f) {
+    if (!f->legacy) {
+        struct hv_legacy *l = calloc(1, sizeof *l);
+        if (l && __atomic_compare_exchange_n(&f->legacy, &(struct hv_legacy *){ NULL }, l, 0,
+                                             __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return l;
+        free(l);
+    }
+    return f->legacy;
+}
+
+HV_EXPORT CUresult cuFuncSetBlockShape(CUfunction f, int x, int y, int z) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (x <= 0 || y <= 0 || z <= 0) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->block[0] = (unsigned)x; l->block[1] = (unsigned)y; l->block[2] = (unsigned)z;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuFuncSetSharedSize(CUfunction f, unsigned bytes) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->shared = bytes;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuParamSetSize(CUfunction f, unsigned n) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (n > HVGPU_MAX_PARAMS) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    l->size = n;
+    return CUDA_SUCCESS;
+}
+
+static CUresult param_set(CUfunction f, int offset, const void *value, unsigned n) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (offset < 0 || (n && !value) || (uint64_t)offset + n > HVGPU_MAX_PARAMS)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (n) memcpy(l->params + offset, value, n);
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuParamSeti(CUfunction f, int offset, unsigned value) {
+    return param_set(f, offset, &value, sizeof value);
+}
+HV_EXPORT CUresult cuParamSetf(CUfunction f, int offset, float value) {
+    return param_set(f, offset, &value, sizeof value);
+}
+HV_EXPORT CUresult cuParamSetv(CUfunction f, int offset, void *ptr, unsigned n) {
+    return param_set(f, offset, ptr, n);
+}
+
+HV_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int width, int height, CUstream stream) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (width <= 0 || height <= 0) return CUDA_ERROR_INVALID_VALUE;
+    struct hv_legacy *l = legacy(f);
+    if (!l) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t size = l->size;
+    void *extra[] = { LAUNCH_PARAM_BUFFER_POINTER, l->params, LAUNCH_PARAM_BUFFER_SIZE, &size,
+                      LAUNCH_PARAM_END };
+    /* no block shape set: 0 threads, which the launch check refuses as the driver does */
+    return launch(f, (unsigned)width, (unsigned)height, 1, l->block[0], l->block[1],
+                  l->block[2], l->shared, stream, NULL, extra);
+}
+
+HV_EXPORT CUresult cuLaunchGrid(CUfunction f, int width, int height) {
+    return cuLaunchGridAsync(f, width, height, NULL);
+}
+
+HV_EXPORT CUresult cuLaunch(CUfunction f) { return cuLaunchGridAsync(f, 1, 1, NULL); }
+
 /* CUDA_LAUNCH_PARAMS, as cuda.h lays it out. */
 typedef struct {
     CUfunction function;

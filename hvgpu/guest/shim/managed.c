@@ -391,3 +391,68 @@ HV_EXPORT CUresult cuMemRangeGetAttributes(void **data, size_t *sizes, int *attr
     }
     return CUDA_SUCCESS;
 }
+
+/* -- batches of prefetches and discards (CUDA 13) ------------------------------------
+ *
+ * cuda.h asks of them a device with concurrent managed access, which the shim's is not
+ * (above): they are served all the same under this file's rules, since each is a hint
+ * whose effect a program cannot tell apart from the driver's but by timing. A prefetch
+ * is cuMemPrefetchAsync's. A discard leaves the bytes as they are: a discarded range
+ * reads as indeterminate values until written or prefetched, which the old bytes are. */
+
+/* Not the legacy NULL stream, as cuda.h says of the three. */
+static int batch_stream(CUstream stream) { return hv_created(stream) || hv_untag(stream) == 2; }
+
+static CUresult batch_ranges(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                             unsigned long long flags, CUstream stream) {
+    if (!ptrs || !sizes || !count || flags || !batch_stream(stream))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&lock);
+    CUresult r = CUDA_SUCCESS;
+    for (size_t i = 0; i < count && !r; i++) {
+        struct managed *m = find(ptrs[i]);
+        if (!m || !sizes[i] || sizes[i] > m->base + m->size - ptrs[i]) r = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+static CUresult batch_locations(size_t count, hv_location *locs, size_t *idxs, size_t n) {
+    if (!locs || !idxs || !n || n > count || idxs[0] != 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t k = 0; k < n; k++)
+        if ((k && idxs[k] <= idxs[k - 1]) || idxs[k] >= count || locs[k].type < 1 ||
+            locs[k].type > 4)
+            return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+static CUresult prefetch_batch(CUdeviceptr *ptrs, size_t *sizes, size_t count, hv_location *locs,
+                               size_t *idxs, size_t n, unsigned long long flags,
+                               CUstream stream) {
+    CUresult r = batch_ranges(ptrs, sizes, count, flags, stream);
+    if (!r) r = batch_locations(count, locs, idxs, n);
+    size_t k = 0;
+    for (size_t i = 0; i < count && !r; i++) {
+        while (k + 1 < n && idxs[k + 1] <= i) k++;
+        r = prefetch(ptrs[i], sizes[i], location_device(locs[k]), stream);
+    }
+    return r;
+}
+
+HV_EXPORT CUresult cuMemPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                           hv_location *locs, size_t *idxs, size_t n,
+                                           unsigned long long flags, CUstream stream) {
+    return prefetch_batch(ptrs, sizes, count, locs, idxs, n, flags, stream);
+}
+
+HV_EXPORT CUresult cuMemDiscardBatchAsync(CUdeviceptr *ptrs, size_t *sizes, size_t count,
+                                          unsigned long long flags, CUstream stream) {
+    return batch_ranges(ptrs, sizes, count, flags, stream);
+}
+
+HV_EXPORT CUresult cuMemDiscardAndPrefetchBatchAsync(CUdeviceptr *ptrs, size_t *sizes,
+                                                     size_t count, hv_location *locs,
+                                                     size_t *idxs, size_t n,
+                                                     unsigned long long flags, CUstream stream) {
+    return prefetch_batch(ptrs, sizes, count, locs, idxs, n, flags, stream);
+}

@@ -18,6 +18,7 @@
  * is refused (CUDA_ERROR_NOT_SUPPORTED) rather than handing out a pointer that faults.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -160,6 +161,27 @@ HV_EXPORT CUresult cuMemHostUnregister(void *p) {
     return hv_host_remove(p) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
+/* -- CU_POINTER_ATTRIBUTE_SYNC_MEMOPS -------------------------------------------
+ *
+ * Allocations whose synchronous copies must have landed when the call returns: the shim
+ * waits for the copy's stream after a synchronous copy into one (its one-way frames would
+ * otherwise let the call return first). A few are kept; a program sets it on a handful. */
+#define SYNC_MEMOPS_MAX 64
+static pthread_mutex_t sync_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUdeviceptr sync_bases[SYNC_MEMOPS_MAX];
+static int sync_count;
+
+static int sync_memops(CUdeviceptr ptr) {
+    if (!__atomic_load_n(&sync_count, __ATOMIC_ACQUIRE)) return 0;
+    CUdeviceptr base;
+    if (!hv_alloc_find(ptr, &base, NULL)) return 0;
+    pthread_mutex_lock(&sync_lock);
+    int found = 0;
+    for (int i = 0; i < sync_count && !found; i++) found = sync_bases[i] == base;
+    pthread_mutex_unlock(&sync_lock);
+    return found;
+}
+
 /* -- copies ------------------------------------------------------------------ */
 
 /* Which vGPU a copy or memset runs on: its stream's, else the device pointer's owner,
@@ -224,6 +246,7 @@ static CUresult htod(CUdeviceptr dst, const void *src, size_t n, CUstream stream
     if (kept(device, dst, n)) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = hv_managed_before(device, stream);
     if (!r) r = HV_ON(device, htod_routed(dst, src, n, stream, wait));
+    if (!r && wait && sync_memops(dst)) r = HV_ON(device, cuStreamSynchronize(stream));
     return r || !wait ? r : hv_managed_synced(device, stream, 0);
 }
 
@@ -295,7 +318,10 @@ static CUresult dtod(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream
     CUresult r = hv_managed_before(device, stream);
     if (r) return r;
     hvgpu_memcpy_dtod_req_t q = { dst, src, n, hv_untag(stream) };
-    return HV_ON(device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
+    r = HV_ON(device, hv_oneway(HVGPU_OP_MEMCPY_DTOD, &q, sizeof q, NULL, 0));
+    if (!r && wait && (sync_memops(dst) || sync_memops(src)))
+        r = HV_ON(device, cuStreamSynchronize(stream));
+    return r;
 }
 
 HV_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -326,6 +352,13 @@ static CUresult any_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream st
     CUresult r = cuStreamSynchronize(stream); /* host to host, in stream order */
     if (!r && n) memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return r;
+}
+
+/* One copy of a batch (array.c): wait, the synchronous form, where its source must have
+   been read when the call returns. */
+CUresult hv_batch_copy(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream stream, int wait) {
+    CUresult r = any_copy(dst, src, n, stream, wait);
+    return r || !wait ? r : cuStreamSynchronize(stream);
 }
 
 HV_EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
@@ -426,7 +459,8 @@ static CUresult attribute(void *data, int attrib, CUdeviceptr ptr, int lenient) 
     case PA_HOST_POINTER:
         if (!is_host) return lenient ? (*(void **)data = NULL, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
         *(void **)data = (void *)(uintptr_t)ptr; break;
-    case PA_SYNC_MEMOPS: case PA_IS_LEGACY_CUDA_IPC_CAPABLE: case PA_IS_GPU_DIRECT_RDMA_CAPABLE:
+    case PA_SYNC_MEMOPS: *(unsigned char *)data = (unsigned char)(is_dev && sync_memops(ptr)); break;
+    case PA_IS_LEGACY_CUDA_IPC_CAPABLE: case PA_IS_GPU_DIRECT_RDMA_CAPABLE:
         *(unsigned char *)data = 0; break;
     /* Four bytes: cudaPointerGetAttributes hands a slot of that size, uninitialised, and
        reads it whole (cudaMallocHost memory came back as managed with one byte set). */
@@ -460,6 +494,43 @@ HV_EXPORT CUresult cuPointerGetAttributes(unsigned n, int *attribs, void **data,
         if (r) return r;
     }
     return CUDA_SUCCESS;
+}
+
+/* CU_POINTER_ATTRIBUTE_SYNC_MEMOPS alone can be set (cuda.h), on device memory of the
+   program's: set, the synchronous copies pending on its device are waited for first. */
+HV_EXPORT CUresult cuPointerSetAttribute(const void *value, int attrib, CUdeviceptr ptr) {
+    if (!value || attrib != PA_SYNC_MEMOPS) return CUDA_ERROR_INVALID_VALUE;
+    CUdeviceptr base;
+    if (!hv_alloc_find(ptr, &base, NULL)) return CUDA_ERROR_INVALID_VALUE;
+    unsigned on;
+    memcpy(&on, value, sizeof on);
+    int device = hv_alloc_owner(ptr);
+    CUresult r = on ? HV_ON(device, cuStreamSynchronize(NULL)) : CUDA_SUCCESS;
+    if (r) return r;
+    pthread_mutex_lock(&sync_lock);
+    int at = -1;
+    for (int i = 0; i < sync_count && at < 0; i++) if (sync_bases[i] == base) at = i;
+    if (on && at < 0) {
+        if (sync_count == SYNC_MEMOPS_MAX) r = CUDA_ERROR_OUT_OF_MEMORY;
+        else sync_bases[__atomic_add_fetch(&sync_count, 1, __ATOMIC_RELEASE) - 1] = base;
+    } else if (!on && at >= 0) {
+        sync_bases[at] = sync_bases[sync_count - 1];
+        __atomic_sub_fetch(&sync_count, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&sync_lock);
+    return r;
+}
+
+/* A dma-buf of GPU memory is a descriptor of the host's kernel, which no guest process can
+   hold: refused as on a device without dma-buf support (DMA_BUF_SUPPORTED reads 0). */
+HV_EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr ptr, size_t size,
+                                                 int type, unsigned long long flags) {
+    static int once;
+    (void)ptr; (void)flags;
+    if (!handle || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (type != 1) return CUDA_ERROR_INVALID_VALUE; /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD */
+    return hv_unsupported("cuMemGetHandleForAddressRange (a dma-buf of the GPU's memory is "
+                          "the host's descriptor; a guest cannot hold one)", &once);
 }
 
 /* -- 2D copies and memsets, row by row (one frame when the rows are contiguous) -- */

@@ -95,8 +95,9 @@ HV_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *module, const void *fatbin) {
     return cuModuleLoadData(module, fatbin);
 }
 
-HV_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path) {
-    if (!module || !path) return CUDA_ERROR_INVALID_VALUE;
+/* A module or library file, read whole in the guest (malloc'd, NUL-terminated so that
+   PTX text is a string; *len excludes the NUL). */
+static CUresult read_file(const char *path, char **out, size_t *out_len) {
     FILE *f = fopen(path, "rb");
     if (!f) return CUDA_ERROR_FILE_NOT_FOUND;
     char *buf = NULL;
@@ -112,9 +113,19 @@ HV_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path) {
     } while (got);
     fclose(f);
     buf[len] = 0;
+    *out = buf;
+    *out_len = len;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *path) {
+    if (!module || !path) return CUDA_ERROR_INVALID_VALUE;
+    char *buf;
+    size_t len;
+    CUresult r = read_file(path, &buf, &len);
+    if (r) return r;
     hvgpu_module_load_data_rep_t v;
-    CUresult r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, buf, len + 1, &v, sizeof v, NULL,
-                         NULL, 0);
+    r = hv_call(HVGPU_OP_MODULE_LOAD_DATA, NULL, 0, buf, len + 1, &v, sizeof v, NULL, NULL, 0);
     free(buf);
     if (!r) *module = hv_tag(hv_routed_device(), v.module);
     return r;
@@ -157,6 +168,7 @@ static CUresult get_function(struct hv_func **out, uint64_t module, const char *
     if (!f || !f->name) { free(f); return CUDA_ERROR_OUT_OF_MEMORY; }
     f->handle = v.function;
     f->device = hv_routed_device();
+    f->module = hv_tag(f->device, module);
     f->nparams = -1;
     pthread_mutex_init(&f->lock, NULL);
     if (hv_trace_enabled() > 1) hv_log("kernel %s (module %llu)", name, (unsigned long long)module);
@@ -326,6 +338,41 @@ HV_EXPORT CUresult cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo,
     return CUDA_SUCCESS;
 }
 
+/* Read in the guest, then as cuLibraryLoadData: the executor never sees a guest path. */
+HV_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *jo, void **jv,
+                                         unsigned njo, void *lo, void **lv, unsigned nlo) {
+    if (!lib || !path) return CUDA_ERROR_INVALID_VALUE;
+    char *buf;
+    size_t len;
+    CUresult r = read_file(path, &buf, &len);
+    if (r) return r;
+    r = cuLibraryLoadData(lib, buf, jo, jv, njo, lo, lv, nlo); /* keeps a copy if it must */
+    free(buf);
+    return r;
+}
+
+/* A library's __managed__ variables are the host driver's managed memory, at host
+   addresses the guest cannot map as its own (managed.c maps only what it allocated);
+   a unified function is host code of the library, which the guest does not hold. */
+HV_EXPORT CUresult cuLibraryGetManaged(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib,
+                                       const char *name) {
+    static int once;
+    (void)dptr; (void)bytes;
+    if (!lib) return CUDA_ERROR_INVALID_HANDLE;
+    if (!name) return CUDA_ERROR_INVALID_VALUE;
+    return hv_unsupported("cuLibraryGetManaged (a library's managed variables live in the "
+                          "host driver's managed memory, which the guest cannot map)", &once);
+}
+
+HV_EXPORT CUresult cuLibraryGetUnifiedFunction(void **fptr, CUlibrary lib, const char *symbol) {
+    static int once;
+    (void)fptr;
+    if (!lib) return CUDA_ERROR_INVALID_HANDLE;
+    if (!symbol) return CUDA_ERROR_INVALID_VALUE;
+    return hv_unsupported("cuLibraryGetUnifiedFunction (a unified function's host code is "
+                          "loaded by the host driver, not in the guest)", &once);
+}
+
 HV_EXPORT CUresult cuLibraryUnload(CUlibrary lib) {
     if (!lib) return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = CUDA_SUCCESS;
@@ -446,3 +493,32 @@ HV_EXPORT CUresult cuFuncGetName(const char **name, CUfunction f) {
 }
 
 HV_EXPORT CUresult cuKernelGetName(const char **name, CUkernel k) { return cuFuncGetName(name, k); }
+
+/* The module a function was found in; a library kernel's is its library's module on the
+   routed vGPU (where cuKernelGetFunction's function would be). */
+HV_EXPORT CUresult cuFuncGetModule(CUmodule *module, CUfunction f) {
+    if (!module) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (!f->library) {
+        *module = f->module;
+        return CUDA_SUCCESS;
+    }
+    uint64_t m;
+    CUresult r = library_module(f->library, &m);
+    if (!r) *module = hv_tag(hv_routed_device(), m);
+    return r;
+}
+
+/* Every function the shim hands out was found by name on the executor
+   (cuModuleGetFunction there), which loads it whole: it is loaded, and cuFuncLoad has
+   nothing left to do. CU_FUNCTION_LOADING_STATE_LOADED is 1. */
+HV_EXPORT CUresult cuFuncIsLoaded(int *state, CUfunction f) {
+    if (!state) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    *state = 1;
+    return CUDA_SUCCESS;
+}
+
+HV_EXPORT CUresult cuFuncLoad(CUfunction f) {
+    return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}

@@ -57,6 +57,8 @@ struct hv_func {
     uint64_t on[HV_MAX_DEVICES]; /* a library kernel's function on each vGPU; 0: not yet */
     pthread_mutex_t lock;     /* guards answers[] */
     struct hv_answers *answers[HV_MAX_DEVICES]; /* per vGPU, where its handle is valid */
+    void *module;             /* the (tagged) module it was found in; NULL: a library's */
+    struct hv_legacy *legacy; /* the deprecated launch API's state (launches.c), or NULL */
 };
 
 /* CUDA's libraries belong to no context: loaded on each vGPU where they are used. */

@@ -124,6 +124,27 @@ class GpuDevice(Protocol):
                                 strides: bytes, box: bytes, element_strides: bytes,
                                 interleave: int, swizzle: int, l2: int, oob: int) -> bytes:
         """The 128-byte CUtensorMap cuTensorMapEncodeTiled writes."""
+    def tensor_map_encode_im2col(self, dtype: int, rank: int, address: int, dims: bytes,
+                                 strides: bytes, lower: bytes, upper: bytes, channels: int,
+                                 pixels: int, element_strides: bytes, interleave: int,
+                                 swizzle: int, l2: int, oob: int, wide: int,
+                                 mode: int) -> bytes:
+        """cuTensorMapEncodeIm2col (wide 0) or cuTensorMapEncodeIm2colWide (wide 1: lower
+        and upper one i32 each, mode its CUtensorMapIm2ColWideMode): the 128 bytes."""
+    def tensor_map_replace_address(self, tensor_map: bytes, address: int) -> bytes:
+        """cuTensorMapReplaceAddress of a copy of ``tensor_map``: the 128 bytes."""
+    def ctx_record_event(self, event: Any) -> None:
+        """cuCtxRecordEvent of the device's context."""
+    def ctx_wait_event(self, event: Any) -> None:
+        """cuCtxWaitEvent of the device's context."""
+    def ctx_reset_persisting_l2(self) -> None: ...
+    def texture_1d_linear_max_width(self, fmt: int, channels: int) -> int:
+        """cuDeviceGetTexture1DLinearMaxWidth (``fmt``: CUarray_format)."""
+    def host_atomic_caps(self, operations: bytes) -> bytes:
+        """cuDeviceGetHostAtomicCapabilities: a u32 of capability bits per u32 operation."""
+    def array_memory_requirements(self, array: Any, mipmapped: int) -> tuple[int, int]:
+        """(size, alignment) of cuArrayGetMemoryRequirements, or of
+        cuMipmappedArrayGetMemoryRequirements where ``mipmapped``."""
     def compiler_id(self) -> str:
         """Identifies compiler and target, for the compile cache's key."""
     def compile(self, source: bytes, name: str, options: list[str],

@@ -58,6 +58,13 @@ _Static_assert(sizeof(hvgpu_header_t) == HVGPU_HEADER_SIZE, "the frame header is
 enum hvgpu_op {
     HVGPU_OP_HELLO = 0x01,  /* First frame of every connection: version and capability handshake. */
     HVGPU_OP_PING = 0x02,  /* Round trip through the executor without touching CUDA. */
+    HVGPU_OP_CTX_EVENT = 0x03,  /* cuCtxRecordEvent (wait 0) or cuCtxWaitEvent (wait 1) of the executor's context with an event of this connection: all the context's work so far, or all its later work waiting for the event. */
+    HVGPU_OP_CTX_RESET_PERSISTING_L2 = 0x04,  /* cuCtxResetPersistingL2Cache. */
+    HVGPU_OP_DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH = 0x05,  /* cuDeviceGetTexture1DLinearMaxWidth: elements, for CUarray_format's format. */
+    HVGPU_OP_DEVICE_HOST_ATOMIC_CAPS = 0x06,  /* cuDeviceGetHostAtomicCapabilities: operations are CUatomicOperation numbers (u32 each, at most MAX_ATOMIC_OPERATIONS), caps one u32 of CUatomicOperationCapability bits for each. */
+    HVGPU_OP_ARRAY_MEMORY_REQUIREMENTS = 0x07,  /* cuArrayGetMemoryRequirements (mipmapped 0: array is an array handle) or cuMipmappedArrayGetMemoryRequirements (1: a mipmapped array's) of this connection. */
+    HVGPU_OP_TENSOR_MAP_ENCODE_IM2COL = 0x09,  /* cuTensorMapEncodeIm2col (wide 0: lower and upper are the pixel box's corners, i32 arrays of rank - 2) or cuTensorMapEncodeIm2colWide (wide 1: one i32 each, the corners' widths; mode its CUtensorMapIm2ColWideMode); dims and strides as TENSOR_MAP_ENCODE_TILED's. The reply is the 128-byte CUtensorMap. */
+    HVGPU_OP_TENSOR_MAP_REPLACE_ADDRESS = 0x0a,  /* cuTensorMapReplaceAddress of a CUtensorMap (TENSOR_MAP_SIZE bytes) the guest holds: the map with its global address replaced. */
     HVGPU_OP_DRIVER_GET_VERSION = 0x10,
     HVGPU_OP_DEVICE_GET_COUNT = 0x11,
     HVGPU_OP_DEVICE_GET_ATTRIBUTE = 0x12,  /* cuDeviceGetAttribute; attrib is CUdevice_attribute's number. */
@@ -228,6 +235,13 @@ static inline const char *hvgpu_op_name(uint16_t op) {
     switch (op) {
     case HVGPU_OP_HELLO: return "HELLO";
     case HVGPU_OP_PING: return "PING";
+    case HVGPU_OP_CTX_EVENT: return "CTX_EVENT";
+    case HVGPU_OP_CTX_RESET_PERSISTING_L2: return "CTX_RESET_PERSISTING_L2";
+    case HVGPU_OP_DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH: return "DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH";
+    case HVGPU_OP_DEVICE_HOST_ATOMIC_CAPS: return "DEVICE_HOST_ATOMIC_CAPS";
+    case HVGPU_OP_ARRAY_MEMORY_REQUIREMENTS: return "ARRAY_MEMORY_REQUIREMENTS";
+    case HVGPU_OP_TENSOR_MAP_ENCODE_IM2COL: return "TENSOR_MAP_ENCODE_IM2COL";
+    case HVGPU_OP_TENSOR_MAP_REPLACE_ADDRESS: return "TENSOR_MAP_REPLACE_ADDRESS";
     case HVGPU_OP_DRIVER_GET_VERSION: return "DRIVER_GET_VERSION";
     case HVGPU_OP_DEVICE_GET_COUNT: return "DEVICE_GET_COUNT";
     case HVGPU_OP_DEVICE_GET_ATTRIBUTE: return "DEVICE_GET_ATTRIBUTE";
@@ -388,6 +402,81 @@ typedef struct __attribute__((packed)) hvgpu_hello_rep {
     uint32_t agent_len;
 } hvgpu_hello_rep_t;
 _Static_assert(sizeof(hvgpu_hello_rep_t) == 36, "hvgpu_hello_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_ctx_event_req {
+    uint64_t event;
+    uint32_t wait;
+} hvgpu_ctx_event_req_t;
+_Static_assert(sizeof(hvgpu_ctx_event_req_t) == 12, "hvgpu_ctx_event_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_texture_1d_linear_max_width_req {
+    uint32_t format;
+    uint32_t channels;
+} hvgpu_device_texture_1d_linear_max_width_req_t;
+_Static_assert(sizeof(hvgpu_device_texture_1d_linear_max_width_req_t) == 8, "hvgpu_device_texture_1d_linear_max_width_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_texture_1d_linear_max_width_rep {
+    uint64_t width;
+} hvgpu_device_texture_1d_linear_max_width_rep_t;
+_Static_assert(sizeof(hvgpu_device_texture_1d_linear_max_width_rep_t) == 8, "hvgpu_device_texture_1d_linear_max_width_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_host_atomic_caps_req {
+    uint32_t operations_len;
+} hvgpu_device_host_atomic_caps_req_t;
+_Static_assert(sizeof(hvgpu_device_host_atomic_caps_req_t) == 4, "hvgpu_device_host_atomic_caps_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_device_host_atomic_caps_rep {
+    uint32_t caps_len;
+} hvgpu_device_host_atomic_caps_rep_t;
+_Static_assert(sizeof(hvgpu_device_host_atomic_caps_rep_t) == 4, "hvgpu_device_host_atomic_caps_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_memory_requirements_req {
+    uint64_t array;
+    uint32_t mipmapped;
+} hvgpu_array_memory_requirements_req_t;
+_Static_assert(sizeof(hvgpu_array_memory_requirements_req_t) == 12, "hvgpu_array_memory_requirements_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_array_memory_requirements_rep {
+    uint64_t size;
+    uint64_t alignment;
+} hvgpu_array_memory_requirements_rep_t;
+_Static_assert(sizeof(hvgpu_array_memory_requirements_rep_t) == 16, "hvgpu_array_memory_requirements_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_im2col_req {
+    uint32_t dtype;
+    uint32_t rank;
+    uint64_t address;
+    uint32_t dims_len;
+    uint32_t strides_len;
+    uint32_t lower_len;
+    uint32_t upper_len;
+    uint32_t channels;
+    uint32_t pixels;
+    uint32_t element_strides_len;
+    uint32_t interleave;
+    uint32_t swizzle;
+    uint32_t l2_promotion;
+    uint32_t oob_fill;
+    uint32_t wide;
+    uint32_t mode;
+} hvgpu_tensor_map_encode_im2col_req_t;
+_Static_assert(sizeof(hvgpu_tensor_map_encode_im2col_req_t) == 68, "hvgpu_tensor_map_encode_im2col_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_encode_im2col_rep {
+    uint32_t map_len;
+} hvgpu_tensor_map_encode_im2col_rep_t;
+_Static_assert(sizeof(hvgpu_tensor_map_encode_im2col_rep_t) == 4, "hvgpu_tensor_map_encode_im2col_rep_t");
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_replace_address_req {
+    uint32_t map_len;
+    uint64_t address;
+} hvgpu_tensor_map_replace_address_req_t;
+_Static_assert(sizeof(hvgpu_tensor_map_replace_address_req_t) == 12, "hvgpu_tensor_map_replace_address_req_t");
+
+typedef struct __attribute__((packed)) hvgpu_tensor_map_replace_address_rep {
+    uint32_t map_len;
+} hvgpu_tensor_map_replace_address_rep_t;
+_Static_assert(sizeof(hvgpu_tensor_map_replace_address_rep_t) == 4, "hvgpu_tensor_map_replace_address_rep_t");
 
 typedef struct __attribute__((packed)) hvgpu_driver_get_version_rep {
     int32_t version;
@@ -1783,6 +1872,7 @@ typedef struct __attribute__((packed)) hvgpu_error_rep {
 #define HVGPU_MAX_FUNC_ATTRIBUTES 32
 #define HVGPU_UUID_SIZE 16
 #define HVGPU_TENSOR_MAP_SIZE 128
+#define HVGPU_MAX_ATOMIC_OPERATIONS 64
 #define HVGPU_ACCESS_DESC_SIZE 12
 #define HVGPU_MAX_ACCESS_DESCS 64
 #define HVGPU_MAX_QUERY_NODES 4096
@@ -1854,6 +1944,51 @@ static inline int hvgpu_hello_rep_decode(const void *body, uint32_t n, hvgpu_hel
     p += whole ? sizeof v->fixed : n;
     p = hvgpu_span_take(&v->peer, p, end, v->fixed.peer_len, &cut);
     hvgpu_span_take(&v->agent, p, end, v->fixed.agent_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_device_host_atomic_caps_rep_view {
+    hvgpu_device_host_atomic_caps_rep_t fixed;
+    hvgpu_span_t caps;
+} hvgpu_device_host_atomic_caps_rep_view_t;
+
+static inline int hvgpu_device_host_atomic_caps_rep_decode(const void *body, uint32_t n, hvgpu_device_host_atomic_caps_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->caps, p, end, v->fixed.caps_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_tensor_map_encode_im2col_rep_view {
+    hvgpu_tensor_map_encode_im2col_rep_t fixed;
+    hvgpu_span_t map;
+} hvgpu_tensor_map_encode_im2col_rep_view_t;
+
+static inline int hvgpu_tensor_map_encode_im2col_rep_decode(const void *body, uint32_t n, hvgpu_tensor_map_encode_im2col_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->map, p, end, v->fixed.map_len, &cut);
+    return whole ? cut : -1;
+}
+
+typedef struct hvgpu_tensor_map_replace_address_rep_view {
+    hvgpu_tensor_map_replace_address_rep_t fixed;
+    hvgpu_span_t map;
+} hvgpu_tensor_map_replace_address_rep_view_t;
+
+static inline int hvgpu_tensor_map_replace_address_rep_decode(const void *body, uint32_t n, hvgpu_tensor_map_replace_address_rep_view_t *v) {
+    const uint8_t *p = (const uint8_t *)body, *end = p + n;
+    int cut = 0, whole = n >= sizeof v->fixed;
+    memset(v, 0, sizeof *v);
+    if (whole) memcpy(&v->fixed, p, sizeof v->fixed);
+    p += whole ? sizeof v->fixed : n;
+    hvgpu_span_take(&v->map, p, end, v->fixed.map_len, &cut);
     return whole ? cut : -1;
 }
 

@@ -46,6 +46,12 @@ _MPS_NOT_READY_WAIT = 30.0
 __all__ = ["CudaDevice", "driver_footprint"]
 
 
+def _raw(name: str, *args) -> None:
+    err = getattr(driver_library(), name)(*args)
+    if err:
+        fail(err, name)
+
+
 class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls, ArrayCalls):
     """One GPU, one context, in this executor process."""
 
@@ -150,6 +156,31 @@ class CudaDevice(MemoryCalls, ModuleCalls, StreamCalls, GraphCalls, ArrayCalls):
 
     def synchronize(self) -> None:
         ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+    # Through libcuda itself, every argument a C value (the bindings of an older
+    # cuda-python may lack the newer calls).
+    def ctx_record_event(self, event) -> None:
+        _raw("cuCtxRecordEvent", ctypes.c_void_p(int(self.ctx)), ctypes.c_void_p(int(event)))
+
+    def ctx_wait_event(self, event) -> None:
+        _raw("cuCtxWaitEvent", ctypes.c_void_p(int(self.ctx)), ctypes.c_void_p(int(event)))
+
+    def ctx_reset_persisting_l2(self) -> None:
+        _raw("cuCtxResetPersistingL2Cache")
+
+    def texture_1d_linear_max_width(self, fmt: int, channels: int) -> int:
+        width = ctypes.c_size_t()
+        _raw("cuDeviceGetTexture1DLinearMaxWidth", ctypes.byref(width), ctypes.c_int(fmt),
+             ctypes.c_uint(channels), ctypes.c_int(int(self.dev)))
+        return width.value
+
+    def host_atomic_caps(self, operations: bytes) -> bytes:
+        count = len(operations) // 4
+        ops = ctypes.create_string_buffer(bytes(operations), max(len(operations), 4))
+        caps = (ctypes.c_uint * max(count, 1))()
+        _raw("cuDeviceGetHostAtomicCapabilities", caps, ops, ctypes.c_uint(count),
+             ctypes.c_int(int(self.dev)))
+        return bytes(caps)[:4 * count]
 
     def close(self) -> None:
         if self.ctx is not None:

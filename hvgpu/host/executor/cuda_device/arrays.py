@@ -55,7 +55,18 @@ def _set_side(p: Memcpy3D, prefix: str, side: tuple) -> None:
     setattr(p, prefix + {1: "host", 2: "device", 3: "array"}[kind], where)
 
 
+class ArrayMemoryRequirements(ctypes.Structure):  # CUDA_ARRAY_MEMORY_REQUIREMENTS
+    _fields_ = [("size", ctypes.c_size_t), ("alignment", ctypes.c_size_t),
+                ("reserved", ctypes.c_uint * 4)]
+
+
 class ArrayCalls:
+    def array_memory_requirements(self, array, mipmapped: int) -> tuple[int, int]:
+        req = ArrayMemoryRequirements()
+        name = ("cuArrayGetMemoryRequirements", "cuMipmappedArrayGetMemoryRequirements")[mipmapped]
+        _call(name, ctypes.byref(req), ctypes.c_void_p(array), ctypes.c_int(int(self.dev)))
+        return req.size, req.alignment
+
     """``GpuDevice``'s array, texture, surface and 3D copy methods over the driver."""
 
     def array_create(self, width, height, depth, fmt, channels, flags) -> int:

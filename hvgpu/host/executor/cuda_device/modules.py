@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import struct
 
 from hvgpu.errors import CudaError
 from hvgpu.host.executor import compiler
@@ -163,6 +164,37 @@ class ModuleCalls:
             bytes(element_strides), interleave, swizzle, l2, oob)
         if err:
             fail(err, "cuTensorMapEncodeTiled")
+        return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
+
+    def tensor_map_encode_im2col(self, dtype, rank, address, dims, strides, lower, upper,
+                                 channels, pixels, element_strides, interleave, swizzle, l2,
+                                 oob, wide, mode) -> bytes:
+        buf = ctypes.create_string_buffer(P.TENSOR_MAP_SIZE + 64)  # 64-byte aligned
+        at = (ctypes.addressof(buf) + 63) & ~63
+        u32, i32, ptr = ctypes.c_uint32, ctypes.c_int, ctypes.c_void_p
+        head = (ptr(at), i32(dtype), u32(rank), ptr(address), bytes(dims), bytes(strides))
+        tail = (u32(channels), u32(pixels), bytes(element_strides), i32(interleave))
+        if wide:
+            lo, hi = struct.unpack("<ii", bytes(lower) + bytes(upper))
+            err = driver_library().cuTensorMapEncodeIm2colWide(
+                *head, i32(lo), i32(hi), *tail, i32(mode), i32(swizzle), i32(l2), i32(oob))
+            what = "cuTensorMapEncodeIm2colWide"
+        else:
+            err = driver_library().cuTensorMapEncodeIm2col(
+                *head, bytes(lower), bytes(upper), *tail, i32(swizzle), i32(l2), i32(oob))
+            what = "cuTensorMapEncodeIm2col"
+        if err:
+            fail(err, what)
+        return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
+
+    def tensor_map_replace_address(self, tensor_map: bytes, address: int) -> bytes:
+        buf = ctypes.create_string_buffer(P.TENSOR_MAP_SIZE + 64)
+        at = (ctypes.addressof(buf) + 63) & ~63
+        ctypes.memmove(at, bytes(tensor_map), P.TENSOR_MAP_SIZE)
+        err = driver_library().cuTensorMapReplaceAddress(ctypes.c_void_p(at),
+                                                         ctypes.c_void_p(address))
+        if err:
+            fail(err, "cuTensorMapReplaceAddress")
         return ctypes.string_at(at, P.TENSOR_MAP_SIZE)
 
     def link(self, options: list, inputs: list, log_size: int) -> tuple:

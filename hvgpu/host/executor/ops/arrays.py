@@ -182,6 +182,18 @@ def mipmap_get_level(session, hdr, mipmap, level):
     return (handle,)
 
 
+def _requirements(session, hdr, handle, mipmapped) -> tuple:
+    if mipmapped not in (0, 1):
+        raise _invalid(f"ARRAY_MEMORY_REQUIREMENTS's mipmapped is 0 or 1, not {mipmapped}")
+    table = session.mipmaps if mipmapped else session.arrays
+    return table.get(handle).obj, mipmapped
+
+
+@declare("ARRAY_MEMORY_REQUIREMENTS", check=_requirements)
+def array_memory_requirements(session, hdr, obj, mipmapped):
+    return session.device.array_memory_requirements(obj, mipmapped)
+
+
 # -- texture and surface objects ---------------------------------------------------------
 
 def _texture(session, hdr, res_type, fmt, resource, width, height, pitch, channels,

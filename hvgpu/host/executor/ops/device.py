@@ -206,3 +206,29 @@ def vgpu_utilization(session, hdr):
     ask = getattr(session.quota, "utilization", None)  # None: the whole GPU, no slice
     util = ask() if ask is not None else None
     return (0, 0) if util is None else (1, util)
+
+
+# The L2 cache's persisting lines are the GPU's, so a reset touches the other tenants'
+# too, as any context's does on a shared GPU: it changes how fast, never what, they
+# compute (the lines become normal ones).
+@declare("CTX_RESET_PERSISTING_L2")
+def ctx_reset_persisting_l2(session, hdr):
+    session.device.ctx_reset_persisting_l2()
+
+
+@declare("DEVICE_TEXTURE_1D_LINEAR_MAX_WIDTH")
+def device_texture_1d_linear_max_width(session, hdr, fmt, channels):
+    return (session.device.texture_1d_linear_max_width(fmt, channels),)
+
+
+def _atomic_operations(session, hdr, operations) -> tuple:
+    if len(operations) % 4 or len(operations) > 4 * P.MAX_ATOMIC_OPERATIONS:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"{len(operations)} bytes of atomic operations: u32 each, at most "
+                        f"{P.MAX_ATOMIC_OPERATIONS}")
+    return (bytes(operations),)
+
+
+@declare("DEVICE_HOST_ATOMIC_CAPS", check=_atomic_operations)
+def device_host_atomic_caps(session, hdr, operations):
+    return (session.device.host_atomic_caps(operations),)

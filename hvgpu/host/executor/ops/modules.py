@@ -275,6 +275,37 @@ def tensor_map_encode_tiled(session, hdr, *fields):
     return (session.device.tensor_map_encode_tiled(*fields),)
 
 
+def _im2col(session, hdr, dtype, rank, address, dims, strides, lower, upper, channels, pixels,
+            element_strides, interleave, swizzle, l2, oob, wide, mode) -> tuple:
+    corners = 4 if wide else 4 * (rank - 2)
+    if not 3 <= rank <= 5 or wide not in (0, 1) or len(dims) != 8 * rank \
+            or len(strides) != 8 * (rank - 1) or len(lower) != corners \
+            or len(upper) != corners or len(element_strides) != 4 * rank:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"im2col tensor map arrays do not match rank {rank}")
+    return (dtype, rank, address, dims, strides, lower, upper, channels, pixels,
+            element_strides, interleave, swizzle, l2, oob, wide, mode)
+
+
+@declare("TENSOR_MAP_ENCODE_IM2COL", check=_im2col)
+def tensor_map_encode_im2col(session, hdr, *fields):
+    return (session.device.tensor_map_encode_im2col(*fields),)
+
+
+def _replace_address(session, hdr, tensor_map, address) -> tuple:
+    if len(tensor_map) != P.TENSOR_MAP_SIZE:
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE,
+                        f"a tensor map of {len(tensor_map)} bytes, not {P.TENSOR_MAP_SIZE}")
+    return bytes(tensor_map), address
+
+
+# The map is the guest's bytes, which the driver rewrites in a buffer of the executor's:
+# what it names is no more than a kernel parameter the guest could have written itself.
+@declare("TENSOR_MAP_REPLACE_ADDRESS", check=_replace_address)
+def tensor_map_replace_address(session, hdr, tensor_map, address):
+    return (session.device.tensor_map_replace_address(tensor_map, address),)
+
+
 # -- launches ------------------------------------------------------------------------------
 
 # Served by the C loop too; a launch's frame is decoded in place (raw): its parameters

@@ -222,6 +222,22 @@ def event_destroy(session, hdr, event):
     event.release(session)
 
 
+def _ctx_event(session, hdr, event, wait) -> tuple:
+    if wait not in (0, 1):
+        raise CudaError(P.CUDA_ERROR_INVALID_VALUE, f"CTX_EVENT's wait is 0 or 1, not {wait}")
+    return checks.event(session, event), wait
+
+
+# The executor's context is the vGPU's, which the VM's programs on it share: recording
+# captures their work too, and waiting holds theirs back, as one process's contexts do.
+@declare("CTX_EVENT", check=_ctx_event)
+def ctx_event(session, hdr, e, wait):
+    if wait:
+        session.device.ctx_wait_event(e)
+    else:
+        session.device.ctx_record_event(e)
+
+
 @declare("EVENT_RECORD", burst=("cuEventRecord",), fields=(F.event("event"), F.stream("stream")))
 def event_record(session, hdr, e, s):
     session.device.event_record(e, s)
